@@ -1,0 +1,32 @@
+# Two commands for a fresh machine: `make demo` and `make test`. Both create .venv on first use.
+PY      ?= python3
+VENV    := .venv
+BIN     := $(VENV)/bin
+STAMP   := $(VENV)/.installed
+# torch is pinned: the CPU wheel of this version is what the project is built and tested with,
+# and an unpinned install would pull a multi-GB CUDA build.
+TORCH   := torch==2.13.0
+
+.PHONY: demo test lint bench clean
+
+$(STAMP): pyproject.toml Makefile
+	$(PY) -m venv $(VENV)
+	$(BIN)/pip install --quiet $(TORCH)
+	$(BIN)/pip install --quiet -e '.[dev,bench]'
+	touch $(STAMP)
+
+demo: $(STAMP)
+	$(BIN)/python -m vfuse.demo
+
+test: $(STAMP)
+	$(BIN)/python -m pytest
+
+lint: $(STAMP)
+	$(BIN)/ruff check src tests benchmarks
+	$(BIN)/ruff format --check src tests benchmarks
+
+bench: $(STAMP)
+	$(BIN)/python -m vfuse.bench
+
+clean:
+	rm -rf $(VENV) build *.egg-info src/*.egg-info .pytest_cache .ruff_cache

@@ -1,0 +1,99 @@
+"""The vfuse pipeline as one readable list of stages.
+
+    FX graph (ATen) --lower--> IR --optimize--> IR --plan--> FusionPlan --load--> CompiledGraph
+
+Each stage is a function of its inputs and an explicit Context; with VFUSE_DUMP=dir every
+stage's printed form lands in dir/<graph id>/ (01_fx.txt, 02_ir.txt, 03_optimized.txt, 04_plan.txt,
+and the code generator's sources).
+"""
+
+from __future__ import annotations
+
+import time
+import warnings
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from vfuse.context import Context
+from vfuse.ir import Graph, format_graph
+from vfuse.runtime.compiled import CompiledGraph, Executor, InterpExecutor
+
+
+def lower_fx(gm: torch.fx.GraphModule, ctx: Context) -> Graph:
+    from vfuse.frontend.lower import lower
+
+    ctx.dump("01_fx.txt", str(gm.graph))
+    graph = lower(gm, ctx)
+    ctx.dump("02_ir.txt", format_graph(graph))
+    return graph
+
+
+def optimize(graph: Graph, ctx: Context) -> Graph:
+    from vfuse.passes import optimize as run_passes
+
+    graph = run_passes(graph)
+    ctx.dump("03_optimized.txt", format_graph(graph))
+    return graph
+
+
+def plan(graph: Graph, ctx: Context) -> Any:
+    """The FusionPlan for `graph` on ctx.options.target (None until the planner is available)."""
+    try:
+        from vfuse.fusion.planner import format_plan, plan_fusion
+        from vfuse.targets import get_target
+    except ImportError:
+        return None
+    fusion_plan = plan_fusion(graph, get_target(ctx.options.target, ctx.options.cache_dir))
+    ctx.dump("04_plan.txt", format_plan(fusion_plan))
+    return fusion_plan
+
+
+def make_executor(graph: Graph, fusion_plan: Any, ctx: Context) -> Executor:
+    """Generated C++ when asked for (or, with backend="auto", when it can be built), else the reference."""
+    backend = ctx.options.backend
+    if backend == "interp" or fusion_plan is None:
+        return InterpExecutor(graph)
+    try:
+        from vfuse.runtime.native import NativeExecutor
+        from vfuse.targets import get_target
+    except ImportError:
+        if backend == "cpp":
+            raise
+        return InterpExecutor(graph)
+    try:
+        return NativeExecutor(fusion_plan, get_target(ctx.options.target, ctx.options.cache_dir), ctx)
+    except Exception as e:
+        if backend == "cpp" or ctx.options.strict:
+            raise
+        warnings.warn(f"vfuse: native code generation failed ({e}); using the reference executor", stacklevel=2)
+        return InterpExecutor(graph)
+
+
+def compile_fx(gm: torch.fx.GraphModule, ctx: Context) -> CompiledGraph:
+    """The whole pipeline for one ATen-level FX graph with concrete shapes."""
+    start = time.perf_counter()
+    graph = lower_fx(gm, ctx)
+    graph = optimize(graph, ctx)
+    fusion_plan = plan(graph, ctx)
+    compiled = CompiledGraph(graph, fusion_plan, make_executor(graph, fusion_plan, ctx), ctx.graph_id)
+    compiled.compile_s = time.perf_counter() - start
+    return compiled
+
+
+def trace_aten(fn: Any, example_inputs: Sequence[Any]) -> torch.fx.GraphModule:
+    """Trace a callable on concrete inputs to an ATen graph with our decompositions (no Dynamo)."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    from vfuse.frontend.decompositions import decomposition_table
+
+    return make_fx(fn, decomposition_table=decomposition_table(), tracing_mode="fake")(*example_inputs)
+
+
+def to_ir(fn: Any, example_inputs: Sequence[Any], ctx: Context) -> Graph:
+    """Export `fn` (module or function) on these inputs and return its optimized IR."""
+    from vfuse.frontend.aot import export
+
+    program = export(fn, example_inputs)
+    return optimize(lower_fx(program.graph_module, ctx), ctx)

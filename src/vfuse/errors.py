@@ -1,0 +1,15 @@
+"""Errors vfuse raises to users. Each message names what it is about (input, node, op, file)."""
+
+from __future__ import annotations
+
+
+class VfuseError(Exception):
+    """Base class of every error vfuse raises on purpose."""
+
+
+class VfuseInputError(VfuseError, TypeError):
+    """A compiled callable got an input of another shape, dtype or device than it was built for."""
+
+
+class VfuseCompileError(VfuseError, RuntimeError):
+    """Compiling a graph failed (raised in strict mode; otherwise vfuse warns and runs eagerly)."""

@@ -1,0 +1,114 @@
+"""Contractions: batched matmul, 2-D convolution, and scaled-dot-product attention.
+
+SDPA is one op rather than its decomposition because its fused form (online softmax over
+K/V tiles) is a template, not something the pointwise planner can rediscover; the
+attention rewrite pass turns hand-written spellings into this same op.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+
+from vfuse.ir import shapes
+from vfuse.ir.defs import rules
+from vfuse.ir.ops import Attrs, Kind, Op, OpDef, register
+from vfuse.ir.types import DType, TensorType, Type
+
+
+def _same_float(ins: tuple[TensorType, ...]) -> DType:
+    dtypes = {t.dtype for t in ins}
+    if len(dtypes) != 1 or not next(iter(dtypes)).is_float:
+        raise rules.TypeRuleError(f"operands must share one float dtype, got {[str(t) for t in ins]}")
+    return dtypes.pop()
+
+
+def _matmul_infer(ins: tuple[TensorType, ...], attrs: Attrs) -> Type:
+    return TensorType(shapes.matmul(ins[0].shape, ins[1].shape), _same_float(ins))
+
+
+def _matmul_flops(ins: tuple[TensorType, ...], out: Type, attrs: Attrs) -> int:
+    return 2 * out.numel * ins[0].shape[-1]
+
+
+register(
+    OpDef(
+        Op.MATMUL,
+        Kind.CONTRACTION,
+        2,
+        _matmul_infer,
+        lambda a, b, attrs: torch.matmul(a, b),
+        _matmul_flops,
+        doc="rank >= 2 operands, batch dims broadcast (the frontend reshapes 1-D operands)",
+    )
+)
+
+
+def _conv_infer(ins: tuple[TensorType, ...], attrs: Attrs) -> Type:
+    x, w = ins
+    shape = shapes.conv2d(x.shape, w.shape, attrs["stride"], attrs["padding"], attrs["dilation"], attrs["groups"])
+    return TensorType(shape, _same_float(ins))
+
+
+def _conv_flops(ins: tuple[TensorType, ...], out: Type, attrs: Attrs) -> int:
+    w = ins[1].shape
+    return 2 * out.numel * w[1] * w[2] * w[3]
+
+
+register(
+    OpDef(
+        Op.CONV2D,
+        Kind.CONTRACTION,
+        2,
+        _conv_infer,
+        lambda x, w, attrs: F.conv2d(
+            x, w, None, attrs["stride"], attrs["padding"], attrs["dilation"], attrs["groups"]
+        ),
+        _conv_flops,
+        attrs=("stride", "padding", "dilation", "groups"),
+        doc="NCHW input, OIHW weight, no bias (the frontend adds bias as a broadcast ADD)",
+    )
+)
+
+
+def _sdpa_infer(ins: tuple[TensorType, ...], attrs: Attrs) -> Type:
+    q, k, v = ins[:3]
+    dtype = _same_float((q, k, v))
+    if q.rank < 2 or k.shape[-1] != q.shape[-1] or k.shape[-2] != v.shape[-2]:
+        raise rules.TypeRuleError(f"attention shapes do not agree: q {q}, k {k}, v {v}")
+    if len(ins) == 4:
+        scores = q.shape[:-1] + (k.shape[-2],)
+        if shapes.broadcast(ins[3].shape, scores) != scores:
+            raise rules.TypeRuleError(f"mask {ins[3]} does not broadcast to scores {scores}")
+    return TensorType(q.shape[:-1] + (v.shape[-1],), dtype)
+
+
+def _sdpa_ref(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *rest: object) -> torch.Tensor:
+    attrs = rest[-1]
+    mask = rest[0] if len(rest) == 2 else None
+    return F.scaled_dot_product_attention(
+        q, k, v, attn_mask=mask, is_causal=attrs["causal"], scale=attrs["scale"], enable_gqa=attrs["gqa"]
+    )
+
+
+def _sdpa_flops(ins: tuple[TensorType, ...], out: Type, attrs: Attrs) -> int:
+    q, k = ins[0].shape, ins[1].shape
+    rows, lk = math.prod(q[:-1]), k[-2]
+    return rows * lk * (2 * q[-1] + 2 * ins[2].shape[-1] + 10)
+
+
+register(
+    OpDef(
+        Op.SDPA,
+        Kind.CONTRACTION,
+        None,
+        _sdpa_infer,
+        _sdpa_ref,
+        _sdpa_flops,
+        attrs=("scale", "causal", "gqa"),
+        doc="inputs (q, k, v[, mask]); mask is additive (float) or keep-mask (bool); "
+        "scale None means 1/sqrt(head_dim); gqa lets k/v have fewer heads",
+    )
+)

@@ -1,0 +1,108 @@
+"""CompiledGraph: the callable vfuse hands back for one graph, and the reference executor.
+
+An executor runs a planned graph on concrete tensors. The reference executor here is always
+available; the native one (`vfuse.runtime.native`, generated C++) is used when a compiler works.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import torch
+
+from vfuse import interp
+from vfuse.ir import Graph, Op
+
+
+@dataclass
+class ExecStats:
+    """What an executor did; the report and tests read these."""
+
+    backend: str = "interp"
+    kernels: int = 0
+    native_calls: int = 0
+    torch_calls: int = 0
+    arena_bytes: int = 0
+    fallbacks: Counter[str] = field(default_factory=Counter)
+
+
+class Executor(Protocol):
+    stats: Any
+
+    def __call__(self, inputs: list[torch.Tensor]) -> list[torch.Tensor]: ...
+
+
+def fallback_counts(graph: Graph) -> Counter[str]:
+    """OPAQUE nodes by torch op name: the ops vfuse ran through torch instead of compiling."""
+    return Counter(str(n.attrs["call"]) for n in graph.nodes if n.op is Op.OPAQUE)
+
+
+class InterpExecutor:
+    """Runs the graph op by op with the reference semantics (no fusion, always correct)."""
+
+    def __init__(self, graph: Graph) -> None:
+        self.graph = graph
+        compute = [n for n in graph.compute_nodes if n.op is not Op.GET_ITEM]
+        self.stats = ExecStats("interp", torch_calls=len(compute), fallbacks=fallback_counts(graph))
+
+    def __call__(self, inputs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+        return interp.run(self.graph, inputs)
+
+
+def _describe(x: object) -> str:
+    if isinstance(x, torch.Tensor):
+        return f"tensor {str(x.dtype).removeprefix('torch.')}{list(x.shape)} on {x.device}"
+    return type(x).__name__
+
+
+class CompiledGraph:
+    """A compiled IR graph: validates inputs, then runs its executor. Callable with positional tensors."""
+
+    def __init__(self, graph: Graph, plan: Any, executor: Executor, name: str = "graph0") -> None:
+        self.graph = graph
+        self.plan = plan
+        self.executor = executor
+        self.name = name
+        self._expected = [(n.attrs["index"], n.tensor_type) for n in graph.inputs]
+        self.compile_s = 0.0
+
+    @property
+    def stats(self) -> Any:
+        return self.executor.stats
+
+    def check_inputs(self, inputs: Sequence[object]) -> None:
+        """Raise VfuseInputError naming the first input that differs from what was compiled for."""
+        from vfuse.errors import VfuseInputError
+
+        if len(inputs) != len(self._expected):
+            raise VfuseInputError(f"{self.name}: expected {len(self._expected)} inputs, got {len(inputs)}")
+        for index, want in self._expected:
+            got = inputs[index]
+            ok = (
+                isinstance(got, torch.Tensor)
+                and tuple(got.shape) == want.shape
+                and got.dtype == want.dtype.torch
+                and got.device.type == "cpu"
+            )
+            if not ok:
+                raise VfuseInputError(
+                    f"{self.name}: input {index} was compiled for {want.dtype.torch}{list(want.shape)} on cpu, "
+                    f"received {_describe(got)}"
+                )
+
+    def __call__(self, *inputs: torch.Tensor) -> list[torch.Tensor]:
+        self.check_inputs(inputs)
+        return _unalias(self.executor(list(inputs)), inputs)
+
+
+def _unalias(outputs: list[torch.Tensor], inputs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+    """Copy outputs that share memory with an input: the graph promised fresh tensors, and a
+    pass may have reduced e.g. `x.clone()` or `x.reshape(...)` to the input itself."""
+    taken = {t.untyped_storage().data_ptr() for t in inputs if isinstance(t, torch.Tensor) and t.numel()}
+    return [
+        o.clone() if isinstance(o, torch.Tensor) and o.numel() and o.untyped_storage().data_ptr() in taken else o
+        for o in outputs
+    ]

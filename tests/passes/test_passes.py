@@ -1,0 +1,73 @@
+"""Optimization passes: exact structure after each, numerics unchanged, inputs never mutated."""
+
+from __future__ import annotations
+
+import torch
+
+from vfuse.interp import run
+from vfuse.ir import DType, Graph, GraphBuilder, Op, TensorType, format_graph, verify
+from vfuse.passes import canonicalize, cse, dce, optimize
+
+F32 = DType.F32
+
+
+def _graph() -> Graph:
+    b = GraphBuilder()
+    x = b.add(Op.INPUT, name="x", index=0, type=TensorType((2, 3), F32))
+    r = b.add(Op.RESHAPE, [x], shape=(2, 3))  # identity
+    one = b.add(Op.FULL, value=1.0, shape=(), dtype=F32)
+    m = b.add(Op.MUL, [r, one])  # identity
+    e1 = b.add(Op.EXP, [m])
+    e2 = b.add(Op.EXP, [m])  # duplicate of e1
+    s = b.add(Op.ADD, [e1, e2])
+    b.add(Op.NEG, [s])  # dead
+    c = b.add(Op.FULL, value=1.0, shape=(3,), dtype=F32)
+    bc = b.add(Op.MUL, [x, c])  # x * ones(3) keeps x's exact type, so it is an identity too
+    return verify(b.build([s, bc]))
+
+
+def test_canonicalize_removes_identities_only() -> None:
+    g = verify(canonicalize(_graph()))
+    ops = [n.op for n in g.compute_nodes]
+    assert Op.RESHAPE not in ops
+    assert ops.count(Op.MUL) == 0  # x*1 (scalar) and x*ones(3) both keep x's exact type
+    # an op that broadcasts to a bigger shape is not an identity
+    b = GraphBuilder()
+    x = b.add(Op.INPUT, index=0, type=TensorType((3,), F32))
+    one = b.add(Op.FULL, value=1.0, shape=(2, 3), dtype=F32)
+    m = b.add(Op.MUL, [x, one])
+    assert [n.op for n in canonicalize(b.build([m])).compute_nodes] == [Op.FULL, Op.MUL]
+
+
+def test_cse_merges_pure_duplicates_but_not_random_ops() -> None:
+    g = verify(cse(_graph()))
+    assert [n.op for n in g.compute_nodes].count(Op.EXP) == 1
+    b = GraphBuilder()
+    seed = b.add(Op.RNG_SEED)
+    r1 = b.add(Op.RAND, [seed], shape=(4,), stream=0)
+    r2 = b.add(Op.RAND, [seed], shape=(4,), stream=0)
+    assert len(cse(b.build([r1, r2])).compute_nodes) == 2
+
+
+def test_dce_keeps_inputs_and_live_nodes() -> None:
+    g = verify(dce(_graph()))
+    assert Op.NEG not in [n.op for n in g.nodes]
+    b = GraphBuilder()
+    b.add(Op.INPUT, index=0, type=TensorType((2,), F32))
+    y = b.add(Op.INPUT, index=1, type=TensorType((2,), F32))
+    assert len(dce(b.build([y])).inputs) == 2
+
+
+def test_optimize_preserves_numerics() -> None:
+    g = _graph()
+    opt = verify(optimize(g))
+    x = torch.randn(2, 3)
+    for a, b in zip(run(g, [x]), run(opt, [x])):
+        torch.testing.assert_close(a, b)
+    assert format_graph(opt, canonical=True) == (
+        "graph(%0: f32[2,3]) {\n"
+        "  %1 = exp(%0) : f32[2,3]\n"
+        "  %2 = add(%1, %1) : f32[2,3]\n"
+        "  return (%2, %0)\n"
+        "}"
+    )
