@@ -39,6 +39,17 @@ def test_canonicalize_removes_identities_only() -> None:
     assert [n.op for n in canonicalize(b.build([m])).compute_nodes] == [Op.FULL, Op.MUL]
 
 
+def test_square_transpose_is_not_an_identity() -> None:
+    b = GraphBuilder()
+    x = b.add(Op.INPUT, index=0, type=TensorType((4, 4), F32))
+    t = b.add(Op.PERMUTE, [x], perm=(1, 0))
+    same = b.add(Op.PERMUTE, [t], perm=(0, 1))
+    g = canonicalize(b.build([same]))
+    assert [n.op for n in g.compute_nodes] == [Op.PERMUTE]
+    xv = torch.randn(4, 4)
+    torch.testing.assert_close(run(g, [xv])[0], xv.t())
+
+
 def test_cse_merges_pure_duplicates_but_not_random_ops() -> None:
     g = verify(cse(_graph()))
     assert [n.op for n in g.compute_nodes].count(Op.EXP) == 1

@@ -50,6 +50,7 @@ class AotCompiled:
             (i, spec.target) for i, spec in enumerate(sig.output_specs) if spec.kind == OutputKind.BUFFER_MUTATION
         ]
         self._user_out = [i for i, spec in enumerate(sig.output_specs) if spec.kind == OutputKind.USER_OUTPUT]
+        compiled.input_labels = _labels(sig.input_specs)
 
     @property
     def graph(self) -> Any:
@@ -71,6 +72,18 @@ class AotCompiled:
         for i, target in self._mutations:
             self.program.state_dict[target].copy_(outs[i])
         return pytree.tree_unflatten([outs[i] for i in self._user_out], self.program.call_spec.out_spec)
+
+
+def _labels(specs: Sequence[Any]) -> list[str]:
+    """Name inputs as the user knows them: 'input 0 (x)' or "parameter 'lin.weight'"."""
+    labels, user = [], 0
+    for spec in specs:
+        if spec.kind == InputKind.USER_INPUT:
+            labels.append(f"input {user} ({spec.arg.name})")
+            user += 1
+        else:
+            labels.append(f"{spec.kind.name.lower()} '{spec.target}'")
+    return labels
 
 
 def _lifted_tensor(program: ExportedProgram, spec: Any) -> torch.Tensor | None:

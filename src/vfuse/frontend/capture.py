@@ -9,6 +9,7 @@
 
 from __future__ import annotations
 
+import copy
 import itertools
 import warnings
 from collections import Counter
@@ -62,7 +63,8 @@ class VfuseBackend:
         try:
             from vfuse.compiler import compile_fx
 
-            compiled = compile_fx(gm, ctx)
+            tensor_gm, rebuild = _only_tensor_outputs(gm)
+            compiled = compile_fx(tensor_gm, ctx)
         except Exception as e:
             if self.options.strict:
                 raise VfuseCompileError(f"vfuse could not compile {ctx.graph_id}: {describe_failure(e)}") from e
@@ -73,7 +75,7 @@ class VfuseBackend:
             self.eager_fallbacks.append(describe_failure(e))
             return gm.forward
         self.compiled.append(compiled)
-        return lambda *args: compiled(*args)
+        return lambda *args: rebuild(compiled(*args))
 
     @property
     def stats(self) -> dict[str, Any]:
@@ -87,6 +89,28 @@ class VfuseBackend:
             "kernels": sum(c.stats.kernels for c in self.compiled),
             "fallbacks": fallbacks,
         }
+
+
+def _only_tensor_outputs(gm: torch.fx.GraphModule) -> tuple[torch.fx.GraphModule, Callable[[list], list]]:
+    """Backward graphs return None for inputs without gradients: compile a copy of the graph that
+    returns only its tensors, and put the constants back around the compiled outputs."""
+    out_node = next(n for n in gm.graph.nodes if n.op == "output")
+    outs = list(out_node.args[0])
+    where = [i for i, o in enumerate(outs) if isinstance(o, torch.fx.Node)]
+    if len(where) == len(outs):
+        return gm, lambda results: results
+    graph = copy.deepcopy(gm.graph)
+    new_out = next(n for n in graph.nodes if n.op == "output")
+    new_out.args = (tuple(new_out.args[0][i] for i in where),)
+    trimmed = torch.fx.GraphModule(gm, graph)
+
+    def rebuild(results: list) -> list:
+        full = list(outs)
+        for i, r in zip(where, results):
+            full[i] = r
+        return full
+
+    return trimmed, rebuild
 
 
 class _Specializing:

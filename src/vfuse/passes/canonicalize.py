@@ -2,10 +2,12 @@
 
 Identity reshapes/permutes/expands/casts/slices and arithmetic identities (x + 0, x * 1,
 x - 0, x / 1) are replaced by their input when the result type is exactly the input's type
-(so no broadcast or promotion is hidden).
+(so no broadcast or promotion is hidden). Powers 2 and 0.5 become a multiply and a sqrt.
 """
 
 from __future__ import annotations
+
+from dataclasses import replace
 
 from vfuse.ir import Graph, Node, Op
 from vfuse.passes.rebuild import rebuild
@@ -20,7 +22,12 @@ def _is_full(graph: Graph, name: str, value: float) -> bool:
 
 def _identity_of(graph: Graph, node: Node) -> str | None:
     """The input this node merely passes through, if any."""
-    if node.op in (Op.RESHAPE, Op.PERMUTE, Op.EXPAND, Op.CAST, Op.SLICE):
+    if node.op is Op.PERMUTE:
+        # A permutation of equal sizes (a square transpose) keeps the type but moves data.
+        identity = node.attrs["perm"] == tuple(range(len(node.attrs["perm"])))
+        return node.inputs[0] if identity else None
+    if node.op in (Op.RESHAPE, Op.EXPAND, Op.CAST, Op.SLICE):
+        # Same type means same sizes: for these ops that can only be the identity map.
         src = node.inputs[0]
         return src if graph[src].type == node.type else None
     if node.op in _IDENTITY_ELEMENT:
@@ -33,9 +40,20 @@ def _identity_of(graph: Graph, node: Node) -> str | None:
     return None
 
 
+def _strength_reduced(graph: Graph, node: Node) -> Node:
+    """x ** 2 -> x * x and x ** 0.5 -> sqrt(x): exact, and far cheaper than a general pow."""
+    if node.op is Op.POW and graph[node.inputs[0]].type == node.type:
+        x, e = node.inputs
+        if _is_full(graph, e, 2.0):
+            return replace(node, op=Op.MUL, inputs=(x, x))
+        if _is_full(graph, e, 0.5) and node.tensor_type.dtype.is_float:
+            return replace(node, op=Op.SQRT, inputs=(x,))
+    return node
+
+
 def canonicalize(graph: Graph) -> Graph:
     def decide(node: Node) -> Node | str:
         # Inputs are already renamed; look them up in the source graph, whose types match.
-        return _identity_of(graph, node) or node
+        return _identity_of(graph, node) or _strength_reduced(graph, node)
 
     return rebuild(graph, decide)

@@ -67,6 +67,8 @@ class CompiledGraph:
         self.executor = executor
         self.name = name
         self._expected = [(n.attrs["index"], n.tensor_type) for n in graph.inputs]
+        # How errors name each input; the AOT path relabels lifted parameters and user inputs.
+        self.input_labels = [f"input {i}" for i in range(len(self._expected))]
         self.compile_s = 0.0
 
     @property
@@ -89,7 +91,7 @@ class CompiledGraph:
             )
             if not ok:
                 raise VfuseInputError(
-                    f"{self.name}: input {index} was compiled for {want.dtype.torch}{list(want.shape)} on cpu, "
+                    f"{self.name}: {self.input_labels[index]} was compiled for {want.dtype.torch}{list(want.shape)} on cpu, "
                     f"received {_describe(got)}"
                 )
 
