@@ -11,18 +11,34 @@ from hypothesis import strategies as st
 import vfuse
 
 UNARY: list[Callable[[torch.Tensor], torch.Tensor]] = [
-    torch.relu, torch.sigmoid, torch.tanh, torch.exp, torch.neg, torch.abs,
-    lambda x: torch.nn.functional.gelu(x), lambda x: torch.nn.functional.silu(x),
-    lambda x: x * 0.5 + 1.0, lambda x: torch.clamp(x, -0.5, 0.5), lambda x: torch.sqrt(x.abs() + 1),
+    torch.relu,
+    torch.sigmoid,
+    torch.tanh,
+    torch.exp,
+    torch.neg,
+    torch.abs,
+    lambda x: torch.nn.functional.gelu(x),
+    lambda x: torch.nn.functional.silu(x),
+    lambda x: x * 0.5 + 1.0,
+    lambda x: torch.clamp(x, -0.5, 0.5),
+    lambda x: torch.sqrt(x.abs() + 1),
 ]
 BINARY: list[Callable[[torch.Tensor, torch.Tensor], torch.Tensor]] = [
-    torch.add, torch.sub, torch.mul, torch.maximum, torch.minimum,
-    lambda a, b: torch.where(a > b, a, b * 2), lambda a, b: a / (b.abs() + 1),
+    torch.add,
+    torch.sub,
+    torch.mul,
+    torch.maximum,
+    torch.minimum,
+    lambda a, b: torch.where(a > b, a, b * 2),
+    lambda a, b: a / (b.abs() + 1),
 ]
 REDUCE: list[Callable[[torch.Tensor, int], torch.Tensor]] = [
-    lambda x, d: x.sum(d, keepdim=True), lambda x, d: x.mean(d, keepdim=True),
-    lambda x, d: x.amax(d, keepdim=True), lambda x, d: torch.softmax(x, d),
-    lambda x, d: x - x.var(d, keepdim=True), lambda x, d: torch.layer_norm(x, x.shape[-1:]),
+    lambda x, d: x.sum(d, keepdim=True),
+    lambda x, d: x.mean(d, keepdim=True),
+    lambda x, d: x.amax(d, keepdim=True),
+    lambda x, d: torch.softmax(x, d),
+    lambda x, d: x - x.var(d, keepdim=True),
+    lambda x, d: torch.layer_norm(x, x.shape[-1:]),
 ]
 VIEW: list[Callable[[torch.Tensor], torch.Tensor]] = [
     lambda x: x.transpose(0, 1).contiguous().transpose(0, 1),
@@ -32,8 +48,9 @@ VIEW: list[Callable[[torch.Tensor], torch.Tensor]] = [
 ]
 
 # An op step: (family, index into the family, which earlier values it reads, reduction dim).
-step = st.tuples(st.sampled_from(["u", "b", "r", "v"]), st.integers(0, 99), st.integers(0, 99),
-                 st.integers(0, 99), st.integers(0, 1))
+step = st.tuples(
+    st.sampled_from(["u", "b", "r", "v"]), st.integers(0, 99), st.integers(0, 99), st.integers(0, 99), st.integers(0, 1)
+)
 
 
 def build(steps: list[tuple[str, int, int, int, int]]) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:

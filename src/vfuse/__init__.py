@@ -1,8 +1,8 @@
 """vfuse: a vertical-fusion compiler for PyTorch that can tell you why it fused what it fused.
 
-    torch.compile(model, backend="vfuse")        # JIT through Dynamo (no import needed)
-    vfuse.compile(model, example_inputs)         # ahead of time through torch.export
-    vfuse.explain(model, *example_inputs)        # the fusion report
+torch.compile(model, backend="vfuse")        # JIT through Dynamo (no import needed)
+vfuse.compile(model, example_inputs)         # ahead of time through torch.export
+vfuse.explain(model, *example_inputs)        # the fusion report
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ def backend(**options: Any) -> Any:
     return VfuseBackend(**options)
 
 
-def compile(fn: Callable, example_inputs: Sequence[Any], **options: Any) -> Any:  # noqa: A001
+def compile(fn: Callable, example_inputs: Sequence[Any], **options: Any) -> Any:
     """Compile `fn` (an nn.Module or function) ahead of time for these example inputs' shapes."""
     from vfuse.frontend.aot import compile_aot
 

@@ -39,12 +39,10 @@ def optimize(graph: Graph, ctx: Context) -> Graph:
 
 
 def plan(graph: Graph, ctx: Context) -> Any:
-    """The FusionPlan for `graph` on ctx.options.target (None until the planner is available)."""
-    try:
-        from vfuse.fusion.planner import format_plan, plan_fusion
-        from vfuse.targets import get_target
-    except ImportError:
-        return None
+    """The FusionPlan for `graph` on ctx.options.target."""
+    from vfuse.fusion import format_plan, plan_fusion
+    from vfuse.targets import get_target
+
     fusion_plan = plan_fusion(graph, get_target(ctx.options.target, ctx.options.cache_dir))
     ctx.dump("04_plan.txt", format_plan(fusion_plan))
     return fusion_plan

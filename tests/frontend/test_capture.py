@@ -74,7 +74,7 @@ def test_compiled_graph_rejects_wrong_inputs_by_name() -> None:
 def test_internal_failure_warns_and_runs_eagerly(monkeypatch: pytest.MonkeyPatch) -> None:
     import vfuse.compiler
 
-    def broken(graph, ctx):  # noqa: ANN001, ANN202
+    def broken(graph, ctx):
         raise RuntimeError("planner exploded on %add (from FX node 'add')")
 
     monkeypatch.setattr(vfuse.compiler, "optimize", broken)
@@ -121,5 +121,7 @@ def test_aot_compile_keeps_output_structure_and_buffer_updates() -> None:
     torch.testing.assert_close(got["y"], expected["y"], rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(got["aux"][0], expected["aux"][0])
     torch.testing.assert_close(model.bn.running_mean, ref.bn.running_mean)
-    with pytest.raises(VfuseInputError, match=r"input 0 \(x\) was compiled for torch.float32\[6, 4\].*received tensor float32\[5, 4\]"):
+    with pytest.raises(
+        VfuseInputError, match=r"input 0 \(x\) was compiled for torch.float32\[6, 4\].*received tensor float32\[5, 4\]"
+    ):
         compiled(torch.randn(5, 4))

@@ -16,8 +16,8 @@ import torch.nn.functional as F
 
 from vfuse.compiler import to_ir
 from vfuse.context import Context
-from vfuse.ir import format_graph, verify
 from vfuse.interp import run
+from vfuse.ir import format_graph, verify
 
 GOLDEN = Path(__file__).parent / "golden"
 

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 import torch
+from tests.models.zoo import MLP, BasicBlock, GPT2Block, SdpaBlock, randomize_bn_stats
 
 import vfuse
-from tests.models.zoo import MLP, BasicBlock, GPT2Block, SdpaBlock, randomize_bn_stats
 
 CASES = [
     ("gpt2_block", lambda: GPT2Block(), lambda: torch.randn(2, 16, 64)),

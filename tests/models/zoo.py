@@ -84,8 +84,13 @@ class MLP(nn.Module):
     def __init__(self, d: int = 32, hidden: int = 64, classes: int = 10) -> None:
         super().__init__()
         self.net = nn.Sequential(
-            nn.Linear(d, hidden), nn.GELU(), nn.Dropout(0.1), nn.Linear(hidden, hidden), nn.SiLU(),
-            nn.LayerNorm(hidden), nn.Linear(hidden, classes),
+            nn.Linear(d, hidden),
+            nn.GELU(),
+            nn.Dropout(0.1),
+            nn.Linear(hidden, hidden),
+            nn.SiLU(),
+            nn.LayerNorm(hidden),
+            nn.Linear(hidden, classes),
         )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

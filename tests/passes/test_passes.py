@@ -76,9 +76,5 @@ def test_optimize_preserves_numerics() -> None:
     for a, b in zip(run(g, [x]), run(opt, [x])):
         torch.testing.assert_close(a, b)
     assert format_graph(opt, canonical=True) == (
-        "graph(%0: f32[2,3]) {\n"
-        "  %1 = exp(%0) : f32[2,3]\n"
-        "  %2 = add(%1, %1) : f32[2,3]\n"
-        "  return (%2, %0)\n"
-        "}"
+        "graph(%0: f32[2,3]) {\n  %1 = exp(%0) : f32[2,3]\n  %2 = add(%1, %1) : f32[2,3]\n  return (%2, %0)\n}"
     )

@@ -19,6 +19,7 @@ from typing import Any
 import torch
 from torch._dynamo.backends.common import aot_autograd
 from torch._functorch.aot_autograd import make_boxed_func
+from torch._subclasses.fake_tensor import unset_fake_temporarily
 
 from vfuse.context import Context, Options
 from vfuse.errors import VfuseCompileError
@@ -48,8 +49,9 @@ class VfuseBackend:
     def __call__(self, gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> Callable:
         from vfuse.frontend.decompositions import decomposition_table
 
-        compiler = aot_autograd(fw_compiler=self.compile_aten, bw_compiler=self.compile_aten,
-                                decompositions=decomposition_table())
+        compiler = aot_autograd(
+            fw_compiler=self.compile_aten, bw_compiler=self.compile_aten, decompositions=decomposition_table()
+        )
         return compiler(gm, example_inputs)
 
     def compile_aten(self, gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> Callable:
@@ -64,7 +66,9 @@ class VfuseBackend:
             from vfuse.compiler import compile_fx
 
             tensor_gm, rebuild = _only_tensor_outputs(gm)
-            compiled = compile_fx(tensor_gm, ctx)
+            # AOTAutograd calls us under its fake mode; our passes evaluate real constants.
+            with unset_fake_temporarily():
+                compiled = compile_fx(tensor_gm, ctx)
         except Exception as e:
             if self.options.strict:
                 raise VfuseCompileError(f"vfuse could not compile {ctx.graph_id}: {describe_failure(e)}") from e

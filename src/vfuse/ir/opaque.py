@@ -28,8 +28,10 @@ class OpaqueCall:
 
     @property
     def name(self) -> str:
-        return str(getattr(self.target, "__name__", self.target)) if not hasattr(self.target, "_schema") else str(
-            self.target
+        return (
+            str(getattr(self.target, "__name__", self.target))
+            if not hasattr(self.target, "_schema")
+            else str(self.target)
         )
 
     def run(self, inputs: list[Any]) -> Any:

@@ -5,16 +5,21 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from vfuse.ir import Graph
+from vfuse.passes.attention import fuse_attention
 from vfuse.passes.canonicalize import canonicalize
 from vfuse.passes.cse import cse
 from vfuse.passes.dce import dce
+from vfuse.passes.fold_bn import fold_batchnorm
 
 Pass = Callable[[Graph], Graph]
 
-# The optimization pipeline, in order. Pattern rewrites (Conv-BN folding, attention) join here.
+# The optimization pipeline, in order. Attention matching runs after canonicalize has removed
+# identity casts/expands; BN folding only fires on frozen (CONSTANT) parameters.
 PIPELINE: tuple[tuple[str, Pass], ...] = (
     ("canonicalize", canonicalize),
     ("cse", cse),
+    ("fold_batchnorm", fold_batchnorm),
+    ("fuse_attention", fuse_attention),
     ("dce", dce),
 )
 
@@ -25,4 +30,4 @@ def optimize(graph: Graph) -> Graph:
     return graph
 
 
-__all__ = ["PIPELINE", "canonicalize", "cse", "dce", "optimize"]
+__all__ = ["PIPELINE", "canonicalize", "cse", "dce", "fold_batchnorm", "fuse_attention", "optimize"]

@@ -63,9 +63,7 @@ register(
         Kind.CONTRACTION,
         2,
         _conv_infer,
-        lambda x, w, attrs: F.conv2d(
-            x, w, None, attrs["stride"], attrs["padding"], attrs["dilation"], attrs["groups"]
-        ),
+        lambda x, w, attrs: F.conv2d(x, w, None, attrs["stride"], attrs["padding"], attrs["dilation"], attrs["groups"]),
         _conv_flops,
         attrs=("stride", "padding", "dilation", "groups"),
         doc="NCHW input, OIHW weight, no bias (the frontend adds bias as a broadcast ADD)",

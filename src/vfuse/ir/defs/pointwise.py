@@ -144,6 +144,4 @@ def _where_infer(ins: tuple[TensorType, ...], attrs: Attrs) -> Type:
     return TensorType(shapes.broadcast(cond.shape, a.shape, b.shape), dtype)
 
 
-register(
-    OpDef(Op.WHERE, EW, 3, _where_infer, lambda c, a, b, attrs: torch.where(c, a, b), rules.per_element(1))
-)
+register(OpDef(Op.WHERE, EW, 3, _where_infer, lambda c, a, b, attrs: torch.where(c, a, b), rules.per_element(1)))

@@ -91,4 +91,3 @@ def no_bytes(ins: tuple[TensorType, ...], out: Type, attrs: Attrs) -> int:
 
 def output_bytes(ins: tuple[TensorType, ...], out: Type, attrs: Attrs) -> int:
     return out.nbytes
-
