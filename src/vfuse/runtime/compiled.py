@@ -90,9 +90,9 @@ class CompiledGraph:
                 and got.device.type == "cpu"
             )
             if not ok:
+                expected = f"{want.dtype.torch}{list(want.shape)} on cpu"
                 raise VfuseInputError(
-                    f"{self.name}: {self.input_labels[index]} was compiled for {want.dtype.torch}{list(want.shape)} on cpu, "
-                    f"received {_describe(got)}"
+                    f"{self.name}: {self.input_labels[index]} was compiled for {expected}, received {_describe(got)}"
                 )
 
     def __call__(self, *inputs: torch.Tensor) -> list[torch.Tensor]:
