@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import time
 import warnings
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
@@ -69,10 +69,24 @@ def make_executor(graph: Graph, fusion_plan: Any, ctx: Context) -> Executor:
         return InterpExecutor(graph)
 
 
-def compile_fx(gm: torch.fx.GraphModule, ctx: Context) -> CompiledGraph:
-    """The whole pipeline for one ATen-level FX graph with concrete shapes."""
+def freeze(graph: Graph, values: Mapping[int, torch.Tensor] | None, ctx: Context) -> Graph:
+    """Inputs named in `values` (parameters, when ctx.options.freeze) become constants."""
+    from vfuse.passes.freeze import freeze_inputs
+
+    return freeze_inputs(graph, values) if values else graph
+
+
+def compile_fx(
+    gm: torch.fx.GraphModule, ctx: Context, frozen: Mapping[int, torch.Tensor] | None = None
+) -> CompiledGraph:
+    """The whole pipeline for one ATen-level FX graph with concrete shapes.
+
+    `frozen` maps input positions to parameter values compiled in as constants; the
+    CompiledGraph then takes only the other inputs, in order.
+    """
     start = time.perf_counter()
     graph = lower_fx(gm, ctx)
+    graph = freeze(graph, frozen, ctx)
     graph = optimize(graph, ctx)
     fusion_plan = plan(graph, ctx)
     compiled = CompiledGraph(graph, fusion_plan, make_executor(graph, fusion_plan, ctx), ctx.graph_id)

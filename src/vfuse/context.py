@@ -23,6 +23,8 @@ class Options:
     cache_dir: kernel cache (env VFUSE_CACHE_DIR, default ~/.cache/vfuse).
     static_outputs: reuse output buffers across calls (faster; an output is overwritten by
         the next call, so callers must copy what they keep).
+    freeze: in inference (no grad), treat parameters and buffers as constants so Conv-BN folding
+        and constant evaluation apply; later in-place weight updates are then not seen.
     """
 
     strict: bool = False
@@ -31,6 +33,7 @@ class Options:
     dump_dir: Path | None = None
     cache_dir: Path = field(default_factory=lambda: Path.home() / ".cache" / "vfuse")
     static_outputs: bool = False
+    freeze: bool = False
 
     @staticmethod
     def from_env(**overrides: Any) -> Options:

@@ -51,3 +51,20 @@ def test_aot_compile_matches_eager() -> None:
     compiled = vfuse.compile(model, (x,), strict=True)
     with torch.no_grad():
         torch.testing.assert_close(compiled(x), model(x), rtol=1e-4, atol=1e-5)
+
+
+def test_freeze_folds_batchnorm_into_convolutions() -> None:
+    """freeze=True compiles parameters in as constants; every BN then folds into its conv."""
+    from vfuse.ir import Op
+
+    torch.manual_seed(0)
+    model, x = randomize_bn_stats(BasicBlock()).eval(), torch.randn(2, 8, 16, 16)
+    backend = vfuse.backend(strict=True, freeze=True)
+    with torch.no_grad():
+        got = torch.compile(model, backend=backend)(x)
+        torch.testing.assert_close(got, model(x), rtol=1e-4, atol=1e-5)
+        aot = vfuse.compile(model, (x,), strict=True, freeze=True)
+        torch.testing.assert_close(aot(x), model(x), rtol=1e-4, atol=1e-5)
+    for graph in (backend.compiled[0].graph, aot.graph):
+        ops = [n.op for n in graph.compute_nodes]
+        assert ops.count(Op.CONV2D) == 3 and Op.RSQRT not in ops and len(graph.inputs) == 1

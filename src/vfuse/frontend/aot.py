@@ -41,16 +41,18 @@ def export(fn: Callable, example_inputs: Sequence[Any]) -> ExportedProgram:
 class AotCompiled:
     """The callable returned by vfuse.compile: same outputs (and structure) as the original."""
 
-    def __init__(self, program: ExportedProgram, compiled: CompiledGraph) -> None:
+    def __init__(self, program: ExportedProgram, compiled: CompiledGraph, frozen: frozenset[int] = frozenset()) -> None:
         self.program = program
         self.compiled = compiled
         sig = program.graph_signature
-        self._lifted = [_lifted_tensor(program, spec) for spec in sig.input_specs]
+        # Frozen parameters are compiled in as constants and no longer passed.
+        specs = [spec for i, spec in enumerate(sig.input_specs) if i not in frozen]
+        self._lifted = [_lifted_tensor(program, spec) for spec in specs]
         self._mutations = [
             (i, spec.target) for i, spec in enumerate(sig.output_specs) if spec.kind == OutputKind.BUFFER_MUTATION
         ]
         self._user_out = [i for i, spec in enumerate(sig.output_specs) if spec.kind == OutputKind.USER_OUTPUT]
-        compiled.input_labels = _labels(sig.input_specs)
+        compiled.input_labels = _labels(specs)
 
     @property
     def graph(self) -> Any:
@@ -100,4 +102,16 @@ def compile_aot(fn: Callable, example_inputs: Sequence[Any], **options: Any) -> 
 
     program = export(fn, example_inputs)
     ctx = Context(Options.from_env(**options), graph_id="aot0")
-    return AotCompiled(program, compile_fx(program.graph_module, ctx))
+    frozen = _freezable(program) if ctx.options.freeze else {}
+    return AotCompiled(program, compile_fx(program.graph_module, ctx, frozen), frozenset(frozen))
+
+
+def _freezable(program: ExportedProgram) -> dict[int, torch.Tensor]:
+    """Parameters, buffers and constants the graph never mutates, by input position."""
+    sig = program.graph_signature
+    mutated = {spec.target for spec in sig.output_specs if spec.kind == OutputKind.BUFFER_MUTATION}
+    return {
+        i: tensor
+        for i, spec in enumerate(sig.input_specs)
+        if (tensor := _lifted_tensor(program, spec)) is not None and spec.target not in mutated
+    }

@@ -10,6 +10,7 @@
 from __future__ import annotations
 
 import copy
+import functools
 import itertools
 import warnings
 from collections import Counter
@@ -49,18 +50,27 @@ class VfuseBackend:
     def __call__(self, gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> Callable:
         from vfuse.frontend.decompositions import decomposition_table
 
+        frozen = _parameter_inputs(gm, example_inputs) if self.options.freeze and not torch.is_grad_enabled() else {}
         compiler = aot_autograd(
-            fw_compiler=self.compile_aten, bw_compiler=self.compile_aten, decompositions=decomposition_table()
+            fw_compiler=functools.partial(self.compile_aten, frozen=frozen),
+            bw_compiler=self.compile_aten,
+            decompositions=decomposition_table(),
         )
         return compiler(gm, example_inputs)
 
-    def compile_aten(self, gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> Callable:
+    def compile_aten(
+        self, gm: torch.fx.GraphModule, example_inputs: Sequence[Any], frozen: dict[int, torch.Tensor] | None = None
+    ) -> Callable:
         """AOTAutograd's compiler hook: returns a boxed callable (it takes a list and clears it)."""
         if any(_is_symbolic(x) for x in example_inputs):
             return make_boxed_func(_Specializing(self, gm))
-        return make_boxed_func(self.compile_static(gm))
+        frozen = frozen or {}
+        if not all(i < len(example_inputs) and example_inputs[i].shape == t.shape for i, t in frozen.items()):
+            frozen = {}  # AOTAutograd reordered inputs: compile without freezing rather than guess
+        return make_boxed_func(self.compile_static(gm, frozen))
 
-    def compile_static(self, gm: torch.fx.GraphModule) -> Callable:
+    def compile_static(self, gm: torch.fx.GraphModule, frozen: dict[int, torch.Tensor] | None = None) -> Callable:
+        frozen = frozen or {}
         ctx = Context(self.options, graph_id=f"graph{next(self._ids)}")
         try:
             from vfuse.compiler import compile_fx
@@ -68,7 +78,7 @@ class VfuseBackend:
             tensor_gm, rebuild = _only_tensor_outputs(gm)
             # AOTAutograd calls us under its fake mode; our passes evaluate real constants.
             with unset_fake_temporarily():
-                compiled = compile_fx(tensor_gm, ctx)
+                compiled = compile_fx(tensor_gm, ctx, frozen)
         except Exception as e:
             if self.options.strict:
                 raise VfuseCompileError(f"vfuse could not compile {ctx.graph_id}: {describe_failure(e)}") from e
@@ -79,7 +89,9 @@ class VfuseBackend:
             self.eager_fallbacks.append(describe_failure(e))
             return gm.forward
         self.compiled.append(compiled)
-        return lambda *args: rebuild(compiled(*args))
+        if not frozen:
+            return lambda *args: rebuild(compiled(*args))
+        return lambda *args: rebuild(compiled(*(a for i, a in enumerate(args) if i not in frozen)))
 
     @property
     def stats(self) -> dict[str, Any]:
@@ -93,6 +105,18 @@ class VfuseBackend:
             "kernels": sum(c.stats.kernels for c in self.compiled),
             "fallbacks": fallbacks,
         }
+
+
+def _parameter_inputs(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> dict[int, torch.Tensor]:
+    """Graph inputs that Dynamo lifted from module parameters or buffers, by position."""
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    found = {}
+    for i, (node, value) in enumerate(zip(placeholders, example_inputs)):
+        source = getattr(node.meta.get("grapharg"), "source", None)
+        name = source.name if source is not None else ""
+        if isinstance(value, torch.Tensor) and ("._parameters[" in name or "._buffers[" in name):
+            found[i] = value
+    return found
 
 
 def _only_tensor_outputs(gm: torch.fx.GraphModule) -> tuple[torch.fx.GraphModule, Callable[[list], list]]:
