@@ -95,12 +95,14 @@ def compile_fx(
 
 
 def trace_aten(fn: Any, example_inputs: Sequence[Any]) -> torch.fx.GraphModule:
-    """Trace a callable on concrete inputs to an ATen graph with our decompositions (no Dynamo)."""
+    """Trace a callable on concrete inputs to a functional ATen graph with our decompositions
+    (no Dynamo). Functionalized, because decompositions may emit in-place ops the IR has not."""
     from torch.fx.experimental.proxy_tensor import make_fx
 
     from vfuse.frontend.decompositions import decomposition_table
 
-    return make_fx(fn, decomposition_table=decomposition_table(), tracing_mode="fake")(*example_inputs)
+    functional = torch.func.functionalize(fn, remove="mutations_and_views")
+    return make_fx(functional, decomposition_table=decomposition_table(), tracing_mode="fake")(*example_inputs)
 
 
 def to_ir(fn: Any, example_inputs: Sequence[Any], ctx: Context) -> Graph:

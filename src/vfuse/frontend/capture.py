@@ -9,7 +9,6 @@
 
 from __future__ import annotations
 
-import copy
 import functools
 import itertools
 import warnings
@@ -24,6 +23,7 @@ from torch._subclasses.fake_tensor import unset_fake_temporarily
 
 from vfuse.context import Context, Options
 from vfuse.errors import VfuseCompileError
+from vfuse.frontend.outputs import with_none_outputs, without_none_outputs
 from vfuse.runtime.compiled import CompiledGraph
 
 
@@ -75,7 +75,7 @@ class VfuseBackend:
         try:
             from vfuse.compiler import compile_fx
 
-            tensor_gm, rebuild = _only_tensor_outputs(gm)
+            tensor_gm, present = without_none_outputs(gm)
             # AOTAutograd calls us under its fake mode; our passes evaluate real constants.
             with unset_fake_temporarily():
                 compiled = compile_fx(tensor_gm, ctx, frozen)
@@ -90,8 +90,8 @@ class VfuseBackend:
             return gm.forward
         self.compiled.append(compiled)
         if not frozen:
-            return lambda *args: rebuild(compiled(*args))
-        return lambda *args: rebuild(compiled(*(a for i, a in enumerate(args) if i not in frozen)))
+            return lambda *args: with_none_outputs(compiled(*args), present)
+        return lambda *args: with_none_outputs(compiled(*(a for i, a in enumerate(args) if i not in frozen)), present)
 
     @property
     def stats(self) -> dict[str, Any]:
@@ -117,28 +117,6 @@ def _parameter_inputs(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -
         if isinstance(value, torch.Tensor) and ("._parameters[" in name or "._buffers[" in name):
             found[i] = value
     return found
-
-
-def _only_tensor_outputs(gm: torch.fx.GraphModule) -> tuple[torch.fx.GraphModule, Callable[[list], list]]:
-    """Backward graphs return None for inputs without gradients: compile a copy of the graph that
-    returns only its tensors, and put the constants back around the compiled outputs."""
-    out_node = next(n for n in gm.graph.nodes if n.op == "output")
-    outs = list(out_node.args[0])
-    where = [i for i, o in enumerate(outs) if isinstance(o, torch.fx.Node)]
-    if len(where) == len(outs):
-        return gm, lambda results: results
-    graph = copy.deepcopy(gm.graph)
-    new_out = next(n for n in graph.nodes if n.op == "output")
-    new_out.args = (tuple(new_out.args[0][i] for i in where),)
-    trimmed = torch.fx.GraphModule(gm, graph)
-
-    def rebuild(results: list) -> list:
-        full = list(outs)
-        for i, r in zip(where, results):
-            full[i] = r
-        return full
-
-    return trimmed, rebuild
 
 
 class _Specializing:

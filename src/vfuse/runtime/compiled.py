@@ -101,10 +101,16 @@ class CompiledGraph:
 
 
 def _unalias(outputs: list[torch.Tensor], inputs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
-    """Copy outputs that share memory with an input: the graph promised fresh tensors, and a
-    pass may have reduced e.g. `x.clone()` or `x.reshape(...)` to the input itself."""
+    """Copy outputs that share memory with an input or an earlier output: the graph promised
+    fresh tensors, and a pass may have reduced e.g. `x.clone()` to the input itself."""
     taken = {t.untyped_storage().data_ptr() for t in inputs if isinstance(t, torch.Tensor) and t.numel()}
-    return [
-        o.clone() if isinstance(o, torch.Tensor) and o.numel() and o.untyped_storage().data_ptr() in taken else o
-        for o in outputs
-    ]
+    fresh = []
+    for o in outputs:
+        if isinstance(o, torch.Tensor) and o.numel():
+            ptr = o.untyped_storage().data_ptr()
+            if ptr in taken:
+                o = o.clone()
+                ptr = o.untyped_storage().data_ptr()
+            taken.add(ptr)
+        fresh.append(o)
+    return fresh

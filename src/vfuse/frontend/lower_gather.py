@@ -1,0 +1,94 @@
+"""Gather lowerings: embedding, index_select, x[idx] (aten.index with one leading index) and
+as_strided all become EMBEDDING (row gather) on a suitably reshaped table.
+
+EMBEDDING gathers rows of a 2-D table, so the gathered dim is moved to the front and the rest
+flattened into the row; the result is reshaped (and permuted) back.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+import torch.fx
+
+from vfuse.frontend.emitter import Emitter, bind, python_scalar
+from vfuse.frontend.errors import Fallback, LoweringError
+from vfuse.frontend.lower_layout import permute, reshape
+from vfuse.frontend.registry import lowers
+from vfuse.ir import DType, Op
+from vfuse.ir.shapes import normalize_dim
+
+aten = torch.ops.aten
+
+
+def gather_rows(em: Emitter, x: str, dim: int, idx: str) -> str:
+    """out[..., i, ...] = x[..., idx[i], ...] along `dim` (idx of any shape replaces that dim)."""
+    t = em.ttype(x)
+    if em.ttype(idx).dtype not in (DType.I32, DType.I64):
+        raise Fallback("gather indices must be int32 or int64")
+    dim = normalize_dim(dim, t.rank)
+    order = (dim, *(d for d in range(t.rank) if d != dim))
+    rest = tuple(t.shape[d] for d in order[1:])
+    table = reshape(em, permute(em, x, order), (t.shape[dim], math.prod(rest)))
+    ishape = em.ttype(idx).shape
+    out = reshape(em, em.emit(Op.EMBEDDING, (table, idx)), ishape + rest)
+    # out is (index dims..., dims before `dim`..., dims after `dim`...): put the index dims at `dim`.
+    k = len(ishape)
+    return permute(em, out, [*range(k, k + dim), *range(k), *range(k + dim, k + len(rest))])
+
+
+@lowers(aten.embedding.default)
+def lower_embedding(em: Emitter, node: torch.fx.Node) -> str:
+    a = bind(node)
+    table, idx = em.value(a["weight"]), em.value(a["indices"])
+    if em.ttype(idx).dtype not in (DType.I32, DType.I64):
+        raise Fallback("embedding indices must be int32 or int64")
+    return em.emit(Op.EMBEDDING, (table, idx))
+
+
+@lowers(aten.as_strided.default, aten.as_strided_copy.default)
+def lower_as_strided(em: Emitter, node: torch.fx.Node) -> str:
+    """A gather from the flattened input at offset + sum(i_k * stride_k) (EMBEDDING on IOTAs).
+
+    as_strided addresses storage, so this is right only when the input's storage is exactly its
+    dense row-major elements, as every IR value is; otherwise no IR graph can express it.
+    """
+    a = bind(node)
+    v: Any = a["self"].meta["val"]
+    if not (v.is_contiguous() and v.storage_offset() == 0 and v.untyped_storage().nbytes() == v.nbytes):
+        raise LoweringError(node, "as_strided of a non-dense view cannot be expressed on logical tensors")
+    size, stride, offset = list(a["size"]), list(a["stride"]), a["storage_offset"] or 0
+    x = em.value(a["self"])
+    numel = em.ttype(x).numel
+    if any(d == 0 for d in size):
+        return em.emit(Op.FULL, value=python_scalar(0, em.ttype(x).dtype), shape=tuple(size), dtype=em.ttype(x).dtype)
+    if offset + sum((d - 1) * s for d, s in zip(size, stride, strict=True)) >= numel or min(stride, default=0) < 0:
+        raise Fallback("as_strided reads outside its input")
+    index = em.scalar(offset, DType.I64)
+    for k, (d, s) in enumerate(zip(size, stride, strict=True)):
+        if s != 0 and d != 1:  # a zero stride repeats: the final EXPAND covers it
+            iota = em.emit(Op.IOTA, length=d, start=0, step=s, dtype=DType.I64)
+            index = em.emit(Op.ADD, (index, reshape(em, iota, (1,) * k + (d,) + (1,) * (len(size) - k - 1))))
+    if em.ttype(index).shape != tuple(size):
+        index = em.emit(Op.EXPAND, (reshape(em, index, (1,) * len(size)) if not em.ttype(index).shape else index,),
+                        shape=tuple(size))  # fmt: skip
+    rows = em.emit(Op.EMBEDDING, (reshape(em, x, (numel, 1)), index))
+    return reshape(em, rows, tuple(size))
+
+
+@lowers(aten.index_select.default)
+def lower_index_select(em: Emitter, node: torch.fx.Node) -> str:
+    a = bind(node)
+    return gather_rows(em, em.value(a["self"]), a["dim"], em.value(a["index"]))
+
+
+@lowers(aten.index.Tensor)
+def lower_index(em: Emitter, node: torch.fx.Node) -> str:
+    """x[idx] with one integer index tensor on the first dim; other forms go to torch."""
+    a = bind(node)
+    indices = list(a["indices"])
+    if len(indices) != 1 or indices[0] is None:
+        raise Fallback("advanced indexing other than x[int_tensor]")
+    return gather_rows(em, em.value(a["self"]), 0, em.value(indices[0]))

@@ -1,0 +1,175 @@
+"""Reduction lowerings: sum, prod, mean, amax/amin, max/min (values and indices), argmax/argmin,
+any/all, var/std (with correction), var_mean/std_mean and logsumexp.
+
+torch's "no dims means all dims" is resolved here into explicit sorted axes. mean and var are
+decomposed into SUM and pointwise ops (so the planner fuses them as row kernels); fp16/bf16
+statistics are accumulated in fp32 like torch does, then cast back.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, NamedTuple
+
+import torch
+import torch.fx
+
+from vfuse.frontend.emitter import Emitter, bind
+from vfuse.frontend.errors import Fallback
+from vfuse.frontend.registry import lowers
+from vfuse.ir import DType, Op
+from vfuse.ir.shapes import normalize_dim, normalize_dims
+
+aten = torch.ops.aten
+
+
+def acc_dtype(dtype: DType) -> DType:
+    """The dtype statistics of `dtype` values are accumulated in (fp32 for half types)."""
+    return DType.F32 if dtype in (DType.F16, DType.BF16) else dtype
+
+
+def axes_of(em: Emitter, x: str, dim: Any) -> tuple[int, ...]:
+    """Sorted non-negative axes; None, [] and a missing dim all mean every dim (torch's rule)."""
+    if isinstance(dim, int):
+        dim = [dim]
+    return normalize_dims(dim, em.ttype(x).rank)
+
+
+def count(em: Emitter, x: str, axes: tuple[int, ...]) -> int:
+    return math.prod(em.ttype(x).shape[a] for a in axes)
+
+
+def reduce(em: Emitter, op: Op, x: str, axes: tuple[int, ...], keepdim: bool) -> str:
+    if op in (Op.AMAX, Op.AMIN) and count(em, x, axes) == 0:
+        raise Fallback("max/min over an empty dim")  # no identity element; torch raises too
+    return em.emit(op, (x,), axes=axes, keepdim=keepdim)
+
+
+def mean(em: Emitter, x: str, axes: tuple[int, ...], keepdim: bool) -> str:
+    """SUM / count in the accumulation dtype of x (the caller casts the result back)."""
+    x = em.cast(x, acc_dtype(em.ttype(x).dtype))
+    total = em.emit(Op.SUM, (x,), axes=axes, keepdim=keepdim)
+    return em.emit(Op.DIV, (total, em.scalar(count(em, x, axes), em.ttype(x).dtype)))
+
+
+class Moments(NamedTuple):
+    """var follows `keepdim`; mean keeps the reduced dims (size 1); centered = x - mean."""
+
+    var: str
+    mean: str
+    centered: str
+
+
+def variance(em: Emitter, x: str, axes: tuple[int, ...], correction: float, keepdim: bool) -> Moments:
+    """Two passes, sum((x - mean)^2) / max(0, N - correction), like torch; x - mean is kept
+    so that normalizations reuse it."""
+    x = em.cast(x, acc_dtype(em.ttype(x).dtype))
+    mu = mean(em, x, axes, True)
+    d = em.emit(Op.SUB, (x, mu))
+    sq = em.emit(Op.SUM, (em.emit(Op.MUL, (d, d)),), axes=axes, keepdim=keepdim)
+    dtype = em.ttype(x).dtype
+    var = em.emit(Op.DIV, (sq, em.scalar(max(0.0, count(em, x, axes) - correction), dtype)))
+    return Moments(var, mu, d)
+
+
+@lowers(aten.sum.dim_IntList, aten.sum.default)
+def lower_sum(em: Emitter, node: torch.fx.Node) -> str:
+    a = bind(node)
+    x = em.cast(em.value(a["self"]), em.out_dtype())
+    return reduce(em, Op.SUM, x, axes_of(em, x, a.get("dim")), bool(a.get("keepdim")))
+
+
+@lowers(aten.prod.dim_int, aten.prod.default)
+def lower_prod(em: Emitter, node: torch.fx.Node) -> str:
+    a = bind(node)
+    x = em.cast(em.value(a["self"]), em.out_dtype())
+    return reduce(em, Op.PROD, x, axes_of(em, x, a.get("dim")), bool(a.get("keepdim")))
+
+
+@lowers(aten.mean.dim, aten.mean.default)
+def lower_mean(em: Emitter, node: torch.fx.Node) -> str:
+    a = bind(node)
+    x = em.cast(em.value(a["self"]), em.out_dtype())
+    return em.cast(mean(em, x, axes_of(em, x, a.get("dim")), bool(a.get("keepdim"))), em.out_dtype())
+
+
+@lowers(aten.amax.default, aten.amin.default, aten.max.default, aten.min.default)
+def lower_amax(em: Emitter, node: torch.fx.Node) -> str:
+    a = bind(node)
+    x = em.value(a["self"])
+    op = Op.AMAX if node.target.overloadpacket in (aten.amax, aten.max) else Op.AMIN  # type: ignore[union-attr]
+    return reduce(em, op, x, axes_of(em, x, a.get("dim")), bool(a.get("keepdim")))
+
+
+@lowers(aten.max.dim, aten.min.dim)
+def lower_max_dim(em: Emitter, node: torch.fx.Node) -> tuple[str, str]:
+    a = bind(node)
+    x = em.value(a["self"])
+    axis = normalize_dim(a["dim"], em.ttype(x).rank)
+    is_max = node.target.overloadpacket is aten.max  # type: ignore[union-attr]
+    values = reduce(em, Op.AMAX if is_max else Op.AMIN, x, (axis,), a["keepdim"])
+    indices = em.emit(Op.ARGMAX if is_max else Op.ARGMIN, (x,), axis=axis, keepdim=a["keepdim"])
+    return values, indices
+
+
+@lowers(aten.argmax.default, aten.argmin.default)
+def lower_argmax(em: Emitter, node: torch.fx.Node) -> str:
+    a = bind(node)
+    x = em.value(a["self"])
+    axis = None if a["dim"] is None else normalize_dim(a["dim"], em.ttype(x).rank)
+    if count(em, x, tuple(range(em.ttype(x).rank)) if axis is None else (axis,)) == 0:
+        raise Fallback("argmax over an empty dim")
+    op = Op.ARGMAX if node.target.overloadpacket is aten.argmax else Op.ARGMIN  # type: ignore[union-attr]
+    return em.emit(op, (x,), axis=axis, keepdim=a["keepdim"])
+
+
+@lowers(aten.any, aten.all)
+def lower_any_all(em: Emitter, node: torch.fx.Node) -> str:
+    a = bind(node)
+    x = em.cast(em.value(a["self"]), DType.BOOL)
+    op = Op.ANY if node.target.overloadpacket is aten.any else Op.ALL  # type: ignore[union-attr]
+    return reduce(em, op, x, axes_of(em, x, a.get("dim")), bool(a.get("keepdim")))
+
+
+def _correction(a: dict[str, Any]) -> float:
+    """torch's correction: the explicit one, else unbiased (default True) -> 1, biased -> 0."""
+    if a.get("correction") is not None:
+        return float(a["correction"])
+    return 1.0 if a.get("unbiased", True) is not False else 0.0
+
+
+def _var_std(em: Emitter, node: torch.fx.Node) -> tuple[str, str, bool]:
+    """(var, mean) of the node's input in its result dtype; bool: whether the op is a std."""
+    a = bind(node)
+    x = em.value(a["self"])
+    var, mu, _ = variance(em, x, axes_of(em, x, a.get("dim")), _correction(a), bool(a.get("keepdim")))
+    is_std = node.target.overloadpacket in (aten.std, aten.std_mean)  # type: ignore[union-attr]
+    return var, mu, is_std
+
+
+@lowers(aten.var, aten.std)
+def lower_var(em: Emitter, node: torch.fx.Node) -> str:
+    var, _, is_std = _var_std(em, node)
+    return em.cast(em.emit(Op.SQRT, (var,)) if is_std else var, em.out_dtype())
+
+
+@lowers(aten.var_mean, aten.std_mean)
+def lower_var_mean(em: Emitter, node: torch.fx.Node) -> tuple[str, str]:
+    var, mu, is_std = _var_std(em, node)
+    spread = em.emit(Op.SQRT, (var,)) if is_std else var
+    mu = em.emit(Op.RESHAPE, (mu,), shape=em.ttype(var).shape) if em.ttype(mu).shape != em.ttype(var).shape else mu
+    return em.cast(spread, em.out_dtype(0)), em.cast(mu, em.out_dtype(1))
+
+
+@lowers(aten.logsumexp.default)
+def lower_logsumexp(em: Emitter, node: torch.fx.Node) -> str:
+    """m + log(sum(exp(x - m))) with m = max (0 where infinite, so all -inf rows give -inf)."""
+    a = bind(node)
+    x = em.cast(em.value(a["self"]), em.out_dtype())
+    axes, keepdim = axes_of(em, x, a["dim"]), a["keepdim"]
+    dtype = em.ttype(x).dtype
+    m = reduce(em, Op.AMAX, x, axes, True)
+    m = em.emit(Op.WHERE, (em.emit(Op.ISINF, (m,)), em.scalar(0, dtype), m))
+    e = em.emit(Op.EXP, (em.emit(Op.SUB, (x, m)),))
+    out = em.emit(Op.ADD, (em.emit(Op.LOG, (em.emit(Op.SUM, (e,), axes=axes, keepdim=True),)), m))
+    return out if keepdim else em.emit(Op.RESHAPE, (out,), shape=em.out_type().shape)
