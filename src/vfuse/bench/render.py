@@ -1,0 +1,190 @@
+"""Presenting results: rich tables for the terminal and a matplotlib bar chart of ratios."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+from rich.text import Text
+
+from vfuse.bench.contenders import REFERENCE
+from vfuse.bench.results import CompileTime, ContenderResult, RunResult, WorkloadResult
+from vfuse.bench.timing import Stats
+
+if TYPE_CHECKING:
+    from matplotlib.axes import Axes
+
+
+def fmt_seconds(seconds: float | None) -> str:
+    if seconds is None:
+        return "-"
+    for unit, scale in (("s", 1.0), ("ms", 1e-3), ("µs", 1e-6)):
+        if seconds >= scale:
+            return f"{seconds / scale:.3g} {unit}"
+    return f"{seconds / 1e-9:.3g} ns"
+
+
+def _fmt(value: float | None, spec: str, suffix: str = "") -> str:
+    return "-" if value is None else f"{value:{spec}}{suffix}"
+
+
+def _ratio_text(value: float | None) -> Text:
+    if value is None:
+        return Text("-")
+    # Green only when clearly faster: under 5 % is within the noise of a shared machine.
+    style = "green" if value >= 1.05 else "red" if value <= 0.95 else ""
+    return Text(f"{value:.3g}x", style=style)
+
+
+def _check_text(result: ContenderResult) -> Text:
+    if result.status == "error":
+        return Text("ERROR", style="bold red")
+    if result.check is None:
+        return Text("-")
+    if not result.check.ok:
+        return Text(f"MISMATCH {result.check.max_abs_err:.2g}", style="bold white on red")
+    return Text(f"ok {result.check.max_abs_err:.1g}", style="green")
+
+
+def _plural(count: object, noun: str) -> str:
+    return f"{count} {noun}" + ("" if count == 1 else "s")
+
+
+def _built_text(stats: dict[str, Any] | None) -> Text:
+    """What the backend built, e.g. "3 kernels, 1 fallback"; graphs run eagerly shown in red."""
+    if not stats:
+        return Text("")
+    parts = [_plural(stats.get("kernels", "?"), "kernel")]
+    fallbacks = sum((stats.get("fallbacks") or {}).values())
+    if fallbacks:
+        parts.append(_plural(fallbacks, "torch op"))
+    text = Text(", ".join(parts))
+    if stats.get("eager_graphs"):
+        text.append(f", {stats['eager_graphs']} graphs eager", style="bold red")
+    return text
+
+
+def _iqr(stats: Stats | None) -> str:
+    return "-" if stats is None else f"±{fmt_seconds(stats.iqr_s / 2)}"
+
+
+def _add_workload_rows(table: Table, workload: WorkloadResult) -> None:
+    label = f"{workload.name}\n{workload.minimal_bytes / 1e6:.3g} MB"
+    for i, c in enumerate(workload.contenders):
+        median = c.time.median_s if c.time else None
+        table.add_row(
+            label if i == 0 else "",
+            c.name,
+            fmt_seconds(median),
+            _iqr(c.time),
+            _ratio_text(c.speedup_vs_eager if c.name != REFERENCE else None),
+            _ratio_text(c.speedup_vs_inductor),
+            _fmt(c.gbps, ".1f"),
+            _fmt(c.pct_copy, ".0f", " %"),
+            _check_text(c),
+            fmt_seconds(c.first_call_s),
+            _built_text(c.backend_stats),
+        )
+    copy = workload.copy
+    for name, stats, gbps in (("copy", copy.prealloc, copy.prealloc_gbps), ("copy_fresh", copy.fresh, copy.fresh_gbps)):
+        pct = 100.0 * gbps / copy.prealloc_gbps
+        table.add_row("", Text(name, style="dim"), fmt_seconds(stats.median_s), _iqr(stats), "", "",
+                      f"{gbps:.1f}", f"{pct:.0f} %", "", "", "", style="dim")  # fmt: skip
+    table.add_section()
+
+
+def run_table(run: RunResult) -> Table:
+    m = run.machine
+    tunables = f", GLIBC_TUNABLES={m.glibc_tunables}" if m.glibc_tunables else ""
+    table = Table(
+        title=f"vfuse bench ({run.label}): {m.cpu_model}, {m.threads} threads, torch {m.torch_version}{tunables}",
+        caption="median per call over interleaved rounds; ±IQR/2; ratios = eager (or inductor) median / this median",
+    )
+    for header in ("workload", "contender", "median", "±", "vs eager", "vs inductor", "GB/s", "% copy"):
+        table.add_column(header, justify="left" if header in ("workload", "contender") else "right")
+    table.add_column("check")
+    table.add_column("1st call", justify="right")
+    table.add_column("built")
+    for workload in run.workloads:
+        _add_workload_rows(table, workload)
+    return table
+
+
+# A 1-minute load average above this when the run starts means other jobs were competing.
+_BUSY_LOAD = 1.0
+
+
+def print_run(console: Console, run: RunResult) -> None:
+    console.print(run_table(run))
+    load = run.machine.load_avg[0]
+    if load >= _BUSY_LOAD:
+        cpus = run.machine.logical_cpus
+        console.print(f"[yellow]machine busy: load average {load:.1f} on {cpus} CPUs at start; figures are noisy[/]")
+    # Failures go below the table in full: they must not be missed or truncated to a cell.
+    for w in run.workloads:
+        for c in w.contenders:
+            if c.status == "error":
+                console.print(f"[bold red]ERROR[/] {w.name}/{c.name}: {escape(c.error or '')}")
+            elif c.status == "mismatch" and c.check is not None:
+                console.print(f"[bold red]MISMATCH[/] {w.name}/{c.name}: {escape(c.check.detail)}")
+
+
+def print_compile_times(console: Console, rows: tuple[CompileTime, ...]) -> None:
+    table = Table(title="compile times: fresh processes; cold = empty caches, warm = populated")
+    for header in ("contender", "workload", "cold compile", "warm compile", "steady call", "error"):
+        table.add_column(header, justify="right" if "compile" in header or "call" in header else "left")
+    for r in rows:
+        error = Text(r.error or "", style="bold red")
+        table.add_row(r.contender, r.workload, fmt_seconds(r.cold_compile_s), fmt_seconds(r.warm_compile_s),
+                      fmt_seconds(r.steady_call_s), error)  # fmt: skip
+    console.print(table)
+
+
+def write_png(runs: tuple[RunResult, ...], path: Path) -> None:
+    """Grouped bars of speedup vs eager, one panel per run; mismatches get a red hatch."""
+    import matplotlib  # lazy: an optional dependency, and slow to import
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(len(runs), 1, figsize=(11, 4.2 * len(runs)), squeeze=False)
+    for ax, run in zip(axes[:, 0], runs, strict=True):
+        _plot_run(ax, run)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def _plot_run(ax: Axes, run: RunResult) -> None:
+    names = [w.name for w in run.workloads]
+    others = [c.name for c in run.workloads[0].contenders if c.name != REFERENCE] if run.workloads else []
+    width = 0.8 / max(1, len(others))
+    for k, contender in enumerate(others):
+        results = [next(c for c in w.contenders if c.name == contender) for w in run.workloads]
+        xs = [i + (k - (len(others) - 1) / 2) * width for i in range(len(names))]
+        _plot_bars(ax, xs, width, contender, results)
+    ax.axhline(1.0, color="black", linewidth=0.8)
+    ax.set_yscale("log")
+    ax.set_xticks(range(len(names)), names, rotation=20)
+    ax.set_ylabel("speedup vs eager (median, log)")
+    ax.set_title(f"{run.label}: {run.machine.cpu_model}, {run.machine.threads} threads")
+    ax.legend()
+
+
+def _plot_bars(ax: Axes, xs: list[float], width: float, label: str, results: list[ContenderResult]) -> None:
+    """Bars grow from 1x (up: faster than eager, down: slower); failures are labelled, not drawn."""
+    # NaN leaves a gap for a contender that did not run (0 has no place on a log axis).
+    ratios = [r.speedup_vs_eager or float("nan") for r in results]
+    bars = ax.bar(xs, [v - 1.0 for v in ratios], width, bottom=1.0, label=label)
+    for x, bar, ratio, r in zip(xs, bars, ratios, results, strict=True):
+        if r.status == "error":
+            ax.annotate("error", (x, 1.0), ha="center", va="bottom", color="red", fontsize=8, rotation=90)
+            continue
+        if r.status == "mismatch":
+            bar.set_hatch("xx")
+            bar.set_edgecolor("red")
+        text = f"{ratio:.2g}x" + (" wrong" if r.status == "mismatch" else "")
+        ax.annotate(text, (x, ratio), ha="center", va="bottom" if ratio >= 1 else "top", fontsize=7)
