@@ -1,0 +1,234 @@
+"""The cost model: predicted time of one kernel (a candidate group) on a target.
+
+    t = launch + (C + M - gamma * min(C, M)) / min(1, parallelism) + spill
+
+C = contraction flops / matrix peak + other flops / vector peak; M = unique DRAM bytes /
+DRAM bandwidth. gamma is how
+much of the shorter of C and M hides under the longer: 0.8 on GPUs (many warps in flight per
+SM hide memory latency behind arithmetic), 0.5 on CPUs (out-of-order execution and hardware
+prefetch overlap only part). Equations, constants and their calibration: docs/cost_model.md.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Sequence
+from dataclasses import dataclass
+
+from vfuse.fusion.forms import Form, Illegal, classify, numel_of, per_element_flops
+from vfuse.fusion.plan import Cost
+from vfuse.ir import Graph, Kind, Node, TensorType, opdef
+from vfuse.targets import Target
+
+GAMMA = {"cpu": 0.5, "gpu": 0.8}
+# GPU: keep >= 512 threads resident per SM to hide HBM latency, so a kernel gets
+# regs_per_sm / 512 registers per thread, minus ~16 for indices and addresses.
+GPU_MIN_RESIDENT_THREADS = 512
+INDEX_REGS = 16
+GEMM_ACCUMULATOR_REGS = 64  # a 128x128 tile over 256 threads holds 64 fp32 accumulators each
+# Work granularity, i.e. what one hardware thread takes at a time.
+CPU_POINTWISE_CHUNK_VECTORS = 16
+GPU_POINTWISE_ELEMENTS_PER_THREAD = 4
+CPU_GEMM_TILE = 64 * 64
+GPU_GEMM_POINTS_PER_THREAD = 64
+GPU_ROW_ELEMENTS_PER_THREAD = 4  # one block per row, 4 elements per thread, 32..1024 threads
+# A GPU saturates its bandwidth with about half of its resident-thread slots busy (Little's law
+# at HBM latency); parallelism below that slows the kernel proportionally.
+GPU_SATURATION = 0.5
+
+
+@dataclass(frozen=True, slots=True)
+class Pressure:
+    """On-chip resource use: live values per point against the register budget, and a row
+    kernel's cached working set (bytes per row) against the cache or shared memory it has."""
+
+    live: int
+    reg_budget: int
+    working_set: int
+    ws_budget: int
+    passes: int
+
+    @property
+    def ratio(self) -> float:
+        ws = self.working_set / self.ws_budget if self.ws_budget else 0.0
+        return max(self.live / self.reg_budget, ws)
+
+
+def register_budget(target: Target, kind: Kind) -> int:
+    if target.is_gpu:
+        budget = min(target.regs_per_thread, target.regs_per_sm // GPU_MIN_RESIDENT_THREADS) - INDEX_REGS
+        return budget - (GEMM_ACCUMULATOR_REGS if kind is Kind.CONTRACTION else 0)
+    return target.regs_per_thread
+
+
+def ws_budget(target: Target) -> int:
+    """On-chip bytes one row kernel work item may keep: L2 per core, or shared memory per SM."""
+    return target.smem_per_sm if target.is_gpu else target.l2_bytes
+
+
+def default_outputs(nodes: Sequence[Node], graph: Graph) -> tuple[str, ...]:
+    """Values that leave the kernel: read by a node outside it, or graph outputs."""
+    inside = {n.name for n in nodes}
+    return tuple(n.name for n in nodes if graph.is_output(n.name) or any(u not in inside for u in graph.users(n.name)))
+
+
+def external_inputs(nodes: Sequence[Node]) -> tuple[str, ...]:
+    inside = {n.name for n in nodes}
+    return tuple(dict.fromkeys(i for n in nodes for i in n.inputs if i not in inside))
+
+
+def registers(t: object) -> int:
+    """32-bit registers one element of a value takes (f64/i64 take two)."""
+    return max(1, t.dtype.itemsize // 4) if isinstance(t, TensorType) else 1
+
+
+def live_values(nodes: Sequence[Node], graph: Graph) -> int:
+    """Peak registers live at once evaluating one point in topological order; an input is
+    loaded at its first use, every value dies after its last use inside the kernel."""
+    start: dict[str, int] = {}
+    end: dict[str, int] = {}
+    for i, n in enumerate(nodes):
+        for v in n.inputs:
+            start.setdefault(v, i)
+            end[v] = i
+        start[n.name] = i
+        end.setdefault(n.name, i)
+    delta = [0] * (len(nodes) + 1)
+    for v, s in start.items():
+        r = registers(graph[v].type)
+        delta[s] += r
+        delta[end[v] + 1] -= r
+    peak = run = 0
+    for d in delta:
+        run += d
+        peak = max(peak, run)
+    return peak
+
+
+def _row_working_set(nodes: Sequence[Node], form: Form, graph: Graph) -> tuple[int, int]:
+    """(bytes one row keeps cached across passes, number of passes). A row kernel makes one
+    pass per chain of dependent reductions; full-space values read in a later pass than the one
+    producing (or first loading) them must stay cached, or be re-read."""
+    if form.rows == 0:
+        return 0, 1
+    passes: dict[str, int] = {}
+    first_read: dict[str, int] = {}
+    keep: dict[str, int] = {}
+    for n in nodes:
+        p = max((passes[i] + (graph[i].kind is Kind.REDUCE) for i in n.inputs if i in passes), default=0)
+        passes[n.name] = p
+        for i in n.inputs:
+            born = passes[i] if i in passes else first_read.setdefault(i, p)
+            if p > born and numel_of(graph[i]) == form.domain and i not in keep:
+                keep[i] = graph[i].tensor_type.dtype.itemsize
+    row_len = form.domain // max(form.rows, 1)
+    return row_len * sum(keep.values()), max(passes.values(), default=0) + 1
+
+
+def pressure_of(nodes: Sequence[Node], form: Form, graph: Graph, target: Target) -> Pressure:
+    ws, passes = _row_working_set(nodes, form, graph)
+    return Pressure(live_values(nodes, graph), register_budget(target, form.kind), ws, ws_budget(target), passes)
+
+
+def _flops(nodes: Sequence[Node], form: Form, graph: Graph, target: Target) -> tuple[int, float]:
+    """(total flops, compute seconds); broadcast nodes count once per point that evaluates them,
+    which is how recompute of a duplicated or broadcast producer shows up."""
+    total, seconds = 0, 0.0
+    for n in nodes:
+        if n.kind in (Kind.REDUCE, Kind.CONTRACTION):
+            f = opdef(n.op).flops(tuple(graph[i].type for i in n.inputs), n.type, n.attrs)  # type: ignore[arg-type]
+        else:
+            f = int(per_element_flops(n, graph) * form.space.get(n.name, numel_of(n)))
+        total += f
+        if n.kind is Kind.CONTRACTION:
+            seconds += f / target.matrix_peak(graph[n.inputs[0]].tensor_type.dtype)
+        else:
+            seconds += f / target.vector_f32
+    return total, seconds
+
+
+def _nbytes(node: Node) -> int:
+    return node.type.nbytes
+
+
+def parallelism(kind: Kind, domain: int, rows: int, target: Target) -> float:
+    """Independent work items per hardware thread; below 1 part of the machine idles."""
+    if kind is Kind.OPAQUE:
+        return 1.0
+    if kind is Kind.CONTRACTION:
+        items = domain / (GPU_GEMM_POINTS_PER_THREAD if target.is_gpu else CPU_GEMM_TILE)
+    elif rows and target.is_gpu:
+        items = rows * min(1024, max(32, domain // rows // GPU_ROW_ELEMENTS_PER_THREAD))
+    elif rows:
+        items = rows
+    elif target.is_gpu:
+        items = domain / GPU_POINTWISE_ELEMENTS_PER_THREAD
+    else:
+        items = domain / (target.simd_lanes * CPU_POINTWISE_CHUNK_VECTORS)
+    return max(items, 1.0) / target.max_threads
+
+
+@dataclass(frozen=True, slots=True)
+class Figures:
+    """What the time equation needs to know about one kernel, however it was obtained
+    (exactly from its nodes here, or compositionally by the planner)."""
+
+    flops: int
+    compute_s: float
+    in_bytes: int
+    out_bytes: int
+    kind: Kind
+    domain: int
+    rows: int
+    pressure: Pressure
+
+
+def cost_from(f: Figures, target: Target) -> Cost:
+    """t = launch + (C + M - gamma min(C, M)) / min(1, parallelism / saturation) + spill."""
+    nbytes = f.in_bytes + f.out_bytes
+    # DRAM bandwidth even for kernels whose data would fit in cache: a step at the cache size
+    # made the model penalize a merge for crossing it, and the planner mostly cares about
+    # large activations; small kernels are dominated by launch_s anyway.
+    memory_s = nbytes / target.dram_bw
+    par = parallelism(f.kind, f.domain, f.rows, target)
+    body = f.compute_s + memory_s - GAMMA[target.kind] * min(f.compute_s, memory_s)
+    p = f.pressure
+    spill_s = 0.0
+    if p.live > p.reg_budget:
+        # Spilled values go to local memory / stack and back once per point (8 bytes round trip).
+        spill_s += (p.live - p.reg_budget) * 8 * f.domain / target.cache_bw
+    if p.ws_budget and p.working_set > p.ws_budget:
+        # The row no longer stays on chip: every later pass re-reads its inputs from DRAM.
+        spill_s += (p.passes - 1) * f.in_bytes / target.dram_bw
+    saturation = GPU_SATURATION if target.is_gpu else 1.0
+    time_s = target.launch_s + body / min(1.0, par / saturation) + spill_s
+    return Cost(f.flops, nbytes, f.compute_s, memory_s, target.launch_s, time_s, p.ratio, par)
+
+
+def kernel_cost(
+    nodes: Sequence[Node], inputs: Collection[str], outputs: Collection[str], form: Form, graph: Graph, target: Target
+) -> Cost:
+    """Exact cost of one kernel whose form is known, from its nodes in topological order."""
+    flops, compute_s = _flops(nodes, form, graph, target)
+    in_bytes = sum(_nbytes(graph[i]) for i in inputs)
+    out_bytes = sum(_nbytes(graph[o]) for o in outputs)
+    p = pressure_of(nodes, form, graph, target)
+    return cost_from(Figures(flops, compute_s, in_bytes, out_bytes, form.kind, form.domain, form.rows, p), target)
+
+
+def estimate(nodes: Sequence[str], graph: Graph, target: Target, outputs: Sequence[str] | None = None) -> Cost:
+    """Cost of running `nodes` (topologically ordered) as one kernel writing `outputs`
+    (default: the values read outside it and graph outputs). Raises ValueError when the nodes
+    form no legal kernel."""
+    ns = [graph[n] for n in nodes]
+    outs = default_outputs(ns, graph) if outputs is None else tuple(outputs)
+    form = classify(ns, outs, graph)
+    if isinstance(form, Illegal):
+        raise ValueError(f"not a kernel ({form.rule}): {form.reason}")
+    return kernel_cost(ns, external_inputs(ns), outs, form, graph, target)
+
+
+def lower_bound_bytes(graph: Graph) -> int:
+    """Traffic no plan can beat: every graph input read once, every output written once."""
+    read = {i for n in graph.compute_nodes for i in n.inputs if graph[i].kind is Kind.SOURCE}
+    written = {o for o in graph.outputs if graph[o].kind is not Kind.SOURCE}
+    return sum(graph[v].type.nbytes for v in read | written)

@@ -1,0 +1,70 @@
+"""Legality: may producer group P merge into consumer group C? Every rule has a stable name
+(used in Decision.rule) and a one-line reason.
+
+Allowing rules (by op kind, ARCHITECTURE.md): elementwise-into-any, view-index-map,
+prologue-into-reduction, epilogue-after-reduction, multi-pass-row, epilogue-after-contraction,
+prologue-into-contraction. Forbidding rules come from the kernel forms (`forms.classify`:
+two-contractions, contraction-with-reduction, reduce-axes-differ, reduce-shapes-differ,
+row-space-mismatch, epilogue-space-mismatch, prologue-too-expensive, view-not-expressible,
+pointwise-outputs-differ, opaque-alone), from the kernel graph (would-create-cycle, checked by
+`groups.KernelTable.forward`) and from
+resource budgets (kernel-size-cap, register-budget, cache-budget, smem-budget).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from vfuse.fusion.cost import Pressure, pressure_of
+from vfuse.fusion.forms import Form, Illegal, classify
+from vfuse.fusion.summary import Summary
+from vfuse.ir import Graph, Kind, Node
+from vfuse.targets import Target
+
+
+@dataclass(frozen=True, slots=True)
+class Budgets:
+    """Hard limits on one kernel. max_nodes bounds kernel complexity (compile time, code size,
+    instruction cache and scheduler pressure grow with it)."""
+
+    max_nodes: int = 256
+
+
+def budget_violation(n_nodes: int, p: Pressure, target: Target, budgets: Budgets) -> Illegal | None:
+    """The resource budget a kernel of `n_nodes` nodes under pressure `p` breaks, if any."""
+    if n_nodes > budgets.max_nodes:
+        return Illegal("kernel-size-cap", f"{n_nodes} nodes > cap of {budgets.max_nodes}")
+    if target.is_gpu and p.live > p.reg_budget:
+        return Illegal(
+            "register-budget", f"{p.live} live values per point > {p.reg_budget} registers per thread (would spill)"
+        )
+    if p.ws_budget and p.working_set > p.ws_budget:
+        rule = "smem-budget" if target.is_gpu else "cache-budget"
+        where = "shared memory per SM" if target.is_gpu else "L2 per core"
+        return Illegal(rule, f"row working set {p.working_set} B > {p.ws_budget} B {where}")
+    return None
+
+
+def check_kernel(
+    nodes: Sequence[Node], outputs: Sequence[str], graph: Graph, target: Target, budgets: Budgets
+) -> Form | Illegal:
+    """The form of `nodes` as one kernel if it has one and fits the target's budgets (exact,
+    node-level check; the planner uses the compositional equivalent in `summary`)."""
+    form = classify(nodes, outputs, graph)
+    if isinstance(form, Illegal):
+        return form
+    return budget_violation(len(nodes), pressure_of(nodes, form, graph, target), target, budgets) or form
+
+
+def allowing_rule(producer: Summary, consumer: Summary, form: Form) -> str:
+    """Name of the kind rule under which a legal merge of producer into consumer happens."""
+    if form.kind is Kind.CONTRACTION:
+        return "epilogue-after-contraction" if producer.contractions else "prologue-into-contraction"
+    if form.kind is Kind.REDUCE:
+        if producer.reduces and consumer.reduces:
+            return "multi-pass-row"
+        return "epilogue-after-reduction" if producer.reduces else "prologue-into-reduction"
+    if producer.layout_only:
+        return "view-index-map"
+    return "elementwise-into-any"

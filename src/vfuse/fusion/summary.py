@@ -1,0 +1,246 @@
+"""Compositional kernel summaries: what the planner needs about a kernel, combined in O(boundary).
+
+Scoring a candidate merge must not walk every node of two large kernels (a 10,000-node graph
+is planned in well under a second), so each kernel carries a Summary, and the summary of P u C
+is computed from P's and C's: set unions for names/inputs/outputs, per-shape flop sums, and
+bounds for on-chip pressure (live(P u C) <= max(live(P) + values passed P -> C, live(C))).
+Contraction kernels are small and irregular (prologue/epilogue), so they are classified and
+costed exactly from their nodes (`forms.classify`, `cost.kernel_cost`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from vfuse.fusion.cost import Figures, Pressure, cost_from, register_budget, registers, ws_budget
+from vfuse.fusion.forms import CONTRACTION_LABELS, LAYOUT_OPS, Form, Illegal, numel_of, per_element_flops, reduce_axes
+from vfuse.fusion.plan import Cost
+from vfuse.ir import Graph, Kind, Node, TensorType, opdef
+from vfuse.ir.shapes import ShapeError, broadcast, numel
+from vfuse.targets import Target
+
+ReduceSig = tuple[tuple[int, ...], tuple[int, ...], int]  # (full shape, axes, rows)
+
+
+@dataclass(frozen=True, slots=True)
+class Facts:
+    """Per-node figures, computed once per planning run."""
+
+    kind: Kind
+    shape: tuple[int, ...]
+    numel: int
+    nbytes: int
+    pe: float  # flops per output element (pointwise nodes)
+    fixed_flops: int  # reductions and contractions: total flops
+    fixed_s: float  # their compute seconds on the target
+    layout: bool
+    sig: ReduceSig | None
+    regs: int  # 32-bit registers per element
+
+
+def node_facts(node: Node, graph: Graph, target: Target) -> Facts:
+    shape = node.type.shape if isinstance(node.type, TensorType) else ()
+    fixed, fixed_s, sig = 0, 0.0, None
+    if node.kind in (Kind.REDUCE, Kind.CONTRACTION):
+        fixed = opdef(node.op).flops(tuple(graph[i].type for i in node.inputs), node.type, node.attrs)  # type: ignore[arg-type]
+        first = graph[node.inputs[0]].tensor_type
+        peak = target.matrix_peak(first.dtype) if node.kind is Kind.CONTRACTION else target.vector_f32
+        fixed_s = fixed / peak
+        if node.kind is Kind.REDUCE:
+            sig = (first.shape, reduce_axes(node, graph), numel_of(node))
+    pe = 0.0 if fixed else per_element_flops(node, graph)
+    layout = node.op in LAYOUT_OPS
+    return Facts(
+        node.kind, shape, numel_of(node), node.type.nbytes, pe, fixed, fixed_s, layout, sig, registers(node.type)
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class Summary:
+    names: frozenset[str]
+    inputs: frozenset[str]
+    outputs: frozenset[str]
+    contractions: int
+    sig: ReduceSig | None
+    opaque: bool
+    pe: Mapping[tuple[int, ...], float]  # summed flops/element of pointwise nodes, by shape
+    fixed_flops: int
+    fixed_s: float
+    live: int  # bound on values live at once per point
+    persist: int  # bytes per row element kept on chip across the passes of a row kernel
+    depth: int  # dependent reductions in a row (passes - 1)
+    reduces: bool
+    layout_only: bool
+    top: Kind  # the highest op kind in the kernel
+    out_numel: int = 0  # a contraction kernel's output size (its epilogue's domain)
+    label: str = ""  # a contraction kernel's label (gemm, conv, attention)
+    pro_flops: int = 0  # flops of a contraction's operand prologue (evaluated at operand size)
+
+
+def leaf(facts: Facts, node: Node, outputs: frozenset[str], all_facts: Mapping[str, Facts]) -> Summary:
+    """Summary of a kernel of one node."""
+    pe = {} if facts.fixed_flops or facts.kind is Kind.OPAQUE else {facts.shape: facts.pe}
+    return Summary(
+        frozenset((node.name,)),
+        frozenset(node.inputs),
+        outputs,
+        int(facts.kind is Kind.CONTRACTION),
+        facts.sig,
+        facts.kind is Kind.OPAQUE,
+        pe,
+        facts.fixed_flops,
+        facts.fixed_s,
+        sum(all_facts[i].regs for i in set(node.inputs)) + facts.regs,
+        0,
+        0,
+        facts.kind is Kind.REDUCE,
+        facts.layout,
+        facts.kind,
+        facts.numel if facts.kind is Kind.CONTRACTION else 0,
+        CONTRACTION_LABELS.get(node.op, ""),
+    )
+
+
+def combine(p: Summary, c: Summary, outputs: frozenset[str], facts: Mapping[str, Facts]) -> Summary:
+    """Summary of P u C (P the producer), given the union's outputs."""
+    names = p.names | c.names
+    pe = dict(p.pe)
+    for shape, f in c.pe.items():
+        pe[shape] = pe.get(shape, 0.0) + f
+    fixed, fixed_s = p.fixed_flops + c.fixed_flops, p.fixed_s + c.fixed_s
+    for v in p.names & c.names:  # a recomputed node both kernels hold is computed once
+        f = facts[v]
+        if f.fixed_flops:
+            fixed, fixed_s = fixed - f.fixed_flops, fixed_s - f.fixed_s
+        else:
+            pe[f.shape] -= f.pe
+    passed = c.inputs & p.names
+    sig = p.sig or c.sig
+    crossing = _crossing(p, c, passed, sig, facts) if p.reduces and sig else 0
+    return Summary(
+        names,
+        (p.inputs | c.inputs) - names,
+        outputs,
+        p.contractions + c.contractions,
+        sig,
+        p.opaque or c.opaque,
+        pe,
+        fixed,
+        fixed_s,
+        max(p.live + sum(facts[v].regs for v in passed), c.live),
+        p.persist + c.persist + crossing,
+        p.depth + c.depth + int(p.reduces and c.reduces),
+        p.reduces or c.reduces,
+        p.layout_only and c.layout_only,
+        max(p.top, c.top),
+        max(p.out_numel, c.out_numel),
+        p.label or c.label,
+        p.pro_flops + c.pro_flops,
+    )
+
+
+def with_prologue(s: Summary, form: Form, facts: Mapping[str, Facts]) -> Summary:
+    """A contraction kernel's summary with its operand prologue split out of the per-shape
+    flops (prologue nodes are evaluated at their own size, the epilogue at the output's)."""
+    pe: dict[tuple[int, ...], float] = {}
+    pro = 0.0
+    for v in s.names:
+        f = facts[v]
+        if f.fixed_flops or f.kind is Kind.CONTRACTION:
+            continue
+        if form.space.get(v, form.domain) == form.domain:
+            pe[f.shape] = pe.get(f.shape, 0.0) + f.pe
+        else:
+            pro += f.pe * f.numel
+    return dataclasses.replace(s, pe=pe, pro_flops=int(pro))
+
+
+def _fits(shape: tuple[int, ...], into: tuple[int, ...]) -> bool:
+    try:
+        return broadcast(shape, into) == into
+    except ShapeError:
+        return False
+
+
+def _crossing(p: Summary, c: Summary, passed: frozenset[str], sig: ReduceSig, facts: Mapping[str, Facts]) -> int:
+    """Bytes per row element of the producer's full-row values (or shared full-row inputs)
+    that the consumer re-reads after the producer's reduction: they must stay on chip."""
+    full = numel(sig[0])
+    again = passed | (p.inputs & c.inputs)
+    return sum(facts[v].nbytes // max(facts[v].numel, 1) for v in again if facts[v].numel == full)
+
+
+def quick_illegal(p: Summary, c: Summary) -> Illegal | None:
+    """The kind rules that need no combined summary (most rejected pairs stop here)."""
+    if p.opaque or c.opaque:
+        return Illegal("opaque-alone", "a torch fallback runs alone (with its get_items)")
+    if p.contractions and c.contractions:
+        return Illegal("two-contractions", "at most one contraction per kernel")
+    if (p.contractions and c.reduces) or (p.reduces and c.contractions):
+        return Illegal("contraction-with-reduction", "a contraction kernel takes only a pointwise epilogue")
+    return None
+
+
+def form_of(s: Summary, p: Summary, c: Summary, facts: Mapping[str, Facts]) -> Form | Illegal | None:
+    """The kernel form of a combined summary; None when it needs the exact (node-level) check."""
+    if s.opaque:
+        return Illegal("opaque-alone", "a torch fallback runs alone (with its get_items)")
+    if s.contractions > 1:
+        return Illegal("two-contractions", "at most one contraction per kernel")
+    if s.contractions and s.reduces:
+        return Illegal("contraction-with-reduction", "a contraction kernel takes only a pointwise epilogue")
+    if s.contractions:
+        return _epilogue_form(s, p, c, facts)
+    if s.sig:
+        return _row_form(s, p, c)
+    sizes = {facts[o].numel for o in s.outputs}
+    if len(sizes) > 1:
+        return Illegal("pointwise-outputs-differ", f"outputs of one pointwise kernel differ in size {sorted(sizes)}")
+    domain = sizes.pop() if sizes else max(numel(shape) for shape in s.pe)
+    return Form("view" if s.layout_only else "pointwise", s.top, domain, 0, {})
+
+
+def _epilogue_form(s: Summary, p: Summary, c: Summary, facts: Mapping[str, Facts]) -> Form | Illegal | None:
+    """A contraction kernel P taking plain elementwise consumer C as epilogue; anything else
+    (prologues, views) goes to the exact node-level check (None)."""
+    if not p.contractions or c.contractions or c.top > Kind.ELEMENTWISE or c.opaque:
+        return None
+    out = s.out_numel
+    if any(numel(shape) > out for shape in c.pe):
+        return Illegal("epilogue-space-mismatch", f"a consumer value is larger than the output ({out} elements)")
+    if any(facts[o].numel != out for o in s.outputs):
+        return Illegal("epilogue-space-mismatch", f"a written value is not in the output space ({out} elements)")
+    return Form(s.label, Kind.CONTRACTION, out, 0, {})
+
+
+def _row_form(s: Summary, p: Summary, c: Summary) -> Form | Illegal:
+    assert s.sig is not None
+    if p.sig and c.sig and p.sig != c.sig:
+        rule = "reduce-shapes-differ" if p.sig[0] != c.sig[0] else "reduce-axes-differ"
+        return Illegal(rule, f"reductions of {p.sig[0]} over {p.sig[1]} and of {c.sig[0]} over {c.sig[1]}")
+    full_shape, _, rows = s.sig
+    full = numel(full_shape)
+    for shape in s.pe:
+        n = numel(shape)
+        if n not in (full, rows) and not _fits(shape, full_shape):
+            why = f"a {shape} value is neither in the row space {full_shape} nor reduced"
+            return Illegal("row-space-mismatch", why)
+    label = "row" if s.pe else "reduction"
+    return Form(label, Kind.REDUCE, full, rows, {})
+
+
+def summary_cost(s: Summary, form: Form, nbytes: Mapping[str, int], target: Target) -> tuple[Cost, Pressure]:
+    """Cost of a non-contraction kernel from its summary (same equations as cost.kernel_cost)."""
+    flops = s.fixed_flops + s.pro_flops
+    for shape, f in s.pe.items():
+        n = numel(shape)
+        flops += int(f * (form.rows if form.rows and n == form.rows else form.domain))
+    compute_s = s.fixed_s + (flops - s.fixed_flops) / target.vector_f32  # pointwise and prologue work
+    in_bytes = sum(map(nbytes.__getitem__, s.inputs))
+    out_bytes = sum(map(nbytes.__getitem__, s.outputs))
+    row_len = form.domain // form.rows if form.rows else 0
+    pressure = Pressure(s.live, register_budget(target, form.kind), row_len * s.persist, ws_budget(target), s.depth + 1)
+    fig = Figures(flops, compute_s, in_bytes, out_bytes, form.kind, form.domain, form.rows, pressure)
+    return cost_from(fig, target), pressure

@@ -1,0 +1,232 @@
+"""The `cpu` target: read the machine's description, measure it briefly, cache the result.
+
+Static facts come from the OS (affinity mask, /proc/cpuinfo flags and clock, /sys cache sizes);
+bandwidths, fp32 matmul throughput and the per-kernel fixed cost are measured once (well under a
+second) and cached as JSON, keyed by a fingerprint of the static facts so that a cache copied to
+another machine is not trusted.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
+
+import torch
+
+from vfuse.targets.target import Target
+
+CACHE_VERSION = 1
+FMA_PIPES = 2  # vector FMA pipes per core on current x86 server cores (Zen4/5, Sapphire Rapids)
+
+
+@dataclass(frozen=True, slots=True)
+class CpuFacts:
+    """What the OS says about the CPU, before any measurement."""
+
+    model: str
+    cores: int
+    flags: frozenset[str]
+    ghz: float
+    l1d: int
+    l2: int
+    l3: int
+
+    @property
+    def simd_lanes(self) -> int:
+        if "avx512f" in self.flags:
+            return 16
+        return 8 if "avx2" in self.flags else 4
+
+    @property
+    def vector_regs(self) -> int:
+        return 32 if "avx512f" in self.flags else 16
+
+    def fingerprint(self) -> str:
+        return f"{self.model}|{self.cores}|{self.simd_lanes}|{self.l1d}|{self.l2}|{self.l3}"
+
+
+def _cpuinfo() -> tuple[str, frozenset[str], float]:
+    model, flags, mhz = "unknown", frozenset[str](), 2500.0
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return model, flags, mhz / 1000
+    for line in text.splitlines():
+        key, _, value = line.partition(":")
+        key = key.strip()
+        if key == "model name" and model == "unknown":
+            model = value.strip()
+        elif key == "flags" and not flags:
+            flags = frozenset(value.split())
+        elif key == "cpu MHz" and mhz == 2500.0:
+            mhz = float(value)
+    return model, flags, mhz / 1000
+
+
+def _parse_size(text: str) -> int:
+    text = text.strip().upper()
+    scale = {"K": 1024, "M": 1024**2, "G": 1024**3}.get(text[-1:], 1)
+    return int(text.rstrip("KMG")) * scale
+
+
+def _caches() -> dict[int, int]:
+    """Data/unified cache size per level of cpu0 (defaults when /sys is unavailable)."""
+    sizes = {1: 32 * 1024, 2: 1024 * 1024, 3: 16 * 1024 * 1024}
+    for index in sorted(Path("/sys/devices/system/cpu/cpu0/cache").glob("index*")):
+        try:
+            if (index / "type").read_text().strip() == "Instruction":
+                continue
+            sizes[int((index / "level").read_text())] = _parse_size((index / "size").read_text())
+        except (OSError, ValueError):
+            continue
+    return sizes
+
+
+def detect() -> CpuFacts:
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    model, flags, ghz = _cpuinfo()
+    c = _caches()
+    return CpuFacts(model, cores, flags, ghz, c[1], c[2], c.get(3, 0))
+
+
+def _best_time(fn: Callable[[], object], reps: int, budget_s: float = 0.08) -> float:
+    """Best of `reps` runs, stopping early after `budget_s` so that a loaded machine cannot make
+    the whole measurement take more than a fraction of a second."""
+    fn()  # warm up: first-touch page faults and lazy init are not what we measure
+    best = float("inf")
+    t_end = time.perf_counter() + budget_s
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        fn()
+        t1 = time.perf_counter()
+        best = min(best, t1 - t0)
+        if t1 > t_end:
+            break
+    return best
+
+
+def _copy_bw(nbytes: int, reps: int) -> float:
+    """Bytes/s of a multi-threaded copy (read + write counted once each)."""
+    src = torch.ones(nbytes // 4)
+    dst = torch.empty_like(src)
+    return 2 * nbytes / _best_time(lambda: dst.copy_(src), reps)
+
+
+def _matmul_flops(n: int = 384, reps: int = 5) -> float:
+    a, b = torch.randn(n, n), torch.randn(n, n)
+    return 2 * n**3 / _best_time(lambda: torch.mm(a, b), reps)
+
+
+def _kernel_overhead(cache_bw: float) -> float:
+    """Fixed cost of one parallel kernel: a 64K-element add runs on all threads (above torch's
+    32K-element grain) from cache, so its time minus its data time approximates fork/join plus
+    dispatch; a 2-element add (dispatch only) is the floor."""
+    n = 65536
+    x, y, z = torch.ones(n), torch.ones(n), torch.empty(n)
+    t_par = _best_time(lambda: torch.add(x, y, out=z), 50)
+    s = torch.ones(2)
+    t_tiny = _best_time(lambda: torch.add(s, s, out=s), 50)
+    return max(t_tiny, t_par - 3 * 4 * n / cache_bw)
+
+
+def theoretical_f32(facts: CpuFacts) -> float:
+    """fp32 flop/s if every FMA pipe of every core issued one FMA (2 flops) each cycle."""
+    return facts.cores * facts.ghz * 1e9 * facts.simd_lanes * FMA_PIPES * 2
+
+
+def _plausible(value: float, lo: float, hi: float, fallback: float, bad: list[str], what: str) -> float:
+    """The measurement when in [lo, hi], else the fallback. On a loaded machine (another process
+    on our cores) a measurement can be off by 1000x; planning on it would be worse than a guess."""
+    if lo <= value <= hi:
+        return value
+    bad.append(what)
+    return fallback
+
+
+def measure(facts: CpuFacts) -> tuple[Target, list[str]]:
+    """The cpu Target from static facts plus ~0.1 s of measurements, and the names of the
+    measurements that were implausible and replaced by estimates."""
+    bad: list[str] = []
+    peak = theoretical_f32(facts)
+    dram_bw = _plausible(_copy_bw(64 * 1024 * 1024, 3), 1e9, 2e12, 10e9 * facts.cores, bad, "dram_bw")
+    cache_bw = max(dram_bw, _copy_bw(min(facts.l3 // 4 or 1 << 20, 4 << 20), 10))
+    f32 = _plausible(_matmul_flops(), 0.1 * peak, 1.2 * peak, 0.5 * peak, bad, "peak_f32")
+    launch = _plausible(_kernel_overhead(cache_bw), 1e-7, 5e-5, 2e-6, bad, "launch_s")
+    # Ratios of the matrix units to fp32 FMA throughput, from the ISA extensions present.
+    bf16 = f32 * (2 if "avx512_bf16" in facts.flags or "amx_bf16" in facts.flags else 1)
+    f16 = f32 * (2 if "avx512_fp16" in facts.flags else 1)
+    i8 = f32 * (4 if "avx512_vnni" in facts.flags or "avx_vnni" in facts.flags else 2)
+    source = f"measured on {facts.model}" + (f" (estimated: {', '.join(bad)})" if bad else "")
+    target = Target(
+        name="cpu",
+        kind="cpu",
+        cores=facts.cores,
+        simd_lanes=facts.simd_lanes,
+        l1_bytes=facts.l1d,
+        l2_bytes=facts.l2,
+        l3_bytes=facts.l3,
+        smem_per_sm=0,
+        regs_per_thread=facts.vector_regs,
+        regs_per_sm=facts.vector_regs,
+        dram_bw=dram_bw,
+        cache_bw=cache_bw,
+        peak_f32=f32,
+        peak_f16=f16,
+        peak_bf16=bf16,
+        peak_i8=i8,
+        # Pointwise IR flops are instruction counts: no FMA pairing, FMA_PIPES vector ops/cycle.
+        vector_f32=peak / 2,
+        launch_s=launch,
+        max_threads=facts.cores,
+        source=source,
+    )
+    return target, bad
+
+
+def _read_cache(path: Path, facts: CpuFacts) -> Target | None:
+    """The cached Target, or None when missing, corrupt, stale, or from another machine."""
+    try:
+        data = json.loads(path.read_text())
+        if data.get("version") != CACHE_VERSION or data.get("fingerprint") != facts.fingerprint():
+            return None
+        names = {f.name for f in fields(Target)}
+        if set(data["target"]) != names:
+            return None
+        return Target(**data["target"])
+    except (OSError, ValueError, TypeError, KeyError, AttributeError):
+        return None
+
+
+def _write_cache(path: Path, facts: CpuFacts, target: Target) -> None:
+    """Atomic write (temp file + os.replace): readers never see half a file."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    payload = {"version": CACHE_VERSION, "fingerprint": facts.fingerprint(), "target": asdict(target)}
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w") as f:
+            json.dump(payload, f, indent=1)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def cpu_target(cache_dir: Path, remeasure: bool = False) -> Target:
+    facts = detect()
+    path = cache_dir / "target_cpu.json"
+    cached = None if remeasure else _read_cache(path, facts)
+    if cached is not None:
+        return cached
+    target, bad = measure(facts)
+    if bad:
+        return target  # not cached: the next run measures again, hopefully on a quieter machine
+    try:
+        _write_cache(path, facts, target)
+    except OSError:
+        pass  # a read-only cache dir costs a re-measurement next time, nothing more
+    return target

@@ -1,0 +1,74 @@
+"""The hardware description the cost model reads: one frozen record per target.
+
+A Target is plain data. `cpu` is detected and measured on the machine (`vfuse.targets.cpu`);
+`a100`, `h100`, `h200` are presets from spec sheets (`vfuse.targets.presets`), so planning for
+a GPU needs no GPU.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from vfuse.ir import DType
+
+
+@dataclass(frozen=True, slots=True)
+class Target:
+    """What the fusion cost model needs to know about one machine, in SI units.
+
+    cores: CPU cores usable by this process, or GPU streaming multiprocessors (SMs).
+    simd_lanes: fp32 lanes of one vector instruction (CPU) or threads of a warp (GPU).
+    l1_bytes: L1 data cache per core (CPU) or combined L1/shared memory per SM (GPU).
+    l2_bytes: L2 per core (CPU) or the whole chip's L2 (GPU).
+    l3_bytes: last-level cache of the CPU (0 on GPUs, whose last level is L2).
+    smem_per_sm: shared memory one SM can give to kernels (0 on CPUs).
+    regs_per_thread / regs_per_sm: architectural registers (CPU: vector registers of one core).
+    dram_bw / cache_bw: bytes/s from DRAM (HBM) and from the last-level cache.
+    peak_*: dense matrix-unit flop/s per operand dtype (what a contraction can reach).
+    vector_f32: flop/s of plain (non-matrix) fp32 arithmetic, used for pointwise and reductions.
+    launch_s: fixed cost of one kernel: GPU launch latency or CPU parallel-region fork/join.
+    max_threads: hardware threads resident at once (CPU cores; GPU SMs * threads per SM).
+    """
+
+    name: str
+    kind: str
+    cores: int
+    simd_lanes: int
+    l1_bytes: int
+    l2_bytes: int
+    l3_bytes: int
+    smem_per_sm: int
+    regs_per_thread: int
+    regs_per_sm: int
+    dram_bw: float
+    cache_bw: float
+    peak_f32: float
+    peak_f16: float
+    peak_bf16: float
+    peak_i8: float
+    vector_f32: float
+    launch_s: float
+    max_threads: int
+    source: str = ""
+
+    @property
+    def is_gpu(self) -> bool:
+        return self.kind == "gpu"
+
+    @property
+    def llc_bytes(self) -> int:
+        """Last-level cache: data that fits here is read back at cache_bw instead of dram_bw."""
+        return self.l2_bytes if self.is_gpu else self.l3_bytes
+
+    def matrix_peak(self, dtype: DType) -> float:
+        """Peak flop/s of a contraction whose operands have `dtype`."""
+        if dtype is DType.BF16:
+            return self.peak_bf16
+        if dtype is DType.F16:
+            return self.peak_f16
+        if dtype in (DType.I8, DType.U8):
+            return self.peak_i8
+        if dtype is DType.F64:
+            # No fp64 figure is kept: every target here runs fp64 at <= half the fp32 rate.
+            return self.peak_f32 / 2
+        return self.peak_f32

@@ -1,0 +1,93 @@
+"""Targets: spec-sheet presets, CPU detection, and the measured target's on-disk cache."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from vfuse.ir import DType
+from vfuse.targets import Target, cpu, get_target
+
+TERA = 1e12
+
+
+def test_gpu_presets_match_spec_sheets() -> None:
+    h100, h200, a100 = get_target("h100"), get_target("h200"), get_target("a100")
+    assert (h100.cores, h100.dram_bw, h100.smem_per_sm, h100.regs_per_sm) == (132, 3.35 * TERA, 228 * 1024, 65536)
+    assert h100.matrix_peak(DType.BF16) == 989 * TERA and h100.matrix_peak(DType.F32) == 67 * TERA
+    assert (h200.cores, h200.dram_bw) == (132, 4.8 * TERA)
+    assert (a100.cores, a100.dram_bw, a100.smem_per_sm) == (108, 2.039 * TERA, 164 * 1024)
+    assert a100.matrix_peak(DType.F16) == 312 * TERA and a100.matrix_peak(DType.I8) == 624 * TERA
+    assert all(t.is_gpu and t.llc_bytes == t.l2_bytes for t in (h100, h200, a100))
+
+
+def test_unknown_target_is_an_error() -> None:
+    with pytest.raises(ValueError, match="unknown target 'tpu'"):
+        get_target("tpu")
+
+
+def test_cpu_facts_come_from_the_machine() -> None:
+    facts = cpu.detect()
+    assert facts.cores == len(os.sched_getaffinity(0))
+    flags = Path("/proc/cpuinfo").read_text()
+    assert facts.simd_lanes == (16 if " avx512f" in flags else 8 if " avx2" in flags else 4)
+    assert facts.l1d > 0 and facts.l2 >= facts.l1d
+
+
+def _stub(name: str = "cpu", launch: float = 1e-6) -> Target:
+    return Target(name, "cpu", 2, 16, 1, 2, 3, 0, 32, 32, 1e10, 2e10, 1e11, 1e11, 2e11, 4e11, 5e10, launch, 2)
+
+
+def _count_measurements(monkeypatch: pytest.MonkeyPatch, bad: list[str] | None = None) -> list[int]:
+    calls: list[int] = []
+
+    def fake(facts: cpu.CpuFacts) -> tuple[Target, list[str]]:
+        calls.append(1)
+        return _stub(launch=len(calls) * 1e-6), list(bad or [])
+
+    monkeypatch.setattr(cpu, "measure", fake)
+    return calls
+
+
+def test_measured_once_then_read_from_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    calls = _count_measurements(monkeypatch)
+    first = get_target("cpu", tmp_path)
+    assert get_target("cpu", tmp_path) == first and len(calls) == 1
+    data = json.loads((tmp_path / "target_cpu.json").read_text())
+    assert data["fingerprint"] == cpu.detect().fingerprint() and data["target"]["launch_s"] == 1e-6
+    assert [p.name for p in tmp_path.iterdir()] == ["target_cpu.json"]  # no temp file left over
+    again = get_target("cpu", tmp_path, remeasure=True)
+    assert len(calls) == 2 and again.launch_s == 2e-6
+    assert get_target("cpu", tmp_path).launch_s == 2e-6
+
+
+@pytest.mark.parametrize("content", ["{not json", '{"version": 1}', '{"version": 1, "fingerprint": "x", "target": {}}'])
+def test_corrupt_or_foreign_cache_is_ignored_and_rewritten(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, content: str
+) -> None:
+    calls = _count_measurements(monkeypatch)
+    (tmp_path / "target_cpu.json").write_text(content)
+    assert get_target("cpu", tmp_path).launch_s == 1e-6 and len(calls) == 1
+    assert json.loads((tmp_path / "target_cpu.json").read_text())["version"] == cpu.CACHE_VERSION
+
+
+def test_implausible_measurement_is_not_cached(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    calls = _count_measurements(monkeypatch, bad=["launch_s"])
+    get_target("cpu", tmp_path)
+    get_target("cpu", tmp_path)
+    assert len(calls) == 2 and not (tmp_path / "target_cpu.json").exists()
+
+
+def test_real_measurement_is_brief_and_plausible() -> None:
+    import time
+
+    t0 = time.perf_counter()
+    target, _ = cpu.measure(cpu.detect())
+    assert time.perf_counter() - t0 < 1.0
+    assert target.kind == "cpu" and target.cores == len(os.sched_getaffinity(0))
+    assert 1e9 <= target.dram_bw <= target.cache_bw
+    assert 0 < target.peak_f32 <= 1.2 * cpu.theoretical_f32(cpu.detect())
+    assert 1e-7 <= target.launch_s <= 5e-5
