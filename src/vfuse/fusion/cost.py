@@ -29,7 +29,7 @@ GEMM_ACCUMULATOR_REGS = 64  # a 128x128 tile over 256 threads holds 64 fp32 accu
 CPU_POINTWISE_CHUNK_VECTORS = 16
 GPU_POINTWISE_ELEMENTS_PER_THREAD = 4
 CPU_GEMM_TILE = 64 * 64
-GPU_GEMM_POINTS_PER_THREAD = 64
+GPU_GEMM_TILE = 64 * 64  # output points of one thread block (small tiles when the problem is small)
 GPU_ROW_ELEMENTS_PER_THREAD = 4  # one block per row, 4 elements per thread, 32..1024 threads
 # A GPU saturates its bandwidth with about half of its resident-thread slots busy (Little's law
 # at HBM latency); parallelism below that slows the kernel proportionally.
@@ -154,8 +154,12 @@ def parallelism(kind: Kind, domain: int, rows: int, target: Target) -> float:
     """Independent work items per hardware thread; below 1 part of the machine idles."""
     if kind is Kind.OPAQUE:
         return 1.0
+    if kind is Kind.CONTRACTION and target.is_gpu:
+        # A GEMM's unit of parallel work is an output tile owned by one thread block, which
+        # keeps a whole SM busy: count tiles against SMs (saturation folds in below).
+        return max(domain / GPU_GEMM_TILE, 1.0) / target.cores * GPU_SATURATION
     if kind is Kind.CONTRACTION:
-        items = domain / (GPU_GEMM_POINTS_PER_THREAD if target.is_gpu else CPU_GEMM_TILE)
+        items = domain / CPU_GEMM_TILE
     elif rows and target.is_gpu:
         items = rows * min(1024, max(32, domain // rows // GPU_ROW_ELEMENTS_PER_THREAD))
     elif rows:
