@@ -1,0 +1,1 @@
+"""Code generators: `cpp` (C++17 + OpenMP for CPUs) renders a schedule Program to source."""

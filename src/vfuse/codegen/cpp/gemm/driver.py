@@ -1,0 +1,170 @@
+"""The blocked GEMM loop nest shared by render_gemm and render_conv2d (C++ source text).
+
+Both kernels are "for each batch entry: C_b[M x N] = A_b[M x K] @ B_b[K x N], then epilogue";
+they differ only in how a batch entry's pointers are found, how a B sliver is packed (plain copy
+vs. im2col gather) and which index names the epilogue sees. `Driver` carries those pieces as
+short C++ fragments; this module owns the loops, threading and writeback.
+
+Threading: when the batch count divides the threads (or dwarfs them) each thread runs whole
+batch entries with private panels (no barriers). Otherwise all threads cooperate on one entry:
+they pack the shared KC x NC panel of B together, barrier, then split (MC block x column chunk)
+work items so every thread gets the same number of items.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from vfuse.codegen.cpp.gemm.blocking import Blocking
+from vfuse.codegen.cpp.gemm.epilogue import Epilogue
+from vfuse.codegen.cpp.gemm.microkernel import microkernel_name
+
+
+@dataclass(frozen=True, slots=True)
+class Driver:
+    """Kernel-specific fragments. C++ names in scope are documented per field.
+
+    params: the parameter list before the epilogue's args, e.g. "const float* A, const float* B, float* C".
+    args: the same names as a call list ("A, B, C").
+    batch_setup: given `long bi`, defines `const float* a_b`, `float* c_b`, `long co` (offset of
+        c_b from the output pointer) and whatever pack_b needs.
+    pack_b: packs columns [j, j + nr) and rows [pc, pc + kc) of B_b into `float* bps` (NR wide).
+    row_names / elem_names: statements defining the epilogue's index names from bi, i (row) and
+        j (column); the generic `i`, `j`, `o` are always defined.
+    """
+
+    name: str
+    linkage: str
+    params: str
+    args: str
+    batch: int
+    m: int
+    n: int
+    k: int
+    lda: int
+    ldc: int
+    batch_setup: str
+    pack_b: str
+    row_names: str = ""
+    elem_names: str = ""
+
+
+def _writeback(d: Driver, blk: Blocking, epi: Epilogue) -> str:
+    """NAME_wb<FULL, FIRST>: tile buffer -> C, adding the old partial sum; epilogue on the last K block."""
+    nr_expr = f"(FULL ? {blk.nr} : nr)"
+    return f"""
+template <bool FULL, bool FIRST>
+static inline void {d.name}_wb(const float* __restrict t, float* __restrict c_b, long co, long bi, long i0, long j0,
+                               int mr, int nr, bool last{epi.params()}) {{
+  (void)co; (void)bi;
+  const int ncols = {nr_expr};
+  for (int r = 0; r < mr; ++r) {{
+    [[maybe_unused]] const long i = i0 + r;
+{d.row_names}    float* __restrict crow = c_b + i * {d.ldc} + j0;
+    const float* __restrict trow = t + r * {blk.nr};
+    if (!last) {{
+#pragma omp simd
+      for (int q = 0; q < ncols; ++q) crow[q] = FIRST ? trow[q] : crow[q] + trow[q];
+      continue;
+    }}
+#pragma omp simd
+    for (int q = 0; q < ncols; ++q) {{
+      [[maybe_unused]] const long j = j0 + q;
+      [[maybe_unused]] const long o = co + i * {d.ldc} + j;
+{d.elem_names}      float v = FIRST ? trow[q] : crow[q] + trow[q];
+{epi.code("      ")}      crow[q] = v;
+    }}
+  }}
+}}
+"""
+
+
+def _tile_loop(d: Driver, blk: Blocking, epi: Epilogue) -> str:
+    """The work-item loop: pack an A block, then jr (B slivers) x ir (A slivers) micro-kernel calls."""
+    wb = f"{d.name}_wb"
+    call = f"(t, c_b, co, bi, ic + ir, j, mr, nr, last{epi.names()})"
+    return f"""      for (long w = tid; w < items; w += nth) {{
+        const long ic = (w / nsplit) * mc, mcur = vg_min(mc, {d.m} - ic);
+        const long s0 = (w % nsplit) * per, s1 = vg_min(nsl, s0 + per);
+        if (mcur <= 0 || s0 >= s1) continue;
+        vg_pack_a<{blk.mr}>(a_b + ic * {d.lda} + pc, {d.lda}, mcur, kc, ap);
+        for (long s = s0; s < s1; ++s) {{
+          const long j = jc + s * {blk.nr};
+          const int nr = static_cast<int>(vg_min({blk.nr}, {d.n} - j));
+          for (long ir = 0; ir < mcur; ir += {blk.mr}) {{
+            const int mr = static_cast<int>(vg_min({blk.mr}, mcur - ir));
+            {microkernel_name(blk.mr, blk.nr)}(kc, ap + ir * kc, bp + s * {blk.nr} * kc, t);
+            if (nr == {blk.nr}) {{
+              if (first) {wb}<true, true>{call}; else {wb}<true, false>{call};
+            }} else {{
+              if (first) {wb}<false, true>{call}; else {wb}<false, false>{call};
+            }}
+          }}
+        }}
+      }}
+"""
+
+
+def _one(d: Driver, blk: Blocking, epi: Epilogue) -> str:
+    """NAME_one: one batch entry, run by thread `tid` of `nth` (coop: all threads share `bp`)."""
+    m, mr = d.m, blk.mr
+    mc_max = -(-blk.mc // mr) * mr  # the runtime MC below is a multiple of MR and <= this
+    return f"""
+static void {d.name}_one(long bi, long tid, long nth, bool coop, float* __restrict bp, {d.params}{epi.params()}) {{
+{d.batch_setup}  float* __restrict ap = vg_scratch(0, {mc_max * blk.kc});
+  alignas(64) float t[{blk.mr * blk.nr}];
+  // Work split: enough (MC block x column chunk) items for every thread, in equal numbers.
+  long mb = ({m} + {mc_max} - 1) / {mc_max}, nsplit = 1;
+  if (mb < nth) nsplit = (nth + mb - 1) / mb;
+  else mb = (mb + nth - 1) / nth * nth;
+  const long mc = (({m} + mb - 1) / mb + {mr - 1}) / {mr} * {mr};
+  mb = ({m} + mc - 1) / mc;
+  const long items = mb * nsplit;
+  for (long jc = 0; jc < {d.n}; jc += {blk.nc}) {{
+    const long nsl = (vg_min({blk.nc}, {d.n} - jc) + {blk.nr - 1}) / {blk.nr};
+    const long per = (nsl + nsplit - 1) / nsplit;
+    for (long pc = 0; pc < {d.k}; pc += {blk.kc}) {{
+      const long kc = vg_min({blk.kc}, {d.k} - pc);
+      const bool first = pc == 0, last = pc + kc == {d.k};
+      for (long s = tid; s < nsl; s += nth) {{
+        const long j = jc + s * {blk.nr}, nr = vg_min({blk.nr}, {d.n} - j);
+        float* __restrict bps = bp + s * {blk.nr} * kc;
+        {d.pack_b}
+      }}
+      if (coop) {{
+#pragma omp barrier
+      }}
+{_tile_loop(d, blk, epi)}      if (coop) {{
+#pragma omp barrier
+      }}
+    }}
+  }}
+}}
+"""
+
+
+def _entry(d: Driver, blk: Blocking, epi: Epilogue) -> str:
+    ncp = -(-blk.nc // blk.nr) * blk.nr
+    bsize = blk.kc * ncp
+    args = f"{d.args}{epi.names()}"
+    return f"""
+{d.linkage} void {d.name}({d.params}{epi.params()}, int nthreads) {{
+  const long nth = nthreads > 0 ? nthreads : omp_get_max_threads();
+  if (nth == 1) {{
+    for (long bi = 0; bi < {d.batch}; ++bi) {d.name}_one(bi, 0, 1, false, vg_scratch(1, {bsize}), {args});
+  }} else if ({d.batch} > 1 && ({d.batch} % nth == 0 || {d.batch} >= 4 * nth)) {{
+#pragma omp parallel for num_threads(nth) schedule(static)
+    for (long bi = 0; bi < {d.batch}; ++bi) {d.name}_one(bi, 0, 1, false, vg_scratch(1, {bsize}), {args});
+  }} else {{
+    float* bp = vg_scratch(1, {bsize});
+#pragma omp parallel num_threads(nth)
+    for (long bi = 0; bi < {d.batch}; ++bi)
+      {d.name}_one(bi, omp_get_thread_num(), omp_get_num_threads(), true, bp, {args});
+  }}
+}}
+"""
+
+
+def render_driver(d: Driver, blk: Blocking, epi: Epilogue) -> str:
+    """Writeback, per-batch-entry loop nest and the entry function for one kernel."""
+    return _writeback(d, blk, epi) + _one(d, blk, epi) + _entry(d, blk, epi)

@@ -1,0 +1,107 @@
+"""C++ shared by every GEMM/conv kernel: includes, vectorizable math, per-thread scratch.
+
+Emitted at the top of each rendered kernel behind an include guard, so one translation unit can
+hold many kernels (the codegen engineer concatenates them) and each rendered string still
+compiles on its own.
+"""
+
+from __future__ import annotations
+
+# Why hand-written math: with plain `-O3 -march=native` (no -ffast-math) GCC calls scalar
+# erff/expf/tanhf inside an `omp simd` loop, which would make the epilogue cost more than the
+# GEMM for small K. These are branch-free polynomial/rational forms (Cephes exp, Eigen's erf and
+# tanh) built from arithmetic, rounding and bit casts only, so GCC inlines and vectorizes them.
+# Accuracy: a few ulp of the result (erf, tanh absolute error < 2e-7), far inside rtol 1e-4.
+_MATH = r"""
+// Ternaries, not std::fmin/fmax: those must honour NaN rules and stay library calls.
+static inline float vg_clamp(float x, float lo, float hi) { return x < lo ? lo : (x > hi ? hi : x); }
+
+static inline float vg_exp(float x) {
+  x = vg_clamp(x, -87.3365f, 88.3762f);
+  // Round to nearest by the 1.5*2^23 trick: std::floor only vectorizes under -fno-trapping-math.
+  const float n = (x * 1.44269504088896341f + 12582912.0f) - 12582912.0f;
+  const float r = (x - n * 0.693359375f) + n * 2.12194440e-4f;
+  float p = 1.9875691500e-4f;
+  p = p * r + 1.3981999507e-3f;
+  p = p * r + 8.3334519073e-3f;
+  p = p * r + 4.1665795894e-2f;
+  p = p * r + 1.6666665459e-1f;
+  p = p * r + 5.0000001201e-1f;
+  p = p * r * r + r + 1.0f;
+  const std::int32_t e = (static_cast<std::int32_t>(n) + 127) << 23;
+  return p * __builtin_bit_cast(float, e);
+}
+
+static inline float vg_erf(float x) {
+  x = vg_clamp(x, -4.0f, 4.0f);
+  const float x2 = x * x;
+  float p = -2.72614225801306e-10f;
+  p = p * x2 + 2.77068142495902e-08f;
+  p = p * x2 + -2.10102402082508e-06f;
+  p = p * x2 + -5.69250639462346e-05f;
+  p = p * x2 + -7.34990630326855e-04f;
+  p = p * x2 + -2.95459980854025e-03f;
+  p = p * x2 + -1.60960333262415e-02f;
+  float q = -1.45660718464996e-05f;
+  q = q * x2 + -2.13374055278905e-04f;
+  q = q * x2 + -1.68282697438203e-03f;
+  q = q * x2 + -7.37332916720468e-03f;
+  q = q * x2 + -1.42647390514189e-02f;
+  return x * p / q;
+}
+
+static inline float vg_tanh(float x0) {
+  const float x = vg_clamp(x0, -7.90531110763549805f, 7.90531110763549805f);
+  const float x2 = x * x;
+  float p = -2.76076847742355e-16f;
+  p = p * x2 + 2.00018790482477e-13f;
+  p = p * x2 + -8.60467152213735e-11f;
+  p = p * x2 + 5.12229709037114e-08f;
+  p = p * x2 + 1.48572235717979e-05f;
+  p = p * x2 + 6.37261928875436e-04f;
+  p = p * x2 + 4.89352455891786e-03f;
+  float q = 1.19825839466702e-06f;
+  q = q * x2 + 1.18534705686654e-04f;
+  q = q * x2 + 2.26843463243900e-03f;
+  q = q * x2 + 4.89352518554385e-03f;
+  const float t = x * p / q;
+  return std::fabs(x0) < 0.0004f ? x0 : t;
+}
+
+static inline float vg_sigmoid(float x) { return 1.0f / (1.0f + vg_exp(-x)); }
+"""
+
+# Why scratch lives in thread-local grow-only buffers: packing buffers are megabytes; a fresh
+# malloc per call maps new pages and pays page faults on every call. thread_local gives each
+# OpenMP worker its own A-panel buffer with no locking; slot 1 is the calling thread's shared
+# B panel. Memory is returned at thread exit.
+_SCRATCH = r"""
+struct VgScratch {
+  float* ptr[2] = {nullptr, nullptr};
+  std::size_t cap[2] = {0, 0};
+  ~VgScratch() { std::free(ptr[0]); std::free(ptr[1]); }
+};
+
+static inline float* vg_scratch(int slot, std::size_t floats) {
+  static thread_local VgScratch s;
+  if (s.cap[slot] < floats) {
+    std::free(s.ptr[slot]);
+    const std::size_t bytes = ((floats * sizeof(float) + 63) / 64) * 64;
+    s.ptr[slot] = static_cast<float*>(std::aligned_alloc(64, bytes));
+    s.cap[slot] = floats;
+  }
+  return s.ptr[slot];
+}
+
+static inline long vg_min(long a, long b) { return a < b ? a : b; }
+"""
+
+
+def render_prelude() -> str:
+    """Includes, math helpers and scratch allocator, guarded so repeats in one TU are harmless."""
+    return (
+        "#ifndef VFUSE_GEMM_PRELUDE\n#define VFUSE_GEMM_PRELUDE\n"
+        "#include <cmath>\n#include <cstddef>\n#include <cstdint>\n#include <cstdlib>\n"
+        "#include <cstring>\n#include <immintrin.h>\n#include <omp.h>\n"
+        f"{_MATH}{_SCRATCH}#endif  // VFUSE_GEMM_PRELUDE\n"
+    )

@@ -1,0 +1,372 @@
+"""Render a schedule `Program` as one C++ translation unit.
+
+The renderer walks the kernels and fills small templates; what each op, dtype and reduction
+becomes is in `rules.py`. Each kernel is a `static` function; each native segment gets an
+`extern "C"` entry `void seg(void* const* bufs, char* arena, const int64_t* seeds, int nt)`
+that runs its kernels in order (bufs: the program's pointer table of inputs, outputs and
+torch-made tensors; arena: intermediates; seeds: RNG_SEED values; nt: OpenMP threads).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import re
+
+import torch
+
+from vfuse.codegen.cpp.columns import render_tiled
+from vfuse.codegen.cpp.prelude import PRELUDE
+from vfuse.codegen.cpp.rules import (
+    COMPUTE_TYPE,
+    CPP_RULES,
+    LOAD_CONVERT,
+    NAN_TRACKED,
+    REDUCE_RULES,
+    STORAGE_TYPE,
+    STORE_CONVERT,
+)
+from vfuse.ir import DType, Op
+from vfuse.schedule import expr
+from vfuse.schedule.kernel import (
+    Buffer,
+    BufKind,
+    Compute,
+    Const,
+    Iota,
+    Kernel,
+    Load,
+    Loop,
+    Pass,
+    Program,
+    Rand,
+    RandKey,
+    Reduce,
+    Select,
+    Stmt,
+    Store,
+)
+
+BLOCK = 1024  # elements per partial sum: bounds float rounding error of long sums
+
+
+def pointer(value: str) -> str:
+    """The C++ name of the pointer to an IR value's buffer (IR names need not be identifiers)."""
+    clean = re.sub(r"\W", "_", value)
+    if clean == value:
+        return f"p_{value}"
+    return f"p_{clean}_{hashlib.sha1(value.encode()).hexdigest()[:6]}"
+
+
+def literal(value: object, dtype: DType) -> str:
+    """A C++ literal equal to torch.full((), value, dtype) (fp16/bf16 rounded like torch)."""
+    if dtype is DType.BOOL:
+        return "true" if value else "false"
+    if not dtype.is_float:
+        return f"(({COMPUTE_TYPE[dtype]}){int(value)}LL)"  # type: ignore[call-overload]
+    v = float(torch.tensor(value, dtype=dtype.torch).item())
+    ct = COMPUTE_TYPE[dtype]
+    if math.isnan(v):
+        return f"std::numeric_limits<{ct}>::quiet_NaN()"
+    if math.isinf(v):
+        return f"{'-' if v < 0 else ''}std::numeric_limits<{ct}>::infinity()"
+    return f"(({ct}){v.hex()})"
+
+
+class KernelWriter:
+    """Writes one kernel function; `dtypes` tracks each variable's IR dtype."""
+
+    def __init__(self, kernel: Kernel, program: Program) -> None:
+        self.k = kernel
+        self.program = program
+        self.dtypes: dict[str, DType] = {}
+        self.names = {lp.var: f"i{lp.var}" for lp in (*kernel.outer, *kernel.inner)}
+        self.lines: list[str] = []
+        self.depth = 1
+
+    def w(self, line: str) -> None:
+        self.lines.append("  " * self.depth + line)
+
+    def idx(self, e: expr.Lin) -> str:
+        return expr.render(e, self.names)
+
+    # ---- statements ----
+    def stmt(self, s: Stmt | Store) -> None:
+        if isinstance(s, Store):
+            conv = STORE_CONVERT.get(s.dtype, "{0}").format(s.arg)
+            self.w(f"{pointer(s.buf)}[{self.idx(s.index)}] = {conv};")
+            return
+        if isinstance(s, RandKey):
+            self.w(f"const vf_key {s.var} = vf_rand_key({s.seed}, {s.stream});")
+            return
+        dtype = DType.F32 if isinstance(s, Rand) else s.dtype
+        self.dtypes[s.var] = dtype
+        self.w(f"const {COMPUTE_TYPE[dtype]} {s.var} = {self.value(s)};")
+
+    def value(self, s: Stmt) -> str:
+        if isinstance(s, Load):
+            return LOAD_CONVERT.get(s.dtype, "{0}").format(f"{pointer(s.buf)}[{self.idx(s.index)}]")
+        if isinstance(s, Const):
+            return literal(s.value, s.dtype)
+        if isinstance(s, Iota):
+            return self.iota(s)
+        if isinstance(s, Rand):
+            return f"vf_rand({s.key}, (uint64_t)({self.idx(s.index)}))"
+        if isinstance(s, Select):
+            c = self.idx(s.coord)
+            out = s.args[-1]
+            for b, a in reversed(list(zip(s.bounds, s.args, strict=False))):
+                out = f"(({c}) < {b} ? {a} : {out})"
+            return out
+        assert isinstance(s, Compute)
+        ct = COMPUTE_TYPE[s.dtype]
+        return CPP_RULES[s.op].format(*s.args, T=ct, **dict(s.attrs.items()))
+
+    def iota(self, s: Iota) -> str:
+        ct = COMPUTE_TYPE[s.dtype]
+        i = self.idx(s.index)
+        if s.dtype.is_float:
+            return f"({ct})((double){float(s.start)!r} + (double){float(s.step)!r} * (double)({i}))"
+        return f"({ct})({int(s.start)}LL + {int(s.step)}LL * ({i}))"
+
+    # ---- reductions ----
+    def acc_type(self, r: Reduce) -> str:
+        return COMPUTE_TYPE[r.arg_dtype if r.op in (Op.ARGMAX, Op.ARGMIN) else r.dtype]
+
+    def declare_acc(self, r: Reduce, name: str, size: int = 0) -> None:
+        """A scalar accumulator, or with `size` an array of them (one per column of a tile)."""
+        init = REDUCE_RULES[r.op][0].format(T=self.acc_type(r))
+        arr, at = (f"[{size}]", "[c]") if size else ("", "")
+        self.w(f"{self.acc_type(r)} {name}{arr};")
+        if self.tracks_nan(r):
+            self.w(f"int {name}_nan{arr};")
+        if r.op in (Op.ARGMAX, Op.ARGMIN):
+            self.w(f"int64_t {name}_idx{arr};")
+        if size:
+            self.w(f"for (int64_t c = 0; c < {size}; ++c) {{")
+        self.w(f"{'  ' if size else ''}{name}{at} = {init};")
+        if self.tracks_nan(r):
+            self.w(f"{'  ' if size else ''}{name}_nan{at} = 0;")
+        if r.op in (Op.ARGMAX, Op.ARGMIN):
+            self.w(f"{'  ' if size else ''}{name}_idx{at} = 0;")
+        if size:
+            self.w("}")
+
+    def tracks_nan(self, r: Reduce) -> bool:
+        return r.op in NAN_TRACKED and r.dtype.is_float
+
+    def update(self, r: Reduce, name: str, at: str = "") -> None:
+        x = r.arg
+        if r.op is Op.ANY or r.op is Op.ALL or r.arg_dtype is r.dtype or r.op in (Op.ARGMAX, Op.ARGMIN):
+            pass
+        else:
+            x = f"({self.acc_type(r)}){x}"
+        acc = f"{name}{at}"
+        self.w(REDUCE_RULES[r.op][1].format(acc=acc, x=x, idx=f"{name}_idx{at}", r=self.idx(r.rindex)))
+        if self.tracks_nan(r):
+            self.w(f"{name}_nan{at} |= ({r.arg} != {r.arg});")
+
+    def clauses(self, reduces: tuple[Reduce, ...], suffix: str) -> str:
+        out = []
+        for r in reduces:
+            op = REDUCE_RULES[r.op][2]
+            out.append(f"reduction({op}:{r.var}{suffix})")
+            if self.tracks_nan(r):
+                out.append(f"reduction(|:{r.var}{suffix}_nan)")
+        return " ".join(out)
+
+    def combine(self, r: Reduce, part: str, at: str = "") -> None:
+        self.w(REDUCE_RULES[r.op][3].format(acc=f"{r.var}_acc{at}", part=f"{part}{at}"))
+        if self.tracks_nan(r):
+            self.w(f"{r.var}_acc_nan{at} |= {part}_nan{at};")
+
+    def finish(self, r: Reduce, at: str = "") -> None:
+        acc = f"{r.var}_acc"
+        ct = COMPUTE_TYPE[r.dtype]
+        if r.op in (Op.ARGMAX, Op.ARGMIN):
+            val = f"{acc}_idx{at}"
+        elif self.tracks_nan(r):
+            val = f"({acc}_nan{at} ? std::numeric_limits<{ct}>::quiet_NaN() : ({ct}){acc}{at})"
+        else:
+            val = f"({ct}){acc}{at}"
+        self.dtypes[r.var] = r.dtype
+        self.w(f"const {ct} {r.var} = {val};")
+
+    # ---- loops ----
+    def body(self, p: Pass, reduces_on: str) -> None:
+        ridx = self.idx(self.k.row_index)
+        for v in p.reloaded:
+            self.w(f"const {COMPUTE_TYPE[self.dtypes[v]]} {v} = rb_{v}[{ridx}];")
+        for s in p.body:
+            self.stmt(s)
+            if not isinstance(s, Store) and s.var in p.buffered:
+                self.w(f"rb_{s.var}[{ridx}] = {s.var};")
+        for r in p.reduces:
+            self.update(r, f"{r.var}{reduces_on}")
+
+    def open_loop(self, lp: Loop, start: str = "0", end: str | None = None) -> None:
+        v = self.names[lp.var]
+        self.w(f"for (int64_t {v} = {start}; {v} < {end or lp.size}; ++{v}) {{")
+        self.depth += 1
+
+    def close(self, n: int = 1) -> None:
+        for _ in range(n):
+            self.depth -= 1
+            self.w("}")
+
+    def parallel_clause(self) -> str:
+        return "num_threads(nt) schedule(static)"
+
+    @property
+    def threaded(self) -> bool:
+        """Whether the kernel is big enough to fork threads. Decided here, not with an OpenMP
+        `if(...)` clause: g++ stops vectorizing a `parallel for simd` whose `if` folds to false."""
+        return self.total() >= self.k.parallel_min
+
+    def total(self) -> int:
+        return math.prod(lp.size for lp in (*self.k.outer, *self.k.inner))
+
+    def pass_(self, p: Pass) -> None:
+        for s in p.before:
+            self.stmt(s)
+        for r in p.reduces:
+            self.declare_acc(r, f"{r.var}_acc")
+        loops = list(self.k.inner)
+        serial = bool(self.k.outer) or not self.threaded or any(r.op in (Op.ARGMAX, Op.ARGMIN) for r in p.reduces)
+        if not loops:
+            self.body(p, "_acc")
+        else:
+            self.nest(p, loops, serial)
+        for r in p.reduces:
+            self.finish(r)
+
+    def nest(self, p: Pass, loops: list[Loop], serial: bool) -> None:
+        *rest, vec = loops
+        par = [lp for lp in rest if lp.parallel and not serial]
+        if par:
+            collapse = f" collapse({len(par)})" if len(par) > 1 else ""
+            self.w(f"#pragma omp parallel for {self.parallel_clause()}{collapse} {self.clauses(p.reduces, '_acc')}")
+        for lp in rest:
+            self.open_loop(lp)
+        arg = any(r.op in (Op.ARGMAX, Op.ARGMIN) for r in p.reduces)
+        vec_par = vec.parallel and not serial
+        if p.reduces and not arg:
+            self.blocked(p, vec, vec_par)
+        else:
+            if not arg:
+                pragma = f"parallel for simd {self.parallel_clause()}" if vec_par else "simd"
+                self.w(f"#pragma omp {pragma}")
+            self.open_loop(vec)
+            self.body(p, "_acc")
+            self.close()
+        self.close(len(rest))
+
+    def blocked(self, p: Pass, vec: Loop, parallel: bool) -> None:
+        """A SIMD reduction loop in blocks of BLOCK elements whose partials are then combined."""
+        if parallel:
+            self.w(f"#pragma omp parallel for {self.parallel_clause()} {self.clauses(p.reduces, '_acc')}")
+        self.w(f"for (int64_t rb = 0; rb < {vec.size}; rb += {BLOCK}) {{")
+        self.depth += 1
+        self.w(f"const int64_t re = rb + {BLOCK} < {vec.size} ? rb + {BLOCK} : {vec.size};")
+        for r in p.reduces:
+            self.declare_acc(r, f"{r.var}_blk")
+        self.w(f"#pragma omp simd {self.clauses(p.reduces, '_blk')}")
+        self.open_loop(vec, "rb", "re")
+        self.body(p, "_blk")
+        self.close()
+        for r in p.reduces:
+            self.combine(r, f"{r.var}_blk")
+        self.close()
+
+    # ---- the function ----
+    def pointers(self) -> None:
+        stored = {s.buf for p in self.k.passes for s in p.body if isinstance(s, Store)}
+        stored |= {s.buf for s in self.k.after if isinstance(s, Store)}
+        for v in self.k.buffers:
+            b: Buffer = self.program.buffers[v]
+            st = "int64_t" if b.kind is BufKind.SEED else STORAGE_TYPE[b.type.dtype]
+            const = "" if v in stored else "const "
+            src = {
+                BufKind.INPUT: f"bufs[{b.slot}]",
+                BufKind.OUTPUT: f"bufs[{b.slot}]",
+                BufKind.ARENA: f"(arena + {b.slot})",
+                BufKind.SEED: f"(seeds + {b.slot})",
+            }[b.kind]
+            self.w(f"{const}{st}* __restrict {pointer(v)} = ({const}{st}*){src};")
+
+    def row_buffers(self, alloc: bool) -> None:
+        n = math.prod(lp.size for lp in self.k.inner)
+        for p in self.k.passes:
+            for v in p.buffered:
+                ct = COMPUTE_TYPE[self.dtypes.get(v, DType.F32)]
+                if alloc:
+                    size = (n * 8 + 63) // 64 * 64
+                    self.w(f"{ct}* __restrict rb_{v} = ({ct}*)std::aligned_alloc(64, {size});")
+                else:
+                    self.w(f"std::free(rb_{v});")
+
+    def function(self) -> str:
+        self.pointers()
+        if self.k.tile:
+            render_tiled(self)
+        elif self.k.outer:
+            self.rows()
+        else:
+            # One row: its buffer is shared; each parallel pass loop ends with a barrier.
+            at = len(self.lines)
+            for p in self.k.passes:
+                self.pass_(p)
+            for s in self.k.after:
+                self.stmt(s)
+            body, self.lines = self.lines[at:], self.lines[:at]
+            self.row_buffers(True)
+            self.lines += body
+            self.row_buffers(False)
+        head = f"static void {self.k.name}(void* const* bufs, char* arena, const int64_t* seeds, int nt) {{"
+        doc = f"// group {self.k.group} ({self.k.label}): {self.describe()}"
+        return "\n".join([doc, head, *self.lines, "}"])
+
+    def rows(self) -> None:
+        if self.threaded:
+            self.w("#pragma omp parallel num_threads(nt)")
+        self.w("{")
+        self.depth += 1
+        at = len(self.lines)
+        collapse = f" collapse({len(self.k.outer)})" if len(self.k.outer) > 1 else ""
+        if self.threaded:
+            self.w(f"#pragma omp for schedule(static){collapse}")
+        for lp in self.k.outer:
+            self.open_loop(lp)
+        for p in self.k.passes:
+            self.pass_(p)
+        for s in self.k.after:
+            self.stmt(s)
+        self.close(len(self.k.outer))
+        # Row buffers are declared now that the statements' dtypes are known.
+        body, self.lines = self.lines[at:], self.lines[:at]
+        self.row_buffers(True)
+        self.lines += body
+        self.row_buffers(False)
+        self.close()
+
+    def describe(self) -> str:
+        outer = "x".join(str(lp.size) for lp in self.k.outer) or "-"
+        inner = "x".join(str(lp.size) for lp in self.k.inner) or "-"
+        return f"rows {outer}, row {inner}, {len(self.k.passes)} pass(es)"
+
+
+def render_kernel(kernel: Kernel, program: Program) -> str:
+    return KernelWriter(kernel, program).function()
+
+
+def render(program: Program) -> str:
+    """The whole translation unit: prelude, every kernel, one entry per segment."""
+    parts = [PRELUDE]
+    for k in program.kernels:
+        parts.append(render_kernel(k, program))
+    for seg in program.segments:
+        calls = "\n".join(f"  {k.name}(bufs, arena, seeds, nt);" for k in seg.kernels)
+        parts.append(
+            f'extern "C" void {seg.name}(void* const* bufs, char* arena, const int64_t* seeds, int nt) {{\n{calls}\n}}'
+        )
+    return "\n\n".join(parts) + "\n"

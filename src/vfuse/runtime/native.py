@@ -1,0 +1,180 @@
+"""NativeExecutor: runs a FusionPlan as generated C++ kernels plus torch steps in between.
+
+Built once per compiled graph: schedule, render, compile (cached), dlopen, allocate the arena.
+Each call: draw RNG seeds, bind inputs (made contiguous: kernels index row-major), allocate
+fresh outputs (from a pool, see `OutputPool`), then run the steps in order: one native call
+per segment, torch for OPAQUE nodes, contractions and fallbacks.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import threading
+from collections import Counter
+from typing import Any
+
+import torch
+
+from vfuse import interp
+from vfuse.codegen.cpp import find_toolchain, load_library, render
+from vfuse.context import Context
+from vfuse.fusion.plan import FusionPlan
+from vfuse.ir import Kind, Op
+from vfuse.runtime.compiled import ExecStats
+from vfuse.runtime.pool import OutputPool
+from vfuse.schedule import BufKind, Program, Segment, TorchStep, build
+from vfuse.schedule.printer import format_program
+
+ARENA_ALIGN = 64
+
+
+def _fallbacks(program: Program, plan: FusionPlan) -> Counter[str]:
+    """Nodes run through torch that a native backend would compile: OPAQUE ops and fallbacks."""
+    out: Counter[str] = Counter()
+    for s in program.steps:
+        if not isinstance(s, TorchStep):
+            continue
+        for n in s.nodes:
+            node = plan.graph[n]
+            if node.op is Op.OPAQUE:
+                out[str(node.attrs["call"])] += 1
+            elif s.reason.startswith("fallback") and node.kind is not Kind.CONTRACTION:
+                out[node.op.value] += 1
+    return out
+
+
+class NativeExecutor:
+    """Callable `(inputs) -> outputs` for one FusionPlan; `.source` is the generated C++."""
+
+    def __init__(self, plan: FusionPlan, target: Any, ctx: Context) -> None:
+        self.plan = plan
+        self.graph = plan.graph
+        self.program = build(plan, target)
+        self.source = render(self.program)
+        ctx.dump("05_program.txt", format_program(self.program))
+        ctx.dump("06_kernels.cpp", self.source)
+        self._entries = self._load(ctx) if self.program.segments else {}
+        slots = [b.slot for b in self.program.buffers.values() if b.kind in (BufKind.INPUT, BufKind.OUTPUT)]
+        self._ptrs = (ctypes.c_void_p * (max(slots, default=-1) + 1))()
+        # Tensors are allocated on the first call: compilation may run under a FakeTensorMode.
+        self._arena: torch.Tensor | None = None
+        self._arena_off = 0
+        self._seeds = torch.zeros(0, dtype=torch.int64)
+        self._constants: dict[str, torch.Tensor] = {}
+        self._static = bool(ctx.options.static_outputs)
+        # Per-call work precomputed: which names to bind, draw and allocate.
+        self._input_names = [(n.name, n.attrs["index"]) for n in self.graph.inputs]
+        self._rng_nodes = [n for n in self.graph.nodes if n.op is Op.RNG_SEED]
+        bufs = self.program.buffers
+        self._outputs = [(v, b.type.shape, b.type.dtype.torch) for v, b in bufs.items() if b.kind is BufKind.OUTPUT]
+        self._slots = {s.name: [(v, bufs[v].slot) for v in (*s.inputs, *s.outputs)] for s in self.program.segments}
+        self._pool = OutputPool()
+        self._lock = threading.Lock()
+        torch_nodes = sum(len(s.nodes) for s in self.program.steps if isinstance(s, TorchStep))
+        self.stats = ExecStats(
+            "cpp",
+            kernels=len(self.program.kernels),
+            native_calls=len(self.program.segments),
+            torch_calls=torch_nodes,
+            arena_bytes=self.program.memory.size,
+            fallbacks=_fallbacks(self.program, plan),
+        )
+
+    def _load(self, ctx: Context) -> dict[str, Any]:
+        """The entry point of every segment (raises CompilerNotFound without a compiler)."""
+        lib = load_library(self.source, ctx.options.cache_dir, find_toolchain(getattr(ctx.options, "cxx", None)))
+        entries = {}
+        for seg in self.program.segments:
+            fn = getattr(lib, seg.name)
+            fn.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int]
+            fn.restype = None
+            entries[seg.name] = fn
+        return entries
+
+    def _allocate(self) -> None:
+        self._arena = torch.empty(self.program.memory.size + ARENA_ALIGN, dtype=torch.uint8)
+        self._arena_off = -self._arena.data_ptr() % ARENA_ALIGN
+        self._seeds = torch.zeros(max(len(self.program.seeds), 1), dtype=torch.int64)
+        self._constants = {
+            n.name: n.attrs["value"].tensor.contiguous() for n in self.graph.nodes if n.op is Op.CONSTANT
+        }
+
+    def _arena_view(self, value: str) -> torch.Tensor:
+        b = self.program.buffers[value]
+        start = self._arena_off + b.slot
+        assert self._arena is not None
+        raw = self._arena[start : start + b.type.nbytes]
+        return raw.view(b.type.dtype.torch).view(b.type.shape)
+
+    def __call__(self, inputs: list[torch.Tensor]) -> list[torch.Tensor]:
+        # The arena, pointer table and seed array are shared: one call at a time.
+        with self._lock:
+            return self._run(inputs)
+
+    def _run(self, inputs: list[torch.Tensor]) -> list[torch.Tensor]:
+        if self._arena is None:
+            self._allocate()
+        assert self._arena is not None
+        env: dict[str, Any] = dict(self._constants)
+        for name, index in self._input_names:
+            env[name] = inputs[index].contiguous()
+        for node in self._rng_nodes:  # graph order: the same draws as the reference executor
+            env[node.name] = interp.run_node(node, [])
+        for k, name in enumerate(self.program.seeds):
+            self._seeds[k] = env[name]
+        self._alloc_outputs(env)
+        nt = torch.get_num_threads()
+        arena = self._arena.data_ptr() + self._arena_off
+        for step in self.program.steps:
+            if isinstance(step, Segment):
+                self._bind(step, env)
+                self._entries[step.name](self._ptrs, arena, self._seeds.data_ptr(), nt)
+            else:
+                self._run_torch(step, env)
+        return [self._result(o, env) for o in self.graph.outputs]
+
+    def _alloc_outputs(self, env: dict[str, Any]) -> None:
+        for v, shape, dtype in self._outputs:
+            env[v] = self._pool.get(v, shape, dtype, static=self._static)
+
+    def _bind(self, seg: Segment, env: dict[str, Any]) -> None:
+        ptrs = self._ptrs
+        for v, slot in self._slots[seg.name]:
+            ptrs[slot] = env[v].data_ptr()
+
+    def _get(self, value: str, env: dict[str, Any]) -> Any:
+        if value in env:
+            return env[value]
+        return self._arena_view(value)
+
+    def _run_torch(self, step: TorchStep, env: dict[str, Any]) -> None:
+        local: dict[str, Any] = {}
+        for name in step.nodes:
+            node = self.graph[name]
+            out = interp.run_node(node, [local[i] if i in local else self._get(i, env) for i in node.inputs])
+            if isinstance(out, torch.Tensor):
+                # A view of the arena must not outlive the bytes it views; kernels read row-major.
+                if self._in_arena(out):
+                    out = out.clone()
+                if name in self.program.buffers:
+                    out = out.contiguous()
+            local[name] = out
+        for name, out in local.items():
+            # A node the planner recomputes here but a kernel also writes keeps the kernel's buffer.
+            b = self.program.buffers.get(name)
+            if b is None or b.kind is BufKind.INPUT:
+                env[name] = out
+
+    def _in_arena(self, t: torch.Tensor) -> bool:
+        arena = self._arena
+        return (
+            arena is not None and t.numel() > 0 and t.untyped_storage().data_ptr() == arena.untyped_storage().data_ptr()
+        )
+
+    def _result(self, value: str, env: dict[str, Any]) -> Any:
+        out = self._get(value, env)
+        if isinstance(out, torch.Tensor) and self._in_arena(out):
+            out = out.clone()
+        if self.graph[value].op is Op.CONSTANT:
+            out = out.clone()  # the user may modify what we return; the constant must survive
+        return out

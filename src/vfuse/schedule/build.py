@@ -1,0 +1,224 @@
+"""`build(plan, target) -> Program`: one kernel per fused group, torch steps between them.
+
+Pointwise groups become one nest per output shape; groups with reductions become row kernels;
+contraction groups run the contraction (and anything feeding it inside the group) through
+torch and their epilogue as a generated kernel; OPAQUE groups, and any group the lowering
+cannot express (`Unsupported`), run through torch op by op. Consecutive kernels form one
+native segment (one `extern "C"` call).
+"""
+
+from __future__ import annotations
+
+from vfuse.fusion.plan import FusionPlan, Group
+from vfuse.ir import Graph, Kind, Op
+from vfuse.ir.shapes import numel
+from vfuse.ir.shapes import reduce as reduced_shape
+from vfuse.schedule import expr
+from vfuse.schedule.expr import Lin, Var
+from vfuse.schedule.kernel import Buffer, BufKind, Kernel, Loop, Program, Segment, Step, Store, TorchStep
+from vfuse.schedule.lower import Lowerer, RowSpace, Unsupported, reduce_axes
+from vfuse.schedule.memory import plan_memory
+from vfuse.schedule.nest import make_kernel
+
+TORCH_LABELS = ("opaque",)
+
+
+def _pointwise_kernels(
+    graph: Graph, group: int, label: str, nodes: set[str], name: str, outputs: list[str]
+) -> list[Kernel]:
+    """One pointwise nest per distinct output shape (each recomputes what it needs)."""
+    by_shape: dict[tuple[int, ...], list[str]] = {}
+    for o in outputs:
+        by_shape.setdefault(graph[o].tensor_type.shape, []).append(o)
+    kernels = []
+    for k, (shape, outs) in enumerate(by_shape.items()):
+        sizes = dict(enumerate(shape))
+        lw = Lowerer(graph, nodes, sizes, None)
+        coords = tuple(Lin.var(Var(d)) for d in range(len(shape)))
+        stores = [_store(lw, o, coords) for o in outs]
+        loops = [Loop(d, n) for d, n in enumerate(shape)]
+        bufs = tuple(sorted(lw.loaded | set(outs)))
+        kernels.append(make_kernel(f"{name}_{k}" if k else name, group, label, lw.stmts, stores, [], loops, bufs))
+    return kernels
+
+
+def _store(lw: Lowerer, out: str, coords: tuple[Lin, ...]) -> Store:
+    t = lw.graph[out].tensor_type
+    return Store(out, expr.row_major(coords, t.shape), lw.value(out, coords), t.dtype)
+
+
+def _row_kernels(graph: Graph, group: int, label: str, nodes: set[str], name: str, outs: list[str]) -> list[Kernel]:
+    """One row kernel for the outputs in the row space or its reduction; outputs of other
+    shapes (e.g. a scalar FULL the planner put here and others read too) get pointwise kernels."""
+    reduces = [graph[n] for n in nodes if graph[n].kind is Kind.REDUCE]
+    first = reduces[0]
+    src = graph[first.inputs[0]].tensor_type.shape
+    axes = reduce_axes(first)[0]
+    axes = tuple(range(len(src))) if axes is None else axes
+    row = RowSpace(src, axes, tuple(range(len(src))))
+    lw = Lowerer(graph, nodes, dict(enumerate(src)), row)
+    stores, others = [], []
+    for o in outs:
+        coords = _row_coords(row, graph[o].tensor_type.shape, lw.sizes)
+        if coords is None:
+            others.append(o)
+        else:
+            stores.append(_store(lw, o, coords))
+    outer = [Loop(d, n) for d, n in enumerate(src) if d not in axes]
+    inner = [Loop(d, n) for d, n in enumerate(src) if d in axes]
+    bufs = tuple(sorted(lw.loaded | {st.buf for st in stores}))
+    kernels = [make_kernel(name, group, label, lw.stmts, stores, outer, inner, bufs)] if stores else []
+    return kernels + _pointwise_kernels(graph, group, label, nodes, f"{name}_x", others)
+
+
+def _row_coords(row: RowSpace, shape: tuple[int, ...], sizes: dict[int, int]) -> tuple[Lin, ...] | None:
+    """Where a row kernel stores an output of `shape`: the row space, its reduction, or a
+    reshape of either (e.g. LayerNorm's output viewed as a matrix for the next matmul)."""
+    src, axes = row.shape, row.axes
+    if shape == src:
+        return row.full_coords()
+    for keep in (True, False):
+        if shape == reduced_shape(src, axes, keep):
+            return row.reduced_coords(keep)
+    red = reduced_shape(src, axes, False)
+    if numel(shape) == numel(src):
+        return expr.unflatten(expr.row_major(row.full_coords(), src), shape, sizes)
+    if numel(shape) == numel(red):
+        return expr.unflatten(expr.row_major(row.reduced_coords(False), red), shape, sizes)
+    return None
+
+
+def _contraction_split(graph: Graph, g: Group) -> tuple[list[str], set[str]]:
+    """(nodes torch runs: each contraction and its in-group producers, rest for a kernel)."""
+    members = set(g.nodes)
+    torch_side: set[str] = set()
+    stack = [n for n in g.nodes if graph[n].kind in (Kind.CONTRACTION, Kind.OPAQUE)]
+    while stack:
+        n = stack.pop()
+        if n not in torch_side:
+            torch_side.add(n)
+            stack += [i for i in graph[n].inputs if i in members]
+    return [n for n in g.nodes if n in torch_side], members - torch_side
+
+
+def group_steps(graph: Graph, g: Group) -> list[Kernel | TorchStep]:
+    """The kernels and torch steps that run one group."""
+    name = f"k{g.id}"
+    if g.label in TORCH_LABELS or g.kind is Kind.OPAQUE:
+        return [TorchStep(g.id, g.label, g.nodes, "opaque op")]
+    out: list[Kernel | TorchStep] = []
+    nodes = set(g.nodes)
+    if any(graph[n].kind is Kind.CONTRACTION for n in g.nodes):
+        torch_nodes, nodes = _contraction_split(graph, g)
+        out.append(TorchStep(g.id, g.label, tuple(torch_nodes), "contraction through torch"))
+    # The planner may recompute a node in several groups: only the group's outputs are stored.
+    outs = [o for o in g.outputs if o in nodes]
+    if not outs:
+        return out
+    try:
+        if any(graph[n].kind is Kind.REDUCE for n in nodes):
+            out += _reduction_kernels(graph, g, nodes, name, outs)
+        else:
+            out += _pointwise_kernels(graph, g.id, g.label, nodes, name, outs)
+    except Unsupported as e:
+        ordered = tuple(n for n in g.nodes if n in nodes)
+        out.append(TorchStep(g.id, g.label, ordered, f"fallback: {e}"))
+    return out
+
+
+def _reduction_kernels(graph: Graph, g: Group, nodes: set[str], name: str, outs: list[str]) -> list[Kernel]:
+    """One row kernel; if its epilogue reads a reduction at another row (e.g. through a CAT or
+    a slice of the reduced axis), store the reductions and run the epilogue as pointwise kernels."""
+    try:
+        return _row_kernels(graph, g.id, g.label, nodes, name, outs)
+    except Unsupported:
+        reduces = [n for n in g.nodes if n in nodes and graph[n].kind is Kind.REDUCE]
+        rest = [o for o in outs if o not in reduces]
+        row = _row_kernels(graph, g.id, g.label, nodes, name, reduces)
+        return row + _pointwise_kernels(graph, g.id, g.label, nodes - set(reduces), f"{name}_e", rest)
+
+
+def _segments(items: list[Kernel | TorchStep]) -> list[Step]:
+    steps: list[Step] = []
+    run: list[Kernel] = []
+    for it in items:
+        if isinstance(it, Kernel):
+            run.append(it)
+            continue
+        if run:
+            steps.append(Segment(f"vf_seg{len(steps)}", tuple(run), (), ()))
+            run = []
+        steps.append(it)
+    if run:
+        steps.append(Segment(f"vf_seg{len(steps)}", tuple(run), (), ()))
+    return steps
+
+
+def build(plan: FusionPlan, target: object) -> Program:
+    """Schedule every group of `plan` for `target` (its `simd_lanes` is the vector width)."""
+    graph = plan.graph
+    items: list[Kernel | TorchStep] = []
+    for g in plan.groups:
+        items += group_steps(graph, g)
+    steps = _segments(items)
+    stored = {st.buf for s in steps if isinstance(s, Segment) for k in s.kernels for st in _stores(k)}
+    torch_made = {n for s in steps if isinstance(s, TorchStep) for n in s.nodes} - stored
+    _check_produced(graph, steps, stored | torch_made)
+    buffers, seeds = _buffers(graph, steps, torch_made)
+    memory = plan_memory(graph, steps, {v for v, b in buffers.items() if b.kind is BufKind.ARENA})
+    buffers = {
+        v: Buffer(b.value, b.type, b.kind, memory.offsets[v]) if b.kind is BufKind.ARENA else b
+        for v, b in buffers.items()
+    }
+    steps = [_with_io(s, buffers) if isinstance(s, Segment) else s for s in steps]
+    return Program(tuple(steps), buffers, memory, tuple(seeds), int(getattr(target, "simd_lanes", 16)))
+
+
+def _check_produced(graph: Graph, steps: list[Step], made: set[str]) -> None:
+    """Every value a kernel loads must be a source or written by an earlier step."""
+    for s in steps:
+        if isinstance(s, Segment):
+            for k in s.kernels:
+                for v in k.buffers:
+                    if v not in made and graph[v].kind is not Kind.SOURCE:
+                        raise ValueError(f"kernel {k.name} reads %{v}, which no group of the plan outputs")
+
+
+def _buffers(graph: Graph, steps: list[Step], torch_made: set[str]) -> tuple[dict[str, Buffer], list[str]]:
+    """Every value a kernel touches, with where it lives (arena slots filled in later)."""
+    buffers: dict[str, Buffer] = {}
+    seeds: list[str] = []
+    slots = 0
+    for seg in steps:
+        if not isinstance(seg, Segment):
+            continue
+        for k in seg.kernels:
+            for v in k.buffers:
+                if v in buffers:
+                    continue
+                node = graph[v]
+                if node.op is Op.RNG_SEED:
+                    buffers[v] = Buffer(v, node.tensor_type, BufKind.SEED, len(seeds))
+                    seeds.append(v)
+                elif node.kind is Kind.SOURCE or v in torch_made:
+                    buffers[v] = Buffer(v, node.tensor_type, BufKind.INPUT, slots)
+                    slots += 1
+                elif graph.is_output(v):
+                    buffers[v] = Buffer(v, node.tensor_type, BufKind.OUTPUT, slots)
+                    slots += 1
+                else:
+                    buffers[v] = Buffer(v, node.tensor_type, BufKind.ARENA, 0)
+    return buffers, seeds
+
+
+def _with_io(seg: Segment, buffers: dict[str, Buffer]) -> Segment:
+    stored = {st.buf for k in seg.kernels for st in _stores(k)}
+    read = {v for k in seg.kernels for v in k.buffers} - stored
+    ins = tuple(sorted(v for v in read if buffers[v].kind is not BufKind.ARENA))
+    outs = tuple(sorted(v for v in stored if buffers[v].kind is BufKind.OUTPUT))
+    return Segment(seg.name, seg.kernels, ins, outs)
+
+
+def _stores(k: Kernel) -> list[Store]:
+    out = [s for p in k.passes for s in p.body if isinstance(s, Store)]
+    return out + [s for s in k.after if isinstance(s, Store)]

@@ -1,0 +1,252 @@
+"""Index expressions of loop nests: linear forms over loop variables with a few non-linear atoms.
+
+Every buffer offset, RAND counter and CAT selector of a kernel is a `Lin`: a constant plus
+integer multiples of atoms. Atoms are loop variables, floor-divisions, modulos and clamps of
+inner `Lin`s, and `Dyn` (an index loaded at run time, e.g. an embedding row). Keeping offsets
+linear is what makes the code generator's inner loops contiguous (coefficient 1), broadcast
+(0) or strided, and what lets adjacent loops be merged into one (`merge_vars`).
+Simplification uses each variable's range, so a reshape that splits or merges contiguous dims
+folds back to a linear form instead of leaving div/mod in the inner loop.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+
+INF = 1 << 62
+
+
+@dataclass(frozen=True, slots=True)
+class Var:
+    """A loop variable; its extent lives in the loop nest (`sizes` maps id -> extent)."""
+
+    id: int
+
+
+@dataclass(frozen=True, slots=True)
+class Div:
+    arg: Lin
+    divisor: int
+
+
+@dataclass(frozen=True, slots=True)
+class Mod:
+    arg: Lin
+    divisor: int
+
+
+@dataclass(frozen=True, slots=True)
+class Clamp:
+    arg: Lin
+    lo: int
+    hi: int
+
+
+@dataclass(frozen=True, slots=True)
+class Dyn:
+    """An integer computed by the kernel at run time (the C++ variable `name`)."""
+
+    name: str
+
+
+Atom = Var | Div | Mod | Clamp | Dyn
+
+
+@dataclass(frozen=True, slots=True)
+class Lin:
+    """const + sum(coef * atom); terms sorted by repr so equal forms compare equal."""
+
+    const: int = 0
+    terms: tuple[tuple[Atom, int], ...] = ()
+
+    @staticmethod
+    def var(v: Var) -> Lin:
+        return Lin(0, ((v, 1),))
+
+    @staticmethod
+    def of(const: int) -> Lin:
+        return Lin(const)
+
+    def coef(self, atom: Atom) -> int:
+        return next((c for a, c in self.terms if a == atom), 0)
+
+    def __add__(self, other: Lin | int) -> Lin:
+        o = other if isinstance(other, Lin) else Lin(other)
+        acc: dict[Atom, int] = dict(self.terms)
+        for a, c in o.terms:
+            acc[a] = acc.get(a, 0) + c
+        return _make(self.const + o.const, acc)
+
+    def __mul__(self, k: int) -> Lin:
+        return _make(self.const * k, {a: c * k for a, c in self.terms})
+
+    def __sub__(self, other: Lin | int) -> Lin:
+        o = other if isinstance(other, Lin) else Lin(other)
+        return self + o * -1
+
+    @property
+    def is_const(self) -> bool:
+        return not self.terms
+
+
+def _make(const: int, acc: Mapping[Atom, int]) -> Lin:
+    return Lin(const, tuple(sorted(((a, c) for a, c in acc.items() if c), key=lambda t: repr(t[0]))))
+
+
+def span(e: Lin, sizes: Mapping[int, int]) -> tuple[int, int]:
+    """Inclusive [lo, hi] of `e` over the loop ranges (INF-wide where a Dyn makes it unknown)."""
+    lo = hi = e.const
+    for a, c in e.terms:
+        alo, ahi = _atom_span(a, sizes)
+        lo, hi = lo + min(c * alo, c * ahi), hi + max(c * alo, c * ahi)
+    return max(lo, -INF), min(hi, INF)
+
+
+def _atom_span(a: Atom, sizes: Mapping[int, int]) -> tuple[int, int]:
+    if isinstance(a, Var):
+        return 0, max(sizes[a.id] - 1, 0)
+    if isinstance(a, Div):
+        lo, hi = span(a.arg, sizes)
+        return lo // a.divisor, hi // a.divisor
+    if isinstance(a, Mod):
+        return 0, a.divisor - 1
+    if isinstance(a, Clamp):
+        return a.lo, a.hi
+    return -INF, INF
+
+
+def floordiv(e: Lin, d: int, sizes: Mapping[int, int]) -> Lin:
+    """e // d, folded to a linear form when the remainder part provably stays in [0, d)."""
+    if d == 1:
+        return e
+    whole = {a: c // d for a, c in e.terms if c % d == 0}
+    rest = _make(e.const % d, {a: c for a, c in e.terms if c % d})
+    lo, hi = span(rest, sizes)
+    if 0 <= lo and hi < d:
+        return _make(e.const // d, whole)
+    if len(e.terms) == 1 and e.const == 0 and isinstance(e.terms[0][0], Div) and e.terms[0][1] == 1:
+        inner = e.terms[0][0]
+        return floordiv(inner.arg, inner.divisor * d, sizes)
+    split = _split_small(e, d, sizes)
+    if split is not None:  # e = g*h + r with 0 <= r < g and g | d: e // d = h // (d/g)
+        g, high, _ = split
+        return floordiv(high, d // g, sizes)
+    return Lin(0, ((Div(e, d), 1),))
+
+
+def _split_small(e: Lin, d: int, sizes: Mapping[int, int]) -> tuple[int, Lin, Lin] | None:
+    """(g, h, r) with e = g*h + r, g > 1 dividing d and r provably in [0, g), if one exists.
+
+    This is what folds (8*i + j) // 16 with j < 8 into i // 2 when a dim is split.
+    """
+    for g in sorted({math.gcd(d, c) for _, c in e.terms} | {math.gcd(d, e.const)}, reverse=True):
+        if g in (1, d):
+            continue
+        high = _make(e.const - e.const % g, {a: c for a, c in e.terms if c % g == 0})
+        low = _make(e.const % g, {a: c for a, c in e.terms if c % g})
+        lo, hi = span(low, sizes)
+        if 0 <= lo and hi < g:
+            return g, _make(high.const // g, {a: c // g for a, c in high.terms}), low
+    return None
+
+
+def mod(e: Lin, d: int, sizes: Mapping[int, int]) -> Lin:
+    """e % d (e >= 0 as every index is), folded when the kept part stays in [0, d)."""
+    if d == 1:
+        return Lin()
+    rest = _make(e.const % d, {a: c for a, c in e.terms if c % d})
+    lo, hi = span(rest, sizes)
+    if 0 <= lo and hi < d:
+        return rest
+    split = _split_small(rest, d, sizes)
+    if split is not None:  # e % d = g * (h % (d/g)) + r
+        g, high, low = split
+        return mod(high, d // g, sizes) * g + low
+    return Lin(0, ((Mod(rest, d), 1),))
+
+
+def clamp(e: Lin, lo: int, hi: int, sizes: Mapping[int, int]) -> Lin:
+    elo, ehi = span(e, sizes)
+    if lo <= elo and ehi <= hi:
+        return e
+    return Lin(0, ((Clamp(e, lo, hi), 1),))
+
+
+def row_major(coords: tuple[Lin, ...], shape: tuple[int, ...]) -> Lin:
+    """The flat row-major offset of `coords` in a contiguous tensor of `shape`."""
+    out, stride = Lin(), 1
+    for c, n in zip(reversed(coords), reversed(shape), strict=True):
+        out = out + c * stride
+        stride *= n
+    return out
+
+
+def unflatten(flat: Lin, shape: tuple[int, ...], sizes: Mapping[int, int]) -> tuple[Lin, ...]:
+    """Coordinates in `shape` of the row-major flat index `flat` (inverse of row_major)."""
+    coords: list[Lin] = []
+    stride = 1
+    for n in reversed(shape):
+        coords.append(mod(floordiv(flat, stride, sizes), n, sizes) if n != 1 else Lin())
+        stride *= n
+    return tuple(reversed(coords))
+
+
+def walk(e: Lin) -> Iterator[Lin]:
+    """`e` and every Lin nested in its atoms."""
+    yield e
+    for a, _ in e.terms:
+        if isinstance(a, Div | Mod | Clamp):
+            yield from walk(a.arg)
+
+
+def dyn_names(e: Lin) -> set[str]:
+    return {a.name for lin in walk(e) for a, _ in lin.terms if isinstance(a, Dyn)}
+
+
+def var_ids(e: Lin) -> set[int]:
+    return {a.id for lin in walk(e) for a, _ in lin.terms if isinstance(a, Var)}
+
+
+def can_merge(outer: Var, inner: Var, inner_size: int, exprs: list[Lin]) -> bool:
+    """Loops outer/inner can become one loop if every form sees them as one contiguous index."""
+    return all(lin.coef(outer) == lin.coef(inner) * inner_size for e in exprs for lin in walk(e))
+
+
+def merge(e: Lin, outer: Var, inner: Var) -> Lin:
+    """Rewrite `e` for outer*inner_size+inner -> inner (valid after `can_merge`)."""
+    acc: dict[Atom, int] = {}
+    for a, c in e.terms:
+        if a == outer:
+            continue
+        if isinstance(a, Div):
+            a = Div(merge(a.arg, outer, inner), a.divisor)
+        elif isinstance(a, Mod):
+            a = Mod(merge(a.arg, outer, inner), a.divisor)
+        elif isinstance(a, Clamp):
+            a = Clamp(merge(a.arg, outer, inner), a.lo, a.hi)
+        acc[a] = acc.get(a, 0) + c
+    return _make(e.const, acc)
+
+
+def render(e: Lin, name: Mapping[int, str]) -> str:
+    """C++ text of `e` (int64_t arithmetic); `name` maps var ids to loop variable names."""
+    parts = [_term(a, c, name) for a, c in e.terms]
+    if e.const or not parts:
+        parts.append(str(e.const))
+    return " + ".join(parts).replace("+ -", "- ")
+
+
+def _term(a: Atom, c: int, name: Mapping[int, str]) -> str:
+    if isinstance(a, Var):
+        s = name[a.id]
+    elif isinstance(a, Div):
+        s = f"(({render(a.arg, name)}) / {a.divisor})"
+    elif isinstance(a, Mod):
+        s = f"(({render(a.arg, name)}) % {a.divisor})"
+    elif isinstance(a, Clamp):
+        s = f"vf_clamp_i({render(a.arg, name)}, {a.lo}, {a.hi})"
+    else:
+        s = f"(int64_t){a.name}"
+    return s if c == 1 else f"{c} * {s}"

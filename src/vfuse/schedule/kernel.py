@@ -1,0 +1,245 @@
+"""The schedule's data: statements, loop nests, kernels, steps and the Program.
+
+A kernel body is a flat list of SSA statements over index expressions (`expr.Lin`); the loop
+nest says how the iteration space is walked (which loops run in parallel, which one is the
+SIMD loop, how reductions are split into passes over a row). Renderers only walk this.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from typing import Any
+
+from vfuse.ir import DType, Op
+from vfuse.ir.types import TensorType
+from vfuse.schedule.expr import Lin
+
+
+class BufKind(enum.Enum):
+    """Where a buffer a kernel touches comes from (decides how the entry point finds it)."""
+
+    INPUT = "in"  # graph input, constant or torch-produced tensor: the segment's `in` array
+    OUTPUT = "out"  # graph output: the segment's `out` array (a fresh tensor per call)
+    ARENA = "arena"  # intermediate between kernels: offset into the arena
+    SEED = "seed"  # an RNG_SEED value: the segment's `seeds` array
+
+
+@dataclass(frozen=True, slots=True)
+class Buffer:
+    """An IR value held in memory, contiguous row-major in its IR type."""
+
+    value: str
+    type: TensorType
+    kind: BufKind
+    slot: int  # index into in/out/seeds, or the arena byte offset
+
+
+class Place(enum.Enum):
+    """Where an intermediate of a kernel lives."""
+
+    REGISTER = "register"  # a scalar/vector local recomputed in each pass that needs it
+    ROW_BUFFER = "row buffer"  # computed once per row, kept in a thread-local L1/L2 buffer
+    MEMORY = "memory"  # stored to a Buffer (group outputs)
+
+
+@dataclass(frozen=True, slots=True)
+class Load:
+    var: str
+    dtype: DType
+    buf: str  # Buffer.value
+    index: Lin
+
+
+@dataclass(frozen=True, slots=True)
+class Const:
+    var: str
+    dtype: DType
+    value: Any
+
+
+@dataclass(frozen=True, slots=True)
+class Compute:
+    var: str
+    dtype: DType
+    op: Op
+    args: tuple[str, ...]
+    arg_dtypes: tuple[DType, ...]
+    attrs: Any  # ir.Attrs
+
+
+@dataclass(frozen=True, slots=True)
+class Iota:
+    var: str
+    dtype: DType
+    index: Lin
+    start: Any
+    step: Any
+
+
+@dataclass(frozen=True, slots=True)
+class RandKey:
+    """The two 32-bit keys of (seed, stream), computed once per kernel rather than per element."""
+
+    var: str
+    seed: str  # var holding the i64 seed
+    stream: int
+
+
+@dataclass(frozen=True, slots=True)
+class Rand:
+    var: str
+    key: str  # a RandKey var
+    index: Lin  # the element counter (flat index in the RAND node's shape)
+
+
+@dataclass(frozen=True, slots=True)
+class Select:
+    """CAT: args[k] where `coord` < bounds[k] first holds (the last arg otherwise)."""
+
+    var: str
+    dtype: DType
+    coord: Lin
+    bounds: tuple[int, ...]
+    args: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Reduce:
+    """An accumulator over the row (R loops) of a row kernel; `var` is valid after its pass."""
+
+    var: str
+    dtype: DType
+    op: Op
+    arg: str
+    arg_dtype: DType
+    rindex: Lin  # linear index inside the reduced space (ARGMAX/ARGMIN)
+
+
+@dataclass(frozen=True, slots=True)
+class Store:
+    buf: str
+    index: Lin
+    arg: str
+    dtype: DType
+
+
+Stmt = Load | Const | Compute | Iota | RandKey | Rand | Select | Reduce
+
+
+def stmt_args(s: Stmt) -> tuple[str, ...]:
+    if isinstance(s, Compute | Select):
+        return s.args
+    if isinstance(s, Reduce):
+        return (s.arg,)
+    if isinstance(s, RandKey):
+        return (s.seed,)
+    if isinstance(s, Rand):
+        return (s.key,)
+    return ()
+
+
+def stmt_index(s: Stmt | Store) -> tuple[Lin, ...]:
+    if isinstance(s, Load | Iota | Rand | Store):
+        return (s.index,)
+    if isinstance(s, Select):
+        return (s.coord,)
+    if isinstance(s, Reduce):
+        return (s.rindex,)
+    return ()
+
+
+@dataclass(frozen=True)
+class Loop:
+    """One loop of a nest: variable id, extent, and its role."""
+
+    var: int
+    size: int
+    parallel: bool = False
+    vector: bool = False
+
+
+@dataclass(frozen=True)
+class Pass:
+    """One walk over the row of a row kernel: `before` runs once per row before it, `body` per element."""
+
+    before: tuple[Stmt, ...]
+    body: tuple[Stmt | Store, ...]
+    reduces: tuple[Reduce, ...]
+    buffered: tuple[str, ...] = ()  # vars written to their row buffer in this pass
+    reloaded: tuple[str, ...] = ()  # vars read back from their row buffer in this pass
+
+
+@dataclass(frozen=True)
+class Kernel:
+    """One generated function. Pointwise: `outer` is the whole nest and `passes` has one pass
+    whose body is the loop body. Row: `outer` are the row loops (parallel), `inner` the
+    reduced loops walked once per pass; `after` runs once per row after the last pass."""
+
+    name: str
+    group: int
+    label: str
+    outer: tuple[Loop, ...]
+    inner: tuple[Loop, ...]
+    passes: tuple[Pass, ...]
+    after: tuple[Stmt | Store, ...]
+    buffers: tuple[str, ...]  # Buffer.value of everything read or written
+    placement: dict[str, Place] = field(default_factory=dict)
+    row_index: Lin = field(default_factory=Lin)  # linear index inside the row (row buffers)
+    parallel_min: int = 0  # run the parallel loop on one thread below this many elements
+    tile: int = 0  # column kernel: reduce this many adjacent columns (last outer loop) at once
+
+    @property
+    def is_row(self) -> bool:
+        return bool(self.inner) or any(p.reduces for p in self.passes)
+
+
+@dataclass(frozen=True)
+class TorchStep:
+    """Run these IR nodes through torch (OPAQUE ops, contractions, fallbacks), in order."""
+
+    group: int
+    label: str
+    nodes: tuple[str, ...]
+    reason: str
+
+
+@dataclass(frozen=True)
+class Segment:
+    """Consecutive kernels run by one native call (`extern "C"` entry `name`)."""
+
+    name: str
+    kernels: tuple[Kernel, ...]
+    inputs: tuple[str, ...]  # values passed in the `in` array, in slot order
+    outputs: tuple[str, ...]  # values passed in the `out` array, in slot order
+
+
+Step = Segment | TorchStep
+
+
+@dataclass(frozen=True)
+class MemoryPlan:
+    """Arena layout: byte offset of every intermediate, and the arena size (64-byte aligned)."""
+
+    offsets: dict[str, int]
+    size: int
+    naive_bytes: int  # what a buffer per value would take, to show the reuse
+
+
+@dataclass(frozen=True)
+class Program:
+    """Everything a backend renders and the runtime runs for one compiled graph."""
+
+    steps: tuple[Step, ...]
+    buffers: dict[str, Buffer]
+    memory: MemoryPlan
+    seeds: tuple[str, ...]  # RNG_SEED values in `seeds` slot order
+    vector_width: int
+
+    @property
+    def segments(self) -> tuple[Segment, ...]:
+        return tuple(s for s in self.steps if isinstance(s, Segment))
+
+    @property
+    def kernels(self) -> tuple[Kernel, ...]:
+        return tuple(k for s in self.segments for k in s.kernels)
