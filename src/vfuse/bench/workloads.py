@@ -6,7 +6,9 @@ parameters read once, outputs written once), which `minimal_bytes` computes from
 tensors so a new workload cannot get it wrong by hand.
 
 To add a workload: write a module and a `_build_x(quick)` factory, then add one line to
-`WORKLOADS` at the bottom.
+`WORKLOADS` at the bottom. Compute-bound workloads (GEMM, conv, attention) live in
+`workloads_compute.py`; their registry lines set a looser relative tolerance (a different
+summation order in a K-long dot product moves the last bits) and `frozen` (weights compiled in).
 """
 
 from __future__ import annotations
@@ -19,6 +21,9 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+
+from vfuse.bench import workloads_compute as wc
+from vfuse.bench.checks import FLOAT_ATOL, FLOAT_RTOL
 
 # Full sizes follow the issue; quick sizes keep the row length (so reductions stay realistic)
 # and cut rows, so tests and CI exercise the same code paths in well under a second.
@@ -37,11 +42,29 @@ class Instance:
 
 @dataclass(frozen=True)
 class Workload:
-    """A named workload; `build(quick)` makes a fresh instance (fresh module, fresh inputs)."""
+    """A named workload; `build(quick)` makes a fresh instance (fresh module, fresh inputs).
+
+    rtol / atol: the float check's tolerances against eager for this workload.
+    frozen: contenders that can compile parameters in as constants do so (vfuse freeze=True,
+        Inductor freezing), as for deployed inference; see `Contender.prepare_frozen`.
+    """
 
     name: str
     description: str
     build: Callable[[bool], Instance]
+    rtol: float = FLOAT_RTOL
+    atol: float = FLOAT_ATOL
+    frozen: bool = False
+
+
+def _wrap(build: Callable[[bool], wc.Built]) -> Callable[[bool], Instance]:
+    """A `workloads_compute` factory, which returns (module, inputs), as an Instance factory."""
+    return lambda quick: Instance(*build(quick))
+
+
+# Compute-bound checks: eager, oneDNN/MKL and generated kernels sum K-long dot products in
+# different orders, so fp32 results differ by more than the memory-bound workloads' 1e-5.
+_GEMM_RTOL = 1e-4
 
 
 def _rows(quick: bool) -> int:
@@ -229,6 +252,11 @@ WORKLOADS: Mapping[str, Workload] = MappingProxyType(
             Workload("gelu_residual", "(gelu(x)+r)*s 8192x4096", _build_gelu_residual),
             Workload("dequant_quant", "int8 dequant -> gelu -> quant 8192x4096", _build_dequant_quant),
             Workload("tiny_graph", "50 ops on 64 elements (per-call overhead)", _build_tiny_graph),
+            Workload("linear_gelu", "gelu(linear(x)) 2048x1024 -> 4096", _wrap(wc.build_linear_gelu), _GEMM_RTOL, frozen=True),
+            Workload("linear_gelu_smallk", "gelu(linear(x)) 16384x64 -> 4096", _wrap(wc.build_linear_gelu_smallk), _GEMM_RTOL, frozen=True),
+            Workload("conv_bn_relu", "relu(bn(conv3x3(x))) 8x64x56x56, eval BN", _wrap(wc.build_conv_bn_relu), _GEMM_RTOL, frozen=True),
+            Workload("attention", "softmax(q@k^T*s)@v 4x8x1024x64, written out", _wrap(wc.build_attention), _GEMM_RTOL),
+            Workload("gpt2_block", "pre-LN GPT-2 block B=4 T=512 d=768 12 heads", _wrap(wc.build_gpt2_block), _GEMM_RTOL, frozen=True),
         )
     }
 )

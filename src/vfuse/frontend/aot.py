@@ -7,6 +7,7 @@ mutations (BatchNorm running stats) after each call, and rebuild the user's outp
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -35,7 +36,10 @@ def export(fn: Callable, example_inputs: Sequence[Any]) -> ExportedProgram:
     from vfuse.frontend.decompositions import decomposition_table
 
     module = fn if isinstance(fn, torch.nn.Module) else _AsModule(fn)
-    return torch.export.export(module, tuple(example_inputs)).run_decompositions(decomposition_table())
+    with warnings.catch_warnings():
+        # torch.export's own pytree deprecation notice, not actionable by our users.
+        warnings.filterwarnings("ignore", category=FutureWarning, message=".*LeafSpec")
+        return torch.export.export(module, tuple(example_inputs)).run_decompositions(decomposition_table())
 
 
 class AotCompiled:

@@ -195,6 +195,37 @@ class Kernel:
 
 
 @dataclass(frozen=True)
+class ContractionKernel:
+    """One contraction (MATMUL / CONV2D / SDPA) rendered from a template, its pointwise epilogue
+    fused: `epilogue` computes `result` from the accumulator `v` at the output element whose
+    coordinate along dim d of the contraction's output is loop variable Var(d). Operands are
+    buffers read row-major as `shapes` (a reshape of a buffer is the same bytes)."""
+
+    name: str
+    group: int
+    label: str
+    op: Op
+    node: str  # the contraction IR node
+    operands: tuple[str, ...]  # MATMUL: A, B; CONV2D: x, w; SDPA: q, k, v[, mask]
+    shapes: tuple[tuple[int, ...], ...]  # the shape each operand is read as
+    out_shape: tuple[int, ...]  # the contraction node's shape (the epilogue's index space)
+    out: str  # buffer written (the node itself, or the epilogue's last value)
+    epilogue: tuple[Stmt, ...]
+    result: str  # var holding the stored value ("v" without an epilogue)
+    extras: tuple[str, ...]  # buffers the epilogue loads
+    attrs: Any  # the node's ir.Attrs (conv geometry, SDPA scale / causal / gqa)
+    trans_b: bool = False  # MATMUL: B is read as its transpose (nn.Linear's weight)
+    caches: tuple[int, int, int] = (48 << 10, 1 << 20, 32 << 20)  # target L1/L2/L3 bytes
+
+    @property
+    def buffers(self) -> tuple[str, ...]:
+        return tuple(dict.fromkeys((*self.operands, *self.extras, self.out)))
+
+
+AnyKernel = Kernel | ContractionKernel
+
+
+@dataclass(frozen=True)
 class TorchStep:
     """Run these IR nodes through torch (OPAQUE ops, contractions, fallbacks), in order."""
 
@@ -209,7 +240,7 @@ class Segment:
     """Consecutive kernels run by one native call (`extern "C"` entry `name`)."""
 
     name: str
-    kernels: tuple[Kernel, ...]
+    kernels: tuple[AnyKernel, ...]
     inputs: tuple[str, ...]  # values passed in the `in` array, in slot order
     outputs: tuple[str, ...]  # values passed in the `out` array, in slot order
 
@@ -241,5 +272,5 @@ class Program:
         return tuple(s for s in self.steps if isinstance(s, Segment))
 
     @property
-    def kernels(self) -> tuple[Kernel, ...]:
+    def kernels(self) -> tuple[AnyKernel, ...]:
         return tuple(k for s in self.segments for k in s.kernels)
