@@ -89,9 +89,7 @@ class VfuseBackend:
             self.eager_fallbacks.append(describe_failure(e))
             return gm.forward
         self.compiled.append(compiled)
-        if not frozen:
-            return lambda *args: with_none_outputs(compiled(*args), present)
-        return lambda *args: with_none_outputs(compiled(*(a for i, a in enumerate(args) if i not in frozen)), present)
+        return _calling_convention(compiled, frozen, present)
 
     @property
     def stats(self) -> dict[str, Any]:
@@ -105,6 +103,28 @@ class VfuseBackend:
             "kernels": sum(c.stats.kernels for c in self.compiled),
             "fallbacks": fallbacks,
         }
+
+
+def _calling_convention(
+    compiled: CompiledGraph, frozen: dict[int, torch.Tensor], present: tuple[bool, ...]
+) -> Callable:
+    """The callable AOTAutograd gets: drops frozen parameters, runs without input checks
+    (Dynamo's guards have checked every input's shape, dtype and device), and restores the
+    None outputs of backward graphs. Built once, so the per-call path stays short."""
+    run = compiled.run_unchecked
+    if frozen:
+        keep = [i for i in range(len(frozen) + len(compiled.graph.inputs)) if i not in frozen]
+
+        def call(*args: Any) -> list:
+            return run([args[i] for i in keep])
+    else:
+
+        def call(*args: Any) -> list:
+            return run(args)
+
+    if all(present):
+        return call
+    return lambda *args: with_none_outputs(call(*args), present)
 
 
 def _parameter_inputs(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> dict[int, torch.Tensor]:

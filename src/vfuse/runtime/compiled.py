@@ -70,6 +70,15 @@ class CompiledGraph:
         # How errors name each input; the AOT path relabels lifted parameters and user inputs.
         self.input_labels = [f"input {i}" for i in range(len(self._expected))]
         self.compile_s = 0.0
+        # Aliasing is decided at compile time so the common call pays nothing for it: only the
+        # reference executor returns views, and a native output can only alias if it *is* an
+        # input or is returned twice.
+        outs = graph.outputs
+        self._may_alias = (
+            isinstance(executor, InterpExecutor)
+            or len(set(outs)) != len(outs)
+            or any(graph[o].op is Op.INPUT for o in outs)
+        )
 
     @property
     def stats(self) -> Any:
@@ -97,7 +106,13 @@ class CompiledGraph:
 
     def __call__(self, *inputs: torch.Tensor) -> list[torch.Tensor]:
         self.check_inputs(inputs)
-        return _unalias(self.executor(list(inputs)), inputs)
+        return self.run_unchecked(inputs)
+
+    def run_unchecked(self, inputs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+        """Run without input checks, for callers whose own guards already ensure the types
+        (Dynamo guards every input's shape, dtype and device before calling a compiled graph)."""
+        outputs = self.executor(list(inputs))
+        return _unalias(outputs, inputs) if self._may_alias else outputs
 
 
 def _unalias(outputs: list[torch.Tensor], inputs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
