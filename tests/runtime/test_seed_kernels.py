@@ -81,3 +81,20 @@ def test_seed_pattern_is_one_generated_kernel(name: str) -> None:
     assert len(compiled.plan.groups) == 1, f"planned {len(compiled.plan.groups)} kernels"
     stats = compiled.stats
     assert (stats.backend, stats.kernels, stats.native_calls, stats.torch_calls) == ("cpp", 1, 1, 0)
+
+
+def test_gelu_dropout_residual_is_one_kernel_with_real_dropout() -> None:
+    """Training-mode dropout draws its mask inside the fused kernel: every element is either the
+    residual alone (dropped) or gelu(x)/(1-p) + r (kept), and about 1-p of them are kept."""
+    x, r = torch.randn(256, 384), torch.randn(256, 384)
+    backend = vfuse.backend(strict=True)
+    with torch.no_grad():
+        got = torch.compile(lambda x, r: F.dropout(F.gelu(x), 0.25, training=True) + r, backend=backend)(x, r)
+    kept = torch.isclose(got, F.gelu(x) / 0.75 + r, rtol=1e-5, atol=1e-6)
+    dropped = got == r
+    assert bool((kept | dropped).all())
+    rate = kept.float().mean().item()
+    se = (0.75 * 0.25 / got.numel()) ** 0.5
+    assert abs(rate - 0.75) < 5 * se
+    (compiled,) = backend.compiled
+    assert len(compiled.plan.groups) == 1 and compiled.stats.kernels == 1 and compiled.stats.torch_calls == 0
