@@ -75,8 +75,19 @@ def check(
     graph = lower_fn(fn, inputs, **options)
     unexpected = {k: v for k, v in fallbacks(graph).items() if not any(a in k for a in allow)}
     assert not unexpected, f"unexpected opaque fallbacks {unexpected} in\n{graph}"
-    assert_matches(run(graph, inputs), fn(*inputs), rtol, atol)
+    want = fn(*inputs)
+    assert_matches(run(graph, inputs), want, rtol, atol)
+    assert_matches(run_native(graph, inputs, **options), want, rtol, atol)
     return graph
+
+
+def run_native(graph: Graph, inputs: Sequence[Any], **options: Any) -> list[Any]:
+    """The rest of the pipeline on the lowered graph: optimize, plan, generated C++."""
+    from vfuse.compiler import make_executor, optimize, plan
+
+    ctx = Context(Options(**{**options, "backend": "cpp"}))
+    optimized = optimize(graph, ctx)
+    return make_executor(optimized, plan(optimized, ctx), ctx)(list(inputs))
 
 
 def ops_of(graph: Graph) -> Counter[Op]:

@@ -31,15 +31,31 @@ def test_torch_step_between_two_native_segments() -> None:
     assert ex.stats.fallbacks == {"cumsum": 1}
 
 
-def test_contraction_then_generated_epilogue() -> None:
+def test_torch_contraction_then_generated_epilogue() -> None:
+    # f64: the contraction templates are fp32, so this matmul takes the torch path.
+    b = GraphBuilder()
+    f64 = DType.F64
+    x, w, bias = inputs(b, ((32, 48), f64), ((48, 40), f64), ((40,), f64))
+    mm = b.add(Op.MATMUL, [x, w])
+    out = b.add(Op.GELU, [b.add(Op.ADD, [mm, bias])], approximate="tanh")
+    graph = b.build([out])
+    xs = [torch.randn(32, 48, dtype=torch.float64), torch.randn(48, 40, dtype=torch.float64)]
+    xs.append(torch.randn(40, dtype=torch.float64))
+    ex = check(graph, xs, plan=hand_plan(graph, [[mm, graph["add"].name, out]]), all_native=False)
+    assert ex.stats.torch_calls == 1 and ex.stats.kernels == 1 and not ex.stats.fallbacks
+    eager = torch.nn.functional.gelu(xs[0] @ xs[1] + xs[2], approximate="tanh")
+    torch.testing.assert_close(ex(xs)[0], eager, rtol=1e-5, atol=1e-5)
+
+
+def test_generated_contraction_with_fused_epilogue() -> None:
     b = GraphBuilder()
     x, w, bias = inputs(b, ((32, 48), F32), ((48, 40), F32), ((40,), F32))
     mm = b.add(Op.MATMUL, [x, w])
     out = b.add(Op.GELU, [b.add(Op.ADD, [mm, bias])], approximate="tanh")
     graph = b.build([out])
     xs = [torch.randn(32, 48), torch.randn(48, 40), torch.randn(40)]
-    ex = check(graph, xs, plan=hand_plan(graph, [[mm, graph["add"].name, out]]), all_native=False)
-    assert ex.stats.torch_calls == 1 and ex.stats.kernels == 1 and not ex.stats.fallbacks
+    ex = check(graph, xs, plan=hand_plan(graph, [[mm, graph["add"].name, out]]))
+    assert ex.stats.torch_calls == 0 and ex.stats.kernels == 1 and ex.stats.native_calls == 1
     eager = torch.nn.functional.gelu(xs[0] @ xs[1] + xs[2], approximate="tanh")
     torch.testing.assert_close(ex(xs)[0], eager, rtol=1e-5, atol=1e-5)
 
@@ -166,7 +182,14 @@ def test_scalars_and_empty_tensors() -> None:
     x, e = inputs(b, ((), F32), ((0, 5), F32))
     s = b.add(Op.EXP, [x])
     graph = b.build([s, b.add(Op.ADD, [e, s]), b.add(Op.SUM, [e], axes=(0,), keepdim=False)])
-    check(graph, [torch.tensor(0.5), torch.empty(0, 5)], plan=hand_plan(graph, [[s], [graph.outputs[1]]]))
+    # The group whose outputs are all empty runs as a (free) torch step: nothing to compute.
+    ex = check(
+        graph,
+        [torch.tensor(0.5), torch.empty(0, 5)],
+        plan=hand_plan(graph, [[s], [graph.outputs[1]]]),
+        all_native=False,
+    )
+    assert ex.stats.torch_calls == 1 and ex.stats.kernels == 2
 
 
 def test_epilogue_reading_other_rows_is_split_off() -> None:

@@ -3,7 +3,8 @@
 Built once per compiled graph: schedule, render, compile (cached), dlopen, allocate the arena.
 Each call: draw RNG seeds, bind inputs (made contiguous: kernels index row-major), allocate
 fresh outputs (from a pool, see `OutputPool`), then run the steps in order: one native call
-per segment, torch for OPAQUE nodes, contractions and fallbacks.
+per segment (fp32 GEMM / conv / attention run inside it as generated kernels with their
+epilogue), torch for OPAQUE nodes, contractions the templates do not cover, and fallbacks.
 """
 
 from __future__ import annotations

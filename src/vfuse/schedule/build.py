@@ -1,8 +1,8 @@
 """`build(plan, target) -> Program`: one kernel per fused group, torch steps between them.
 
 Pointwise groups become one nest per output shape; groups with reductions become row kernels;
-contraction groups run the contraction (and anything feeding it inside the group) through
-torch and their epilogue as a generated kernel; OPAQUE groups, and any group the lowering
+contraction groups become one template kernel with their epilogue fused (`contraction.py`;
+through torch when the templates do not cover them); OPAQUE groups, and any group the lowering
 cannot express (`Unsupported`), run through torch op by op. Consecutive kernels form one
 native segment (one `extern "C"` call).
 """
@@ -10,17 +10,31 @@ native segment (one `extern "C"` call).
 from __future__ import annotations
 
 from vfuse.fusion.plan import FusionPlan, Group
-from vfuse.ir import Graph, Kind, Op
+from vfuse.ir import DType, Graph, Kind, Op
 from vfuse.ir.shapes import numel
 from vfuse.ir.shapes import reduce as reduced_shape
 from vfuse.schedule import expr
+from vfuse.schedule.contraction import Caches, plan_contraction
 from vfuse.schedule.expr import Lin, Var
-from vfuse.schedule.kernel import Buffer, BufKind, Kernel, Loop, Program, Segment, Step, Store, TorchStep
+from vfuse.schedule.kernel import (
+    AnyKernel,
+    Buffer,
+    BufKind,
+    ContractionKernel,
+    Kernel,
+    Loop,
+    Program,
+    Segment,
+    Step,
+    Store,
+    TorchStep,
+)
 from vfuse.schedule.lower import Lowerer, RowSpace, Unsupported, reduce_axes
 from vfuse.schedule.memory import plan_memory
 from vfuse.schedule.nest import make_kernel
 
 TORCH_LABELS = ("opaque",)
+DEFAULT_CACHES: Caches = (48 << 10, 1 << 20, 32 << 20)
 
 
 def _pointwise_kernels(
@@ -101,16 +115,31 @@ def _contraction_split(graph: Graph, g: Group) -> tuple[list[str], set[str]]:
     return [n for n in g.nodes if n in torch_side], members - torch_side
 
 
-def group_steps(graph: Graph, g: Group) -> list[Kernel | TorchStep]:
+def _contraction_steps(graph: Graph, g: Group, caches: Caches) -> tuple[list[AnyKernel | TorchStep], set[str]]:
+    """The steps running the contraction of `g`, and the group nodes left for ordinary kernels."""
+    try:
+        cp = plan_contraction(graph, g.nodes, g.outputs, g.id, g.label, caches)
+        copies: list[AnyKernel | TorchStep] = []
+        for i, v in enumerate(cp.copies):
+            copies += _pointwise_kernels(graph, g.id, g.label, set(cp.prologue), f"k{g.id}_in{i}", [v])
+        return [*copies, cp.kernel], set(cp.rest)
+    except Unsupported as e:
+        torch_nodes, rest = _contraction_split(graph, g)
+        return [TorchStep(g.id, g.label, tuple(torch_nodes), f"contraction through torch: {e}")], rest
+
+
+def group_steps(graph: Graph, g: Group, caches: Caches = DEFAULT_CACHES) -> list[AnyKernel | TorchStep]:
     """The kernels and torch steps that run one group."""
     name = f"k{g.id}"
     if g.label in TORCH_LABELS or g.kind is Kind.OPAQUE:
         return [TorchStep(g.id, g.label, g.nodes, "opaque op")]
-    out: list[Kernel | TorchStep] = []
+    if all(graph[o].tensor_type.numel == 0 for o in g.outputs):
+        # Nothing to compute, and index maps over a size-0 dim would divide by zero.
+        return [TorchStep(g.id, g.label, g.nodes, "empty tensors")]
+    out: list[AnyKernel | TorchStep] = []
     nodes = set(g.nodes)
     if any(graph[n].kind is Kind.CONTRACTION for n in g.nodes):
-        torch_nodes, nodes = _contraction_split(graph, g)
-        out.append(TorchStep(g.id, g.label, tuple(torch_nodes), "contraction through torch"))
+        out, nodes = _contraction_steps(graph, g, caches)
     # The planner may recompute a node in several groups: only the group's outputs are stored.
     outs = [o for o in g.outputs if o in nodes]
     if not outs:
@@ -138,11 +167,11 @@ def _reduction_kernels(graph: Graph, g: Group, nodes: set[str], name: str, outs:
         return row + _pointwise_kernels(graph, g.id, g.label, nodes - set(reduces), f"{name}_e", rest)
 
 
-def _segments(items: list[Kernel | TorchStep]) -> list[Step]:
+def _segments(items: list[AnyKernel | TorchStep]) -> list[Step]:
     steps: list[Step] = []
-    run: list[Kernel] = []
+    run: list[AnyKernel] = []
     for it in items:
-        if isinstance(it, Kernel):
+        if not isinstance(it, TorchStep):
             run.append(it)
             continue
         if run:
@@ -157,9 +186,10 @@ def _segments(items: list[Kernel | TorchStep]) -> list[Step]:
 def build(plan: FusionPlan, target: object) -> Program:
     """Schedule every group of `plan` for `target` (its `simd_lanes` is the vector width)."""
     graph = plan.graph
-    items: list[Kernel | TorchStep] = []
+    caches = tuple(int(getattr(target, f"l{n}_bytes", d)) for n, d in zip((1, 2, 3), DEFAULT_CACHES, strict=True))
+    items: list[AnyKernel | TorchStep] = []
     for g in plan.groups:
-        items += group_steps(graph, g)
+        items += group_steps(graph, g, caches)  # type: ignore[arg-type]
     steps = _segments(items)
     stored = {st.buf for s in steps if isinstance(s, Segment) for k in s.kernels for st in _stores(k)}
     torch_made = {n for s in steps if isinstance(s, TorchStep) for n in s.nodes} - stored
@@ -219,6 +249,8 @@ def _with_io(seg: Segment, buffers: dict[str, Buffer]) -> Segment:
     return Segment(seg.name, seg.kernels, ins, outs)
 
 
-def _stores(k: Kernel) -> list[Store]:
+def _stores(k: AnyKernel) -> list[Store]:
+    if isinstance(k, ContractionKernel):
+        return [Store(k.out, Lin(), k.result, DType.F32)]
     out = [s for p in k.passes for s in p.body if isinstance(s, Store)]
     return out + [s for s in k.after if isinstance(s, Store)]

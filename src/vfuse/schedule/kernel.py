@@ -208,7 +208,8 @@ class ContractionKernel:
     node: str  # the contraction IR node
     operands: tuple[str, ...]  # MATMUL: A, B; CONV2D: x, w; SDPA: q, k, v[, mask]
     shapes: tuple[tuple[int, ...], ...]  # the shape each operand is read as
-    out_shape: tuple[int, ...]  # the contraction node's shape (the epilogue's index space)
+    out_shape: tuple[int, ...]  # the contraction node's shape
+    space: tuple[int, ...]  # the epilogue's index space: `out`'s shape (a reshape of out_shape)
     out: str  # buffer written (the node itself, or the epilogue's last value)
     epilogue: tuple[Stmt, ...]
     result: str  # var holding the stored value ("v" without an epilogue)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from vfuse.schedule.kernel import Kernel, Loop, Program, Segment, TorchStep
+from vfuse.schedule.kernel import AnyKernel, ContractionKernel, Loop, Program, Segment, TorchStep
 
 
 def _loops(loops: tuple[Loop, ...]) -> str:
@@ -13,7 +13,12 @@ def _loops(loops: tuple[Loop, ...]) -> str:
     return " ".join(one(lp) for lp in loops) or "-"
 
 
-def format_kernel(k: Kernel) -> str:
+def format_kernel(k: AnyKernel) -> str:
+    if isinstance(k, ContractionKernel):
+        layout = " (B transposed)" if k.trans_b else ""
+        ins = ", ".join(f"%{v}{list(s)}" for v, s in zip(k.operands, k.shapes, strict=True))
+        epi = f"epilogue {len(k.epilogue)} stmt(s)" + (f" reading {', '.join(k.extras)}" if k.extras else "")
+        return f"  kernel {k.name} (group {k.group}, {k.label}): {k.op.value}({ins}){layout} -> %{k.out}; {epi}"
     lines = [f"  kernel {k.name} (group {k.group}, {k.label}): outer {_loops(k.outer)} | inner {_loops(k.inner)}"]
     for n, p in enumerate(k.passes):
         red = ", ".join(f"{r.op.value}({r.arg})->{r.var}" for r in p.reduces)

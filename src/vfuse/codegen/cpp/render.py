@@ -33,6 +33,7 @@ from vfuse.schedule.kernel import (
     BufKind,
     Compute,
     Const,
+    ContractionKernel,
     Iota,
     Kernel,
     Load,
@@ -71,6 +72,19 @@ def literal(value: object, dtype: DType) -> str:
     if math.isinf(v):
         return f"{'-' if v < 0 else ''}std::numeric_limits<{ct}>::infinity()"
     return f"(({ct}){v.hex()})"
+
+
+def pointer_line(v: str, b: Buffer, written: bool) -> str:
+    """The declaration of `v`'s pointer inside a kernel (const unless the kernel writes it)."""
+    st = "int64_t" if b.kind is BufKind.SEED else STORAGE_TYPE[b.type.dtype]
+    const = "" if written else "const "
+    src = {
+        BufKind.INPUT: f"bufs[{b.slot}]",
+        BufKind.OUTPUT: f"bufs[{b.slot}]",
+        BufKind.ARENA: f"(arena + {b.slot})",
+        BufKind.SEED: f"(seeds + {b.slot})",
+    }[b.kind]
+    return f"{const}{st}* __restrict {pointer(v)} = ({const}{st}*){src};"
 
 
 class KernelWriter:
@@ -120,7 +134,11 @@ class KernelWriter:
             return out
         assert isinstance(s, Compute)
         ct = COMPUTE_TYPE[s.dtype]
-        return CPP_RULES[s.op].format(*s.args, T=ct, **dict(s.attrs.items()))
+        expr = CPP_RULES[s.op].format(*s.args, T=ct, **dict(s.attrs.items()))
+        if s.op is Op.CAST and s.dtype in STORE_CONVERT:
+            # fp16/bf16 are computed in fp32, but an explicit cast must round like torch does.
+            return LOAD_CONVERT[s.dtype].format(STORE_CONVERT[s.dtype].format(expr))
+        return expr
 
     def iota(self, s: Iota) -> str:
         ct = COMPUTE_TYPE[s.dtype]
@@ -283,16 +301,7 @@ class KernelWriter:
         stored = {s.buf for p in self.k.passes for s in p.body if isinstance(s, Store)}
         stored |= {s.buf for s in self.k.after if isinstance(s, Store)}
         for v in self.k.buffers:
-            b: Buffer = self.program.buffers[v]
-            st = "int64_t" if b.kind is BufKind.SEED else STORAGE_TYPE[b.type.dtype]
-            const = "" if v in stored else "const "
-            src = {
-                BufKind.INPUT: f"bufs[{b.slot}]",
-                BufKind.OUTPUT: f"bufs[{b.slot}]",
-                BufKind.ARENA: f"(arena + {b.slot})",
-                BufKind.SEED: f"(seeds + {b.slot})",
-            }[b.kind]
-            self.w(f"{const}{st}* __restrict {pointer(v)} = ({const}{st}*){src};")
+            self.w(pointer_line(v, self.program.buffers[v], v in stored))
 
     def row_buffers(self, alloc: bool) -> None:
         n = math.prod(lp.size for lp in self.k.inner)
@@ -355,15 +364,35 @@ class KernelWriter:
         return f"rows {outer}, row {inner}, {len(self.k.passes)} pass(es)"
 
 
+class StatementWriter(KernelWriter):
+    """Renders loose statements (a contraction's epilogue) whose loop variables are the C++
+    expressions in `names` rather than loops of a kernel."""
+
+    def __init__(self, names: dict[int, str]) -> None:
+        self.names = names
+        self.dtypes = {}
+        self.lines = []
+        self.depth = 0
+
+
 def render_kernel(kernel: Kernel, program: Program) -> str:
     return KernelWriter(kernel, program).function()
 
 
 def render(program: Program) -> str:
-    """The whole translation unit: prelude, every kernel, one entry per segment."""
-    parts = [PRELUDE]
+    """The whole translation unit: prelude, template instances (GEMM / conv / attention, each
+    include-guarded or namespaced), every kernel, one entry per segment."""
+    from vfuse.codegen.cpp.contraction import render_contraction  # it builds on this module
+
+    parts, kernels = [PRELUDE], []
     for k in program.kernels:
-        parts.append(render_kernel(k, program))
+        if isinstance(k, ContractionKernel):
+            template, wrapper = render_contraction(k, program)
+            parts.append(template)
+            kernels.append(wrapper)
+        else:
+            kernels.append(render_kernel(k, program))
+    parts += kernels
     for seg in program.segments:
         calls = "\n".join(f"  {k.name}(bufs, arena, seeds, nt);" for k in seg.kernels)
         parts.append(

@@ -23,7 +23,8 @@
 #include <immintrin.h>
 #endif
 
-namespace {
+// A namespace per instance (VF_NS): several kernels can share one translation unit.
+namespace VF_NS {
 
 constexpr int64_t D = VF_D, DV = VF_DV, BQ = VF_BQ, BK = VF_BK;
 constexpr int64_t DVP = (DV + 15) / 16 * 16;  // accumulator rows padded to whole vectors
@@ -228,10 +229,10 @@ void attend(Work& w, const Mask& mask, const Task& t) {
   }
 }
 
-}  // namespace
+}  // namespace VF_NS
 
 // The per-thread allocation, for the Python side to check its own accounting against.
-extern "C" int64_t VF_WORKSPACE_NAME() { return sizeof(Work); }
+extern "C" int64_t VF_WORKSPACE_NAME() { return sizeof(VF_NS::Work); }
 
 // q [B, H, LQ, D], k [B, HKV, LK, D], v [B, HKV, LK, DV], out [B, H, LQ, DV], all contiguous;
 // H % HKV == 0 (grouped-query: head h reads K/V head h / (H / HKV)). mask: see VF_MASK, element
@@ -239,6 +240,7 @@ extern "C" int64_t VF_WORKSPACE_NAME() { return sizeof(Work); }
 extern "C" void VF_NAME(const float* q, const float* k, const float* v, const void* mask, float* out, int64_t B,
                         int64_t H, int64_t HKV, int64_t LQ, int64_t LK, float scale, int64_t msb, int64_t msh,
                         int64_t msq, int64_t msk, int64_t threads) {
+  using namespace VF_NS;
   const Mask m{mask, msb, msh, msq, msk};
   const int64_t ntiles = (LQ + BQ - 1) / BQ, group = H / HKV;
 #pragma omp parallel num_threads(threads > 0 ? threads : omp_get_max_threads())

@@ -17,9 +17,13 @@ def _template() -> str:
 
 def render_flash_attention(spec: AttentionSpec) -> str:
     """A self-contained C++17 translation unit defining `extern "C" void <spec.name>(...)`."""
+    macros = ("VF_NAME", "VF_NS", "VF_WORKSPACE_NAME", "VF_D", "VF_DV", "VF_BQ", "VF_BK", "VF_CAUSAL", "VF_MASK")
     config = [
         f"// vfuse flash attention: {spec}",
+        # Undefined first: an earlier instance in the same translation unit defined them too.
+        *(f"#undef {m}" for m in (*macros, "VF_EPILOGUE")),
         f"#define VF_NAME {spec.name}",
+        f"#define VF_NS vf_attn_{spec.name}",
         f"#define VF_WORKSPACE_NAME {spec.name}_workspace_bytes",
         f"#define VF_D {spec.head_dim}",
         f"#define VF_DV {spec.dv}",

@@ -1,0 +1,142 @@
+"""Render a `ContractionKernel`: the GEMM / conv / flash-attention template with the group's
+epilogue, plus a `static void kN(bufs, arena, seeds, nt)` wrapper that finds the buffers and
+calls it, so a segment entry calls it like any other kernel (threads follow `nt`).
+
+The epilogue statements are the schedule's ordinary statements, rendered with the same rules
+as every pointwise kernel; only the names of the output coordinates differ per template:
+GEMM (b = flat batch, i, j), conv (n, c, p = oh * OW + ow), attention (b, h, i, c).
+"""
+
+from __future__ import annotations
+
+import math
+
+from vfuse.codegen.cpp.attention import AttentionSpec, MaskKind, render_flash_attention
+from vfuse.codegen.cpp.gemm import ConvSpec, Epilogue, EpilogueArg, GemmSpec, render_conv2d, render_gemm
+from vfuse.codegen.cpp.render import StatementWriter, pointer, pointer_line
+from vfuse.codegen.cpp.rules import STORAGE_TYPE
+from vfuse.ir import DType, Op
+from vfuse.schedule.kernel import ContractionKernel, Program
+
+Names = dict[int, str]  # loop variable id -> C++ expression
+
+
+def _gemm_names(k: ContractionKernel) -> list[str]:
+    """Per output dim, its C++ index: batch dims come out of the flat batch index `b`."""
+    *batch, _, _ = k.out_shape
+    names = [f"((b / {math.prod(batch[d + 1 :])}) % {size})" for d, size in enumerate(batch)]
+    return [*names, "i", "j"]
+
+
+def _conv_names(k: ContractionKernel) -> list[str]:
+    ow = k.out_shape[3]
+    return ["n", "c", f"(p / {ow})", f"(p % {ow})"]
+
+
+def _attention_names(k: ContractionKernel) -> list[str]:
+    return ["b", "h", "i", "c"][4 - len(k.out_shape) :]
+
+
+def _space_names(k: ContractionKernel, names: list[str]) -> Names:
+    """Names of the epilogue's loop space (`k.space`) from the template's per-dim names of the
+    contraction's output: dims of a common suffix keep their names; the leading dims of the
+    space are div/mod of the flattened leading index (hoisted out of the SIMD column loop)."""
+    shape, space = k.out_shape, k.space
+    if shape == space:
+        return dict(enumerate(names))
+    common = 0
+    while common < min(len(shape), len(space)) and shape[-1 - common] == space[-1 - common]:
+        common += 1
+    lead, out_lead = len(shape) - common, len(space) - common
+    flat = " + ".join(f"{n} * {math.prod(shape[d + 1 : lead])}" for d, n in enumerate(names[:lead])) or "0"
+    out: Names = {out_lead + d: names[lead + d] for d in range(common)}
+    for d in range(out_lead):
+        out[d] = f"((({flat}) / {math.prod(space[d + 1 : out_lead])}) % {space[d]})"
+    return out
+
+
+def _statements(k: ContractionKernel, names: list[str]) -> list[str]:
+    """The epilogue as C++ statements on `float v` (the rules' rendering, one line each)."""
+    w = StatementWriter(_space_names(k, names))
+    w.dtypes["v"] = DType.F32
+    for s in k.epilogue:
+        w.stmt(s)
+    lines = [line.strip() for line in w.lines]
+    if k.result != "v":
+        lines.append(f"v = {k.result};")
+    return lines
+
+
+def _extras(k: ContractionKernel, program: Program) -> tuple[EpilogueArg, ...]:
+    return tuple(EpilogueArg(pointer(v), f"const {STORAGE_TYPE[program.buffers[v].type.dtype]}*") for v in k.extras)
+
+
+def _gemm(k: ContractionKernel, program: Program) -> tuple[str, str]:
+    a, b = k.shapes
+    spec = GemmSpec.from_shapes(f"{k.name}_mm", a, b, k.trans_b, linkage="static", caches=k.caches)
+    epi = Epilogue(k.op.value, _extras(k, program), tuple(_statements(k, _gemm_names(k))))
+    return render_gemm(spec, epi), f"{spec.name}({_args(k)}, {_out(k)}{epi.names()}, nt);"
+
+
+def _conv(k: ContractionKernel, program: Program) -> tuple[str, str]:
+    (n, c, h, w), (o, _, kh, kw) = k.shapes
+    a = k.attrs
+    spec = ConvSpec(
+        f"{k.name}_conv", n, c, h, w, o, kh, kw, tuple(a["stride"]), tuple(a["padding"]), tuple(a["dilation"]),
+        a["groups"], linkage="static", caches=k.caches,
+    )  # fmt: skip
+    epi = Epilogue(k.op.value, _extras(k, program), tuple(_statements(k, _conv_names(k))))
+    return render_conv2d(spec, epi), f"{spec.name}({_args(k)}, {_out(k)}{epi.names()}, nt);"
+
+
+def _mask_strides(mask: tuple[int, ...]) -> list[int]:
+    """Element strides of a contiguous mask broadcast over [B, H, LQ, LK] (0: broadcast dim)."""
+    full = (1,) * (4 - len(mask)) + mask
+    strides, step = [], 1
+    for size in reversed(full):
+        strides.append(step if size != 1 else 0)
+        step *= size
+    return list(reversed(strides))
+
+
+def _attention(k: ContractionKernel, program: Program) -> tuple[str, str]:
+    q, kk, v = k.shapes[:3]
+    has_mask = len(k.operands) == 4
+    mask = MaskKind.NONE
+    if has_mask:
+        mask = MaskKind.BOOL if program.buffers[k.operands[3]].type.dtype is DType.BOOL else MaskKind.ADDITIVE
+    body = " ".join(["float v = o;", *_statements(k, _attention_names(k)), "o = v;"])
+    spec = AttentionSpec(f"{k.name}_attn", q[-1], v[-1], bool(k.attrs["causal"]), mask, epilogue=body)
+    batch, heads, kv_heads = (q[0] if len(q) == 4 else 1), q[-3], kk[-3]
+    scale = k.attrs["scale"] if k.attrs["scale"] is not None else 1.0 / math.sqrt(q[-1])
+    ptrs = [pointer(x) for x in k.operands[:3]]
+    mptr = pointer(k.operands[3]) if has_mask else "nullptr"
+    strides = _mask_strides(k.shapes[3]) if has_mask else [0, 0, 0, 0]
+    nums = [batch, heads, kv_heads, q[-2], kk[-2]]
+    call = (
+        f"{spec.name}({', '.join(ptrs)}, {mptr}, {_out(k)}, {', '.join(map(str, nums))}, {float(scale)!r}f, "
+        f"{', '.join(map(str, strides))}, nt);"
+    )
+    return render_flash_attention(spec), call
+
+
+def _args(k: ContractionKernel) -> str:
+    return ", ".join(pointer(v) for v in k.operands)
+
+
+def _out(k: ContractionKernel) -> str:
+    return pointer(k.out)
+
+
+_TEMPLATES = {Op.MATMUL: _gemm, Op.CONV2D: _conv, Op.SDPA: _attention}
+
+
+def render_contraction(k: ContractionKernel, program: Program) -> tuple[str, str]:
+    """(the template instance, placed before the kernels; the wrapper function)."""
+    source, call = _TEMPLATES[k.op](k, program)
+    lines = [pointer_line(v, program.buffers[v], v == k.out) for v in k.buffers]
+    desc = ", ".join(f"%{v}{list(s)}" for v, s in zip(k.operands, k.shapes, strict=True))
+    head = f"static void {k.name}(void* const* bufs, char* arena, const int64_t* seeds, int nt) {{"
+    doc = f"// group {k.group} ({k.label}): {k.op.value}({desc}) -> %{k.out}, {len(k.epilogue)} epilogue stmt(s)"
+    body = "\n".join(f"  {line}" for line in (*lines, "(void)arena; (void)seeds;", call))
+    return source, "\n".join([doc, head, body, "}"])

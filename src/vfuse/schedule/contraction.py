@@ -1,0 +1,224 @@
+"""Contraction groups ("gemm", "conv", "attention") as one generated kernel each.
+
+A group holds one CONTRACTION node, cheap prologues on its operands and a pointwise epilogue
+in its output space. `plan_contraction` decides how it runs natively:
+
+* Operands are read from buffers. A reshape of a buffer is the same bytes (read in place); a
+  MATMUL rhs that is the transpose of a buffer (nn.Linear's `x @ W^T`) is read as `trans_b`;
+  any other in-group operand (a permuted q/k/v, a cast) is materialized first by a pointwise
+  copy kernel of the prologue.
+* Fused: when the group stores exactly one fp32 value laid out like the contraction's output,
+  its epilogue is lowered by the ordinary `Lowerer` with the contraction's value at the
+  output element pre-bound to the accumulator `v`; the template applies it per element.
+* Split: otherwise (several outputs, the contraction's value read at another element, an
+  attention epilogue that reads buffers) the contraction stores its own value and the rest
+  of the group runs as ordinary kernels after it.
+
+Anything the templates do not cover (non-fp32, unsupported geometry) raises `Unsupported`;
+the caller then runs the contraction through torch as before.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from vfuse.ir import DType, Graph, Kind, Op
+from vfuse.ir.shapes import numel
+from vfuse.schedule import expr
+from vfuse.schedule.expr import Lin, Var
+from vfuse.schedule.kernel import ContractionKernel, Stmt
+from vfuse.schedule.lower import Lowerer, Unsupported
+
+Caches = tuple[int, int, int]
+
+
+@dataclass(frozen=True)
+class ContractionPlan:
+    """What runs one contraction group: copies of operands, the kernel, then leftover nodes."""
+
+    copies: tuple[str, ...]  # operand values a pointwise kernel of `prologue` stores first
+    prologue: frozenset[str]  # group nodes feeding the contraction
+    kernel: ContractionKernel
+    rest: frozenset[str]  # nodes still to run as ordinary kernels (empty when fused)
+
+
+class _EpilogueLowerer(Lowerer):
+    """Variables get their own prefix: they live inside the templates' loops next to their names."""
+
+    def fresh(self) -> str:
+        self._count += 1
+        return f"ev{self._count}"
+
+
+def _split(graph: Graph, nodes: tuple[str, ...]) -> tuple[str, frozenset[str], frozenset[str]]:
+    """(the contraction, its in-group producers, everything after it)."""
+    members = set(nodes)
+    found = [n for n in nodes if graph[n].kind is Kind.CONTRACTION]
+    if len(found) != 1 or any(graph[n].kind is Kind.OPAQUE for n in nodes):
+        raise Unsupported("a contraction group needs exactly one contraction and no opaque op")
+    node = found[0]
+    prologue: set[str] = set()
+    stack = [i for i in graph[node].inputs if i in members]
+    while stack:
+        n = stack.pop()
+        if n not in prologue:
+            prologue.add(n)
+            stack += [i for i in graph[n].inputs if i in members]
+    return node, frozenset(prologue), frozenset(members - prologue - {node})
+
+
+def _in_place(graph: Graph, prologue: frozenset[str], v: str) -> str | None:
+    """The buffer holding `v`'s row-major bytes without a copy: `v` itself unless it is computed
+    in the group, through any chain of in-group reshapes."""
+    while v in prologue and graph[v].op is Op.RESHAPE:
+        v = graph[v].inputs[0]
+    return None if v in prologue else v
+
+
+def _transposed(graph: Graph, prologue: frozenset[str], v: str) -> str | None:
+    """The buffer B when `v` is B with its last two dims swapped (and read in place)."""
+    node = graph[v]
+    if v not in prologue or node.op is not Op.PERMUTE:
+        return None
+    perm = tuple(node.attrs["perm"])
+    r = len(perm)
+    if r < 2 or perm != (*range(r - 2), r - 1, r - 2):
+        return None
+    return _in_place(graph, prologue, node.inputs[0])
+
+
+class _Operands:
+    """Operand buffers in order, and the in-group values that must be copied out first."""
+
+    def __init__(self, graph: Graph, prologue: frozenset[str]) -> None:
+        self.graph, self.prologue = graph, prologue
+        self.names: list[str] = []
+        self.shapes: list[tuple[int, ...]] = []
+        self.copies: list[str] = []
+
+    def add(self, v: str) -> None:
+        base = _in_place(self.graph, self.prologue, v)
+        if base is None:
+            self.copies.append(v)
+            base = v
+        self.names.append(base)
+        self.shapes.append(self.graph[v].tensor_type.shape)
+
+    def add_buffer(self, buf: str, shape: tuple[int, ...]) -> None:
+        self.names.append(buf)
+        self.shapes.append(shape)
+
+
+def _check_types(graph: Graph, node: str) -> None:
+    n = graph[node]
+    types = [graph[i].tensor_type for i in n.inputs]
+    if any(t.dtype is not DType.F32 for t in types[:3]) or n.tensor_type.dtype is not DType.F32:
+        raise Unsupported(f"%{node}: the contraction templates are fp32 only")
+    if len(types) == 4 and types[3].dtype not in (DType.F32, DType.BOOL):
+        raise Unsupported(f"%{node}: attention mask of {types[3].dtype.value}")
+    if any(math.prod(t.shape) == 0 for t in (*types, n.tensor_type)):
+        raise Unsupported(f"%{node} is empty")
+
+
+def _gemm_operands(graph: Graph, node: str, ops: _Operands) -> bool:
+    a, b = graph[node].inputs
+    if min(graph[a].tensor_type.rank, graph[b].tensor_type.rank) < 2:
+        raise Unsupported(f"%{node}: matmul of a vector")
+    ops.add(a)
+    base = _transposed(graph, ops.prologue, b)
+    if base is not None:
+        ops.add_buffer(base, graph[base].tensor_type.shape)
+        return True
+    ops.add(b)
+    return False
+
+
+def _conv_operands(graph: Graph, node: str, ops: _Operands) -> None:
+    attrs = graph[node].attrs
+    geometry = (attrs["stride"], attrs["padding"], attrs["dilation"])
+    if not all(isinstance(p, tuple | list) and len(p) == 2 and all(isinstance(x, int) for x in p) for p in geometry):
+        raise Unsupported(f"%{node}: conv geometry {geometry} is not (h, w) integer pairs")
+    for i in graph[node].inputs:
+        ops.add(i)
+
+
+def _sdpa_operands(graph: Graph, node: str, ops: _Operands) -> None:
+    n = graph[node]
+    q, k, v = (graph[i].tensor_type.shape for i in n.inputs[:3])
+    rank = len(q)
+    if rank not in (3, 4) or len(k) != rank or len(v) != rank or k[:-1] != v[:-1] or q[:-3] != k[:-3]:
+        raise Unsupported(f"%{node}: attention operands {q}, {k}, {v} are not [B,]H,L,D with shared batch")
+    if q[-3] % k[-3] or (k[-3] != q[-3] and not n.attrs["gqa"]):
+        raise Unsupported(f"%{node}: {q[-3]} query heads over {k[-3]} key heads")
+    for i in n.inputs:
+        ops.add(i)
+
+
+def _lower_epilogue(graph: Graph, node: str, rest: frozenset[str], out: str) -> tuple[list[Stmt], str, set[str]] | None:
+    """(statements, result var, buffers loaded) of `out` at one element of `out`'s shape (the
+    loop space), or None when `out` is not the contraction's value there (another layout, a
+    read at another element). The contraction's coordinates are those of the same flat index,
+    which stay linear when `out` is a reshape that splits or merges dims (Linear on 3-D input)."""
+    shape = graph[node].tensor_type.shape
+    out_t = graph[out].tensor_type
+    if out_t.dtype is not DType.F32 or numel(out_t.shape) != numel(shape):
+        return None
+    sizes = dict(enumerate(out_t.shape))
+    lw = _EpilogueLowerer(graph, set(rest), sizes, None)
+    oc = tuple(Lin() if s == 1 else Lin.var(Var(d)) for d, s in enumerate(out_t.shape))
+    cc = oc if out_t.shape == shape else expr.unflatten(expr.row_major(oc, out_t.shape), shape, sizes)
+    cc = tuple(Lin() if s == 1 else c for c, s in zip(cc, shape, strict=True))
+    lw._memo[(node, cc)] = "v"  # the accumulator: what the template holds at this element
+    try:
+        result = lw.value(out, oc)
+    except Unsupported:
+        return None
+    if node in lw.loaded:  # read at another element than the one being finished
+        return None
+    return lw.stmts, result, lw.loaded
+
+
+def plan_contraction(graph: Graph, nodes: tuple[str, ...], outputs: tuple[str, ...], gid: int, label: str,
+                     caches: Caches) -> ContractionPlan:  # fmt: skip
+    """How one contraction group runs natively (raises Unsupported for the torch path)."""
+    node, prologue, rest = _split(graph, nodes)
+    _check_types(graph, node)
+    op = graph[node].op
+    ops = _Operands(graph, prologue)
+    trans_b = False
+    if op is Op.MATMUL:
+        trans_b = _gemm_operands(graph, node, ops)
+    elif op is Op.CONV2D:
+        _conv_operands(graph, node, ops)
+    elif op is Op.SDPA:
+        _sdpa_operands(graph, node, ops)
+    else:
+        raise Unsupported(f"no template for {op.value}")
+    fused = _fuse(graph, node, rest, outputs, prologue)
+    out, stmts, result, extras = fused if fused else (node, [], "v", set())
+    kernel = ContractionKernel(
+        f"k{gid}_c", gid, label, op, node, tuple(ops.names), tuple(ops.shapes), graph[node].tensor_type.shape,
+        graph[out].tensor_type.shape, out, tuple(stmts), result, tuple(sorted(extras)), graph[node].attrs,
+        trans_b, caches,
+    )  # fmt: skip
+    # Split: the leftover kernels recompute the (cheap) prologue values they read, and store
+    # those other groups read, as torch used to leave them in its env.
+    rest_nodes = frozenset() if fused else rest | prologue
+    return ContractionPlan(tuple(dict.fromkeys(ops.copies)), prologue, kernel, rest_nodes)
+
+
+def _fuse(
+    graph: Graph, node: str, rest: frozenset[str], outputs: tuple[str, ...], prologue: frozenset[str]
+) -> tuple[str, list[Stmt], str, set[str]] | None:
+    """(output, statements, result, extras) when the whole epilogue fits in the template."""
+    if len(outputs) != 1 or outputs[0] not in rest | {node}:
+        return None
+    # Prologue values the epilogue reads (views, casts) are recomputed inline from their buffers.
+    lowered = _lower_epilogue(graph, node, rest | prologue, outputs[0])
+    if lowered is None:
+        return None
+    stmts, result, extras = lowered
+    if graph[node].op is Op.SDPA and extras:
+        return None  # the attention kernel's signature has no room for extra buffers
+    return outputs[0], stmts, result, extras
