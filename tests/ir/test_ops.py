@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from vfuse.ir import DType, GraphBuilder, Kind, Op, TensorType, all_opdefs, opdef, verify
 from vfuse.interp import run
+from vfuse.ir import DType, GraphBuilder, Kind, Op, TensorType, all_opdefs, opdef, verify
 
 
 def test_every_op_is_defined_once() -> None:

@@ -8,10 +8,10 @@ from collections.abc import Callable
 import pytest
 import torch
 import torch.nn.functional as F
+from tests.models.zoo import randomize_bn_stats
 from torch import nn
 
 import vfuse
-from tests.models.zoo import randomize_bn_stats
 
 
 class RmsSilu(nn.Module):

@@ -37,7 +37,7 @@ def _flatten(value: Any) -> list[Any]:
     return [value]
 
 
-def _compare_tensor(expected: Tensor, actual: Any) -> Check:
+def _compare_tensor(expected: Tensor, actual: Any, rtol: float, atol: float) -> Check:
     kind = "float" if expected.is_floating_point() else "int"
     if not isinstance(actual, Tensor):
         return Check(False, kind, float("inf"), f"expected a tensor, got {type(actual).__name__}")
@@ -51,16 +51,19 @@ def _compare_tensor(expected: Tensor, actual: Any) -> Check:
         return Check(err <= INT_MAX_STEP, kind, float(err), f"max step {err} (allowed {INT_MAX_STEP})")
     diff = (actual.double() - expected.double()).abs()
     err = float(diff.nan_to_num(nan=float("inf")).max().item())
-    ok = torch.allclose(actual, expected, rtol=FLOAT_RTOL, atol=FLOAT_ATOL, equal_nan=True)
-    return Check(ok, kind, err, f"max abs err {err:.3g} (rtol {FLOAT_RTOL:g}, atol {FLOAT_ATOL:g})")
+    ok = torch.allclose(actual, expected, rtol=rtol, atol=atol, equal_nan=True)
+    return Check(ok, kind, err, f"max abs err {err:.3g} (rtol {rtol:g}, atol {atol:g})")
 
 
-def compare(expected: Any, actual: Any) -> Check:
-    """Compare (possibly nested) outputs leaf by leaf; the result is the worst leaf."""
+def compare(expected: Any, actual: Any, rtol: float = FLOAT_RTOL, atol: float = FLOAT_ATOL) -> Check:
+    """Compare (possibly nested) outputs leaf by leaf; the result is the worst leaf.
+
+    rtol / atol apply to float leaves (a workload may loosen them: see `Workload.rtol`).
+    """
     exp_leaves, act_leaves = _flatten(expected), _flatten(actual)
     if len(exp_leaves) != len(act_leaves):
         return Check(False, "float", float("inf"), f"expected {len(exp_leaves)} outputs, got {len(act_leaves)}")
-    checks = [_compare_tensor(e, a) for e, a in zip(exp_leaves, act_leaves, strict=True)]
+    checks = [_compare_tensor(e, a, rtol, atol) for e, a in zip(exp_leaves, act_leaves, strict=True)]
     failed = [c for c in checks if not c.ok]
     worst = max(checks, key=lambda c: c.max_abs_err)
     return failed[0] if failed else worst

@@ -23,6 +23,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from vfuse.bench import contenders as contender_registry
 from vfuse.bench import workloads as workload_registry
+from vfuse.bench.checks import FLOAT_RTOL
 from vfuse.bench.compile_times import measure_compile_time
 from vfuse.bench.contenders import REFERENCE
 from vfuse.bench.render import print_compile_times, print_run, write_png
@@ -203,9 +204,10 @@ def _run(args: argparse.Namespace) -> int:
 
 def _list(console: Console) -> None:
     for w in workload_registry.WORKLOADS.values():
-        console.print(f"workload   {w.name:<16} {w.description}")
+        notes = f" [rtol {w.rtol:g}{', frozen' if w.frozen else ''}]" if w.frozen or w.rtol != FLOAT_RTOL else ""
+        console.print(f"workload   {w.name:<18} {w.description}{notes}", markup=False, soft_wrap=True)
     for c in contender_registry.CONTENDERS.values():
-        console.print(f"contender  {c.name:<16} {c.description}")
+        console.print(f"contender  {c.name:<18} {c.description}", markup=False, soft_wrap=True)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -53,7 +53,7 @@ def _probe(contender: str, workload: str, quick: bool, threads: int, allow_fallb
     instance = WORKLOADS[workload].build(quick)
     with torch.no_grad():
         (chosen,) = [c for c in select([contender], allow_fallback) if c.name == contender]
-        compiled = chosen.prepare(instance.module).fn
+        compiled = chosen.prepare_for(WORKLOADS[workload].frozen)(instance.module).fn
         start = time.perf_counter()
         compiled(*instance.inputs)
         first = time.perf_counter() - start

@@ -127,6 +127,7 @@ class WorkloadResult:
     minimal_bytes: int
     copy: CopyResult
     contenders: tuple[ContenderResult, ...]
+    frozen: bool = False  # compiling contenders got parameters as constants (Workload.frozen)
 
     @staticmethod
     def from_dict(data: dict[str, Any]) -> WorkloadResult:
@@ -137,6 +138,7 @@ class WorkloadResult:
             minimal_bytes=int(data["minimal_bytes"]),
             copy=CopyResult.from_dict(data["copy"]),
             contenders=tuple(ContenderResult.from_dict(c) for c in data["contenders"]),
+            frozen=bool(data.get("frozen", False)),
         )
 
 

@@ -44,25 +44,25 @@ def _short_error(exc: BaseException) -> str:
     return f"{wrapper}{type(root).__name__}: {' '.join(str(root).split())[:400]}{where}"
 
 
-def _prepare(contender: Contender, instance: Instance, expected: Any) -> Prepared:
+def _prepare(contender: Contender, workload: Workload, instance: Instance, expected: Any) -> Prepared:
     """Compile (lazily, on the first call for torch.compile) and check one contender."""
     try:
-        compiled = contender.prepare(instance.module)
+        compiled = contender.prepare_for(workload.frozen)(instance.module)
         start = time.perf_counter()
         out = compiled.fn(*instance.inputs)
         first_call_s = time.perf_counter() - start
         stats = compiled.stats() if compiled.stats else None
     except Exception as exc:  # a broken contender is a result to report, not a reason to stop
         return Prepared(contender.name, None, None, None, _short_error(exc))
-    check = compare(expected, out)
+    check = compare(expected, out, workload.rtol, workload.atol)
     return Prepared(contender.name, partial(compiled.fn, *instance.inputs), first_call_s, check, None, stats)
 
 
-def _recheck(prep: Prepared, expected: Any) -> Prepared:
+def _recheck(prep: Prepared, workload: Workload, expected: Any) -> Prepared:
     """Check once more after timing: reused buffers or arenas can go wrong only on later calls."""
     if prep.fn is None or prep.check is None or not prep.check.ok:
         return prep
-    again = compare(expected, prep.fn())
+    again = compare(expected, prep.fn(), workload.rtol, workload.atol)
     if again.ok:
         return prep
     return replace(prep, check=replace(again, detail=f"after timing (first call was ok): {again.detail}"))
@@ -116,13 +116,13 @@ def run_workload(
         prepared = []
         for contender in contenders:
             status(f"{workload.name}: compile + check {contender.name}")
-            prepared.append(_prepare(contender, instance, expected))
+            prepared.append(_prepare(contender, workload, instance, expected))
         copies, traffic = copy_callables(nbytes)
         fns = {p.name: p.fn for p in prepared if p.fn is not None}
         status(f"{workload.name}: timing {', '.join(fns)} + copy")
         stats = measure({**fns, **copies}, timing)
         status(f"{workload.name}: checking again after timing")
-        prepared = [_recheck(p, expected) for p in prepared]
+        prepared = [_recheck(p, workload, expected) for p in prepared]
     copy = _copy_result(stats, traffic)
     return WorkloadResult(
         name=workload.name,
@@ -131,6 +131,7 @@ def run_workload(
         minimal_bytes=nbytes,
         copy=copy,
         contenders=tuple(_contender_result(p, stats, nbytes, copy.prealloc_gbps) for p in prepared),
+        frozen=workload.frozen,
     )
 
 

@@ -57,14 +57,15 @@ class Workload:
     frozen: bool = False
 
 
-def _wrap(build: Callable[[bool], wc.Built]) -> Callable[[bool], Instance]:
-    """A `workloads_compute` factory, which returns (module, inputs), as an Instance factory."""
-    return lambda quick: Instance(*build(quick))
-
-
 # Compute-bound checks: eager, oneDNN/MKL and generated kernels sum K-long dot products in
 # different orders, so fp32 results differ by more than the memory-bound workloads' 1e-5.
 _GEMM_RTOL = 1e-4
+
+
+def _compute(name: str, description: str, build: Callable[[bool], wc.Built], frozen: bool = True) -> Workload:
+    """A `workloads_compute` workload: its (module, inputs) factory as an Instance factory,
+    the compute-bound tolerance, and frozen weights unless it has none (attention)."""
+    return Workload(name, description, lambda quick: Instance(*build(quick)), rtol=_GEMM_RTOL, frozen=frozen)
 
 
 def _rows(quick: bool) -> int:
@@ -252,11 +253,11 @@ WORKLOADS: Mapping[str, Workload] = MappingProxyType(
             Workload("gelu_residual", "(gelu(x)+r)*s 8192x4096", _build_gelu_residual),
             Workload("dequant_quant", "int8 dequant -> gelu -> quant 8192x4096", _build_dequant_quant),
             Workload("tiny_graph", "50 ops on 64 elements (per-call overhead)", _build_tiny_graph),
-            Workload("linear_gelu", "gelu(linear(x)) 2048x1024 -> 4096", _wrap(wc.build_linear_gelu), _GEMM_RTOL, frozen=True),
-            Workload("linear_gelu_smallk", "gelu(linear(x)) 16384x64 -> 4096", _wrap(wc.build_linear_gelu_smallk), _GEMM_RTOL, frozen=True),
-            Workload("conv_bn_relu", "relu(bn(conv3x3(x))) 8x64x56x56, eval BN", _wrap(wc.build_conv_bn_relu), _GEMM_RTOL, frozen=True),
-            Workload("attention", "softmax(q@k^T*s)@v 4x8x1024x64, written out", _wrap(wc.build_attention), _GEMM_RTOL),
-            Workload("gpt2_block", "pre-LN GPT-2 block B=4 T=512 d=768 12 heads", _wrap(wc.build_gpt2_block), _GEMM_RTOL, frozen=True),
+            _compute("linear_gelu", "gelu(linear(x)) 2048x1024 -> 4096", wc.build_linear_gelu),
+            _compute("linear_gelu_smallk", "gelu(linear(x)) 16384x64 -> 4096", wc.build_linear_gelu_smallk),
+            _compute("conv_bn_relu", "relu(bn(conv3x3(x))) 8x64x56x56, eval BN", wc.build_conv_bn_relu),
+            _compute("attention", "softmax(q@k^T*s)@v 4x8x1024x64, written out", wc.build_attention, frozen=False),
+            _compute("gpt2_block", "pre-LN GPT-2 block, B=4 T=512 d=768 12 heads", wc.build_gpt2_block),
         )
     }
 )
