@@ -68,7 +68,13 @@ class NativeExecutor:
         self._rng_nodes = [n for n in self.graph.nodes if n.op is Op.RNG_SEED]
         bufs = self.program.buffers
         self._outputs = [(v, b.type.shape, b.type.dtype.torch) for v, b in bufs.items() if b.kind is BufKind.OUTPUT]
-        self._slots = {s.name: [(v, bufs[v].slot) for v in (*s.inputs, *s.outputs)] for s in self.program.segments}
+        # Only inputs and outputs live in the pointer table; seeds have their own array and
+        # intermediates their arena offsets, and their slot numbers mean nothing here.
+        pointer_kinds = (BufKind.INPUT, BufKind.OUTPUT)
+        self._slots = {
+            s.name: [(v, bufs[v].slot) for v in (*s.inputs, *s.outputs) if bufs[v].kind in pointer_kinds]
+            for s in self.program.segments
+        }
         self._pool = OutputPool()
         self._lock = threading.Lock()
         torch_nodes = sum(len(s.nodes) for s in self.program.steps if isinstance(s, TorchStep))
