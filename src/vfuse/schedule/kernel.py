@@ -188,6 +188,7 @@ class Kernel:
     row_index: Lin = field(default_factory=Lin)  # linear index inside the row (row buffers)
     parallel_min: int = 0  # run the parallel loop on one thread below this many elements
     tile: int = 0  # column kernel: reduce this many adjacent columns (last outer loop) at once
+    stream: bool = False  # stores bypass the caches (outputs larger than the LLC): see nest.with_streaming
 
     @property
     def is_row(self) -> bool:

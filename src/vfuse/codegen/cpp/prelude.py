@@ -34,9 +34,43 @@ PRELUDE = (
 #include <cstring>
 #include <limits>
 #include <type_traits>
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+#endif
 """
     + _simd_decls()
     + r"""
+
+// ---- non-temporal stores (streaming kernels, codegen/cpp/streaming.py) ----
+// Copy n bytes from an L1 chunk buffer to dst around the caches: the bytes between dst and its
+// next 64-byte boundary, and the tail, go through memcpy; whole lines go with streaming stores.
+static inline void vf_stream(void* dst, const void* src, size_t n) {
+  char* d = (char*)dst;
+  const char* s = (const char*)src;
+#if defined(__AVX512F__) || defined(__AVX__) || defined(__SSE2__)
+  size_t head = (size_t)(-(uintptr_t)d & 63u);
+  head = head < n ? head : n;
+  std::memcpy(d, s, head);
+  d += head; s += head; n -= head;
+  for (; n >= 64; n -= 64, d += 64, s += 64) {
+#if defined(__AVX512F__)
+    _mm512_stream_si512((__m512i*)d, _mm512_loadu_si512((const void*)s));
+#elif defined(__AVX__)
+    _mm256_stream_si256((__m256i*)d, _mm256_loadu_si256((const __m256i*)s));
+    _mm256_stream_si256((__m256i*)(d + 32), _mm256_loadu_si256((const __m256i*)(s + 32)));
+#else
+    for (int k = 0; k < 64; k += 16) _mm_stream_si128((__m128i*)(d + k), _mm_loadu_si128((const __m128i*)(s + k)));
+#endif
+  }
+#endif
+  std::memcpy(d, s, n);
+}
+// Streaming stores are weakly ordered: each thread fences before others may read its output.
+static inline void vf_stream_fence() {
+#if defined(__SSE2__)
+  _mm_sfence();
+#endif
+}
 
 static inline int64_t vf_clamp_i(int64_t x, int64_t lo, int64_t hi) { return x < lo ? lo : (x > hi ? hi : x); }
 
@@ -81,7 +115,8 @@ static inline bool vf_relu(bool x) { return x; }
 // FMAs and one division, 2x faster than libmvec's erff; max abs error 4.5e-7 over all floats
 // (tested against float64 in tests/codegen). Beyond |x| = 4 erf rounds to +-1 in float.
 static inline float vf_erf(float x) {
-  x = x < -4.f ? -4.f : (x > 4.f ? 4.f : x);
+  x = 4.f < x ? 4.f : x;  // two selects (NaN passes through): cheaper than a nested one
+  x = -4.f > x ? -4.f : x;
   const float x2 = x * x;
   float p = -2.72614225801306e-10f;
   p = p * x2 + 2.77068142495902e-08f;
@@ -110,8 +145,12 @@ static inline bool vf_bnot(bool x) { return !x; }
 template <class T> static inline bool vf_isinf(T x) {
   if constexpr (std::is_floating_point_v<T>) return std::isinf(x); else return false;
 }
-template <class T> static inline T vf_max(T a, T b) { return (a != a || a > b) ? a : b; }
-template <class T> static inline T vf_min(T a, T b) { return (a != a || a < b) ? a : b; }
+// NaN in either operand gives NaN (torch). Written so that the NaN test on `b` folds away when
+// `b` is a constant (clamp bounds) and the rest is one compare and blend: the form
+// `(a != a || a > b) ? a : b` made g++ sink the selects past a following float->int8 cast
+// into mask shuffles, twice as slow (dequant -> gelu -> requant).
+template <class T> static inline T vf_max(T a, T b) { return b != b ? b : (b > a ? b : a); }
+template <class T> static inline T vf_min(T a, T b) { return b != b ? b : (b < a ? b : a); }
 template <class T> static inline T vf_lowest() {
   using L = std::numeric_limits<T>;
   return L::has_infinity ? -L::infinity() : L::lowest();

@@ -16,6 +16,7 @@ import re
 import torch
 
 from vfuse.codegen.cpp.columns import render_tiled
+from vfuse.codegen.cpp.lanes import render_lanes, use_lanes
 from vfuse.codegen.cpp.prelude import PRELUDE
 from vfuse.codegen.cpp.rules import (
     COMPUTE_TYPE,
@@ -26,6 +27,7 @@ from vfuse.codegen.cpp.rules import (
     STORAGE_TYPE,
     STORE_CONVERT,
 )
+from vfuse.codegen.cpp.streaming import render_streamed
 from vfuse.ir import DType, Op
 from vfuse.schedule import expr
 from vfuse.schedule.kernel import (
@@ -211,7 +213,7 @@ class KernelWriter:
         self.w(f"const {ct} {r.var} = {val};")
 
     # ---- loops ----
-    def body(self, p: Pass, reduces_on: str) -> None:
+    def body(self, p: Pass, reduces_on: str, at: str = "") -> None:
         ridx = self.idx(self.k.row_index)
         for v in p.reloaded:
             self.w(f"const {COMPUTE_TYPE[self.dtypes[v]]} {v} = rb_{v}[{ridx}];")
@@ -220,7 +222,7 @@ class KernelWriter:
             if not isinstance(s, Store) and s.var in p.buffered:
                 self.w(f"rb_{s.var}[{ridx}] = {s.var};")
         for r in p.reduces:
-            self.update(r, f"{r.var}{reduces_on}")
+            self.update(r, f"{r.var}{reduces_on}", at)
 
     def open_loop(self, lp: Loop, start: str = "0", end: str | None = None) -> None:
         v = self.names[lp.var]
@@ -259,6 +261,9 @@ class KernelWriter:
             self.finish(r)
 
     def nest(self, p: Pass, loops: list[Loop], serial: bool) -> None:
+        if self.k.stream and any(isinstance(s, Store) for s in p.body):
+            render_streamed(self, p, loops, serial)
+            return
         *rest, vec = loops
         par = [lp for lp in rest if lp.parallel and not serial]
         if par:
@@ -286,12 +291,15 @@ class KernelWriter:
         self.w(f"for (int64_t rb = 0; rb < {vec.size}; rb += {BLOCK}) {{")
         self.depth += 1
         self.w(f"const int64_t re = rb + {BLOCK} < {vec.size} ? rb + {BLOCK} : {vec.size};")
-        for r in p.reduces:
-            self.declare_acc(r, f"{r.var}_blk")
-        self.w(f"#pragma omp simd {self.clauses(p.reduces, '_blk')}")
-        self.open_loop(vec, "rb", "re")
-        self.body(p, "_blk")
-        self.close()
+        if use_lanes(p, vec, self.tracks_nan):
+            render_lanes(self, p, vec)
+        else:
+            for r in p.reduces:
+                self.declare_acc(r, f"{r.var}_blk")
+            self.w(f"#pragma omp simd {self.clauses(p.reduces, '_blk')}")
+            self.open_loop(vec, "rb", "re")
+            self.body(p, "_blk")
+            self.close()
         for r in p.reduces:
             self.combine(r, f"{r.var}_blk")
         self.close()
@@ -343,7 +351,9 @@ class KernelWriter:
         at = len(self.lines)
         collapse = f" collapse({len(self.k.outer)})" if len(self.k.outer) > 1 else ""
         if self.threaded:
-            self.w(f"#pragma omp for schedule(static){collapse}")
+            # A streaming kernel's threads fence their own stores before the region's barrier.
+            nowait = " nowait" if self.k.stream else ""
+            self.w(f"#pragma omp for schedule(static){nowait}{collapse}")
         for lp in self.k.outer:
             self.open_loop(lp)
         for p in self.k.passes:
@@ -351,6 +361,8 @@ class KernelWriter:
         for s in self.k.after:
             self.stmt(s)
         self.close(len(self.k.outer))
+        if self.k.stream:
+            self.w("vf_stream_fence();")
         # Row buffers are declared now that the statements' dtypes are known.
         body, self.lines = self.lines[at:], self.lines[:at]
         self.row_buffers(True)

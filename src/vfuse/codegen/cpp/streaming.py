@@ -1,0 +1,74 @@
+"""Streaming kernels: pointwise nests whose outputs are larger than the last-level cache.
+
+A plain store to a line that is not cached first reads the line (read-for-ownership), so
+`out = a + b` moves four bytes per three it needs. Lines of an output larger than the LLC
+are evicted before anyone reads them, so caching them buys nothing. Here the SIMD loop runs
+in chunks of CHUNK elements: the vectorized body writes each output into an L1 chunk buffer,
+then `vf_stream` (prelude) copies the chunk out with non-temporal stores. g++ has no pragma
+that makes its vectorizer emit those, hence the buffer. The schedule decides which kernels
+stream (`schedule.nest.with_streaming`); each thread fences its stores before the barrier.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from vfuse.codegen.cpp.rules import COMPUTE_TYPE, STORAGE_TYPE, STORE_CONVERT
+from vfuse.schedule import expr
+from vfuse.schedule.kernel import Loop, Pass, Store
+
+if TYPE_CHECKING:
+    from vfuse.codegen.cpp.render import KernelWriter
+
+CHUNK = 1024  # elements per chunk: at most 8 KiB per output, so the buffers stay in L1
+
+
+def render_streamed(w: KernelWriter, p: Pass, loops: list[Loop], serial: bool) -> None:
+    """The SIMD nest of `p` (loops: the kernel's inner loops, the last one SIMD) with its
+    stores streamed chunk by chunk. A row kernel (outer loops) fences once per thread after
+    its rows (`render.KernelWriter.rows`), a pointwise kernel here."""
+    from vfuse.codegen.cpp.render import pointer  # render imports this module
+
+    *rest, vec = loops
+    par = [lp for lp in rest if lp.parallel and not serial]
+    threaded = bool(par) or (vec.parallel and not serial)
+    row = bool(w.k.outer)
+    if threaded:
+        w.w("#pragma omp parallel num_threads(nt)")
+        w.w("{")
+        w.depth += 1
+        # par loops, or else the chunk loop, are split between threads; no barrier before the fence.
+        collapse = f" collapse({len(par)})" if len(par) > 1 else ""
+        w.w(f"#pragma omp for schedule(static) nowait{collapse}")
+    for lp in rest:
+        w.open_loop(lp)
+    stores = [s for s in p.body if isinstance(s, Store)]
+    _chunk(w, p, vec, stores)
+    for j, s in enumerate(stores):
+        start = expr.render(s.index, {**w.names, vec.var: "vb"})
+        w.w(f"vf_stream(&{pointer(s.buf)}[{start}], sb{j}, (size_t)(ve - vb) * sizeof(sb{j}[0]));")
+    w.close(1 + len(rest))
+    if not row:
+        w.w("vf_stream_fence();")
+    if threaded:
+        w.close()
+
+
+def _chunk(w: KernelWriter, p: Pass, vec: Loop, stores: list[Store]) -> None:
+    """Open the chunk loop and write its vectorized body into the chunk buffers (left open)."""
+    w.w(f"for (int64_t vb = 0; vb < {vec.size}; vb += {CHUNK}) {{")
+    w.depth += 1
+    w.w(f"const int64_t ve = vb + {CHUNK} < {vec.size} ? vb + {CHUNK} : {vec.size};")
+    for j, s in enumerate(stores):
+        w.w(f"alignas(64) {STORAGE_TYPE[s.dtype]} sb{j}[{CHUNK}];")
+    w.w("#pragma omp simd")
+    w.open_loop(vec, "vb", "ve")
+    for v in p.reloaded:  # row kernels: values an earlier pass kept in a row buffer
+        w.w(f"const {COMPUTE_TYPE[w.dtypes[v]]} {v} = rb_{v}[{w.idx(w.k.row_index)}];")
+    for s in p.body:
+        if isinstance(s, Store):
+            conv = STORE_CONVERT.get(s.dtype, "{0}").format(s.arg)
+            w.w(f"sb{stores.index(s)}[{w.names[vec.var]} - vb] = {conv};")
+        else:
+            w.stmt(s)
+    w.close()

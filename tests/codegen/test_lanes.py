@@ -1,0 +1,33 @@
+"""Reduction blocks with several accumulators (codegen/cpp/lanes.py): rows of 2 to 4 x LANES
+elements, a partial last group of lanes, sums, products and integer sums match the reference."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from tests.codegen.native_helpers import check, hand_plan, inputs
+from tests.codegen.test_views_and_reductions import norm_graph
+
+from vfuse.codegen.cpp.lanes import LANES
+from vfuse.ir import DType, GraphBuilder, Op
+
+
+@pytest.mark.parametrize("d", [2 * LANES, 200, 4 * LANES])
+def test_layernorm_rows_with_lanes_match(d: int) -> None:
+    graph, _ = norm_graph("layernorm", 33, d)
+    plan = hand_plan(graph, [[n.name for n in graph.compute_nodes]])
+    ex = check(graph, [torch.randn(33, d) * 4 + 1, torch.randn(d), torch.randn(d)], plan)
+    assert "_ln[c]" in ex.source
+
+
+@pytest.mark.parametrize("dtype", [DType.F32, DType.I32])
+def test_sum_and_prod_with_lanes_match(dtype: DType) -> None:
+    b = GraphBuilder()
+    (x,) = inputs(b, ((5, 3 * LANES + 7), dtype))
+    s = b.add(Op.SUM, [x], axes=(1,), keepdim=False)
+    p = b.add(Op.PROD, [x], axes=(1,), keepdim=False)
+    xs = torch.randn(5, 3 * LANES + 7) if dtype is DType.F32 else torch.randint(-3, 4, (5, 3 * LANES + 7))
+    if dtype is DType.F32:
+        xs = 1 + xs / 50  # a product of ~200 factors stays finite
+    ex = check(b.build([s, p]), [xs.to(dtype.torch)], rtol=1e-4)
+    assert "_ln[c]" in ex.source
