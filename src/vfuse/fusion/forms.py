@@ -138,7 +138,7 @@ def _row_form(nodes: Sequence[Node], graph: Graph) -> Form | Illegal:
 
 def _contraction_form(nodes: Sequence[Node], c: Node, outputs: Sequence[str], graph: Graph) -> Form | Illegal:
     inside = {n.name for n in nodes}
-    before = _ancestors(c.name, inside, graph)
+    before = graph.ancestors(c.name, inside)
     after = _descendants(c.name, inside, graph)
     out_size = numel_of(c)
     space: dict[str, int] = {c.name: out_size}
@@ -160,17 +160,6 @@ def _contraction_form(nodes: Sequence[Node], c: Node, outputs: Sequence[str], gr
     if bad:
         return Illegal("epilogue-space-mismatch", f"%{bad[0]} is written but is not in the epilogue of %{c.name}")
     return Form(CONTRACTION_LABELS[c.op], Kind.CONTRACTION, out_size, 0, space)
-
-
-def _ancestors(name: str, inside: set[str], graph: Graph) -> set[str]:
-    seen: set[str] = set()
-    stack = [i for i in graph[name].inputs if i in inside]
-    while stack:
-        v = stack.pop()
-        if v not in seen:
-            seen.add(v)
-            stack.extend(i for i in graph[v].inputs if i in inside)
-    return seen
 
 
 def _descendants(name: str, inside: set[str], graph: Graph) -> set[str]:

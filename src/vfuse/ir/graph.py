@@ -6,7 +6,7 @@ nodes. Passes never mutate a Graph: they build a new one (usually with `GraphBui
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Collection, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -79,6 +79,18 @@ class Graph:
     def compute_nodes(self) -> tuple[Node, ...]:
         """Nodes that do work in a kernel or through torch (not inputs or constants)."""
         return tuple(n for n in self.nodes if n.kind is not Kind.SOURCE)
+
+    def ancestors(self, name: str, within: Collection[str]) -> set[str]:
+        """Nodes in `within` that `name` depends on through paths staying inside `within`
+        (e.g. a contraction's prologue inside its kernel group)."""
+        seen: set[str] = set()
+        stack = [i for i in self[name].inputs if i in within]
+        while stack:
+            v = stack.pop()
+            if v not in seen:
+                seen.add(v)
+                stack.extend(i for i in self[v].inputs if i in within)
+        return seen
 
     def is_output(self, name: str) -> bool:
         return name in self.outputs

@@ -58,13 +58,7 @@ def _split(graph: Graph, nodes: tuple[str, ...]) -> tuple[str, frozenset[str], f
     if len(found) != 1 or any(graph[n].kind is Kind.OPAQUE for n in nodes):
         raise Unsupported("a contraction group needs exactly one contraction and no opaque op")
     node = found[0]
-    prologue: set[str] = set()
-    stack = [i for i in graph[node].inputs if i in members]
-    while stack:
-        n = stack.pop()
-        if n not in prologue:
-            prologue.add(n)
-            stack += [i for i in graph[n].inputs if i in members]
+    prologue = graph.ancestors(node, members)
     return node, frozenset(prologue), frozenset(members - prologue - {node})
 
 
