@@ -32,6 +32,7 @@ from vfuse.schedule.kernel import (
 from vfuse.schedule.lower import Lowerer, RowSpace, Unsupported, reduce_axes
 from vfuse.schedule.memory import plan_memory
 from vfuse.schedule.nest import make_kernel, with_streaming
+from vfuse.schedule.table import with_table
 
 TORCH_LABELS = ("opaque",)
 DEFAULT_CACHES: Caches = (48 << 10, 1 << 20, 32 << 20)
@@ -190,7 +191,7 @@ def build(plan: FusionPlan, target: object) -> Program:
     items: list[AnyKernel | TorchStep] = []
     for g in plan.groups:
         items += group_steps(graph, g, caches)  # type: ignore[arg-type]
-    items = [with_streaming(k, caches[2]) if isinstance(k, Kernel) else k for k in items]
+    items = [with_streaming(with_table(k), caches[2]) if isinstance(k, Kernel) else k for k in items]
     steps = _segments(items)
     stored = {st.buf for s in steps if isinstance(s, Segment) for k in s.kernels for st in _stores(k)}
     torch_made = {n for s in steps if isinstance(s, TorchStep) for n in s.nodes} - stored

@@ -189,6 +189,7 @@ class Kernel:
     parallel_min: int = 0  # run the parallel loop on one thread below this many elements
     tile: int = 0  # column kernel: reduce this many adjacent columns (last outer loop) at once
     stream: bool = False  # stores bypass the caches (outputs larger than the LLC): see nest.with_streaming
+    table: str = ""  # the one byte-wide load the stores depend on: a lookup-table kernel (table.py)
 
     @property
     def is_row(self) -> bool:

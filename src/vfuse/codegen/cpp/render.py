@@ -388,6 +388,10 @@ class StatementWriter(KernelWriter):
 
 
 def render_kernel(kernel: Kernel, program: Program) -> str:
+    if kernel.table:
+        from vfuse.codegen.cpp.table import render_table  # it builds on this module
+
+        return render_table(kernel, program)
     return KernelWriter(kernel, program).function()
 
 

@@ -1,0 +1,122 @@
+"""Lookup-table kernels (schedule/table.py, codegen/cpp/table.py): a pointwise chain of one
+byte-wide input and constants is evaluated for all 256 bytes once, then looked up. Results
+must equal the reference executor and, bit for bit, the plain (non-table) kernel."""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+
+import pytest
+import torch
+from tests.codegen.native_helpers import inputs, scalar, target
+
+from vfuse import interp
+from vfuse.context import Context, Options
+from vfuse.fusion import plan_fusion
+from vfuse.ir import DType, Graph, GraphBuilder, Op
+from vfuse.runtime.native import NativeExecutor
+from vfuse.schedule.kernel import Kernel
+
+
+def _executor(graph: Graph, tgt: object = None) -> NativeExecutor:
+    tgt = tgt or target()
+    return NativeExecutor(plan_fusion(graph, tgt), tgt, Context(Options.from_env()))
+
+
+def _tables(ex: NativeExecutor) -> list[str]:
+    return [k.table for k in ex.program.kernels if isinstance(k, Kernel) and k.table]
+
+
+def _check(graph: Graph, xs: list[torch.Tensor], monkeypatch: pytest.MonkeyPatch, tgt: object = None) -> NativeExecutor:
+    """Run with tables (asserting one is used), against the reference and the plain kernels."""
+    ex = _executor(graph, tgt)
+    assert _tables(ex), ex.source
+    got = ex(list(xs))
+    for g, w in zip(got, interp.run(graph, xs), strict=True):
+        if w.dtype.is_floating_point:
+            torch.testing.assert_close(g, w, rtol=1e-5, atol=1e-5, equal_nan=True)
+        else:
+            assert torch.equal(g, w)
+    with monkeypatch.context() as m:
+        # vfuse.schedule re-exports the function `build` under its module's name.
+        m.setattr(sys.modules["vfuse.schedule.build"], "with_table", lambda k: k)
+        plain = _executor(graph, tgt)
+        assert not _tables(plain)
+        for g, w in zip(got, plain(list(xs)), strict=True):
+            assert g.dtype == w.dtype and torch.equal(g.view(-1).view(torch.uint8), w.view(-1).view(torch.uint8))
+    return ex
+
+
+def _dequant_gelu(b: GraphBuilder, q: str) -> str:
+    x = b.add(Op.MUL, [b.add(Op.SUB, [b.add(Op.CAST, [q], dtype=DType.F32), scalar(b, 3.0)]), scalar(b, 0.05)])
+    return b.add(Op.GELU, [x], approximate="none")
+
+
+def _requant(b: GraphBuilder, g: str) -> str:
+    y = b.add(Op.ADD, [b.add(Op.ROUND, [b.add(Op.DIV, [g, scalar(b, 0.04)])]), scalar(b, -5.0)])
+    y = b.add(Op.MINIMUM, [b.add(Op.MAXIMUM, [y, scalar(b, -128.0)]), scalar(b, 127.0)])
+    return b.add(Op.CAST, [y], dtype=DType.I8)
+
+
+def _all_bytes(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+    n = torch.Size(shape).numel()
+    return (torch.arange(n) % 256).to(torch.uint8).view(dtype).reshape(shape).clone()
+
+
+@pytest.mark.parametrize("shape", [(3, 1001), (64, 4096)])
+def test_dequant_gelu_quant_int8(shape: tuple[int, ...], monkeypatch: pytest.MonkeyPatch) -> None:
+    b = GraphBuilder()
+    (q,) = inputs(b, (shape, DType.I8))
+    graph = b.build([_requant(b, _dequant_gelu(b, q))])
+    ex = _check(graph, [_all_bytes(shape, torch.int8)], monkeypatch)
+    assert "vf_table_bytes(" in ex.source  # contiguous int8 -> int8: the byte-shuffle loop
+
+
+def test_int8_to_float32(monkeypatch: pytest.MonkeyPatch) -> None:
+    b = GraphBuilder()
+    (q,) = inputs(b, ((5, 999), DType.I8))
+    graph = b.build([_dequant_gelu(b, q)])
+    ex = _check(graph, [_all_bytes((5, 999), torch.int8)], monkeypatch)
+    assert "vf_table_dwords(" in ex.source  # contiguous int8 -> float32: byte planes
+
+
+def test_streamed_int8_and_float32_outputs(monkeypatch: pytest.MonkeyPatch) -> None:
+    b = GraphBuilder()
+    (q,) = inputs(b, ((7, 1029), DType.I8))
+    g = _dequant_gelu(b, q)
+    graph = b.build([_requant(b, g), g])
+    small_llc = dataclasses.replace(target(), l3_bytes=4096)
+    ex = _check(graph, [_all_bytes((7, 1029), torch.int8)], monkeypatch, small_llc)
+    assert "vf_table_bytes(" in ex.source and "vf_table_dwords(" in ex.source
+    assert all(k.stream for k in ex.program.kernels if isinstance(k, Kernel))  # non-temporal stores
+
+
+def test_bool_to_float(monkeypatch: pytest.MonkeyPatch) -> None:
+    b = GraphBuilder()
+    (m,) = inputs(b, ((17, 300), DType.BOOL))
+    x = b.add(Op.ADD, [b.add(Op.MUL, [b.add(Op.CAST, [m], dtype=DType.F32), scalar(b, 2.5)]), scalar(b, -1.0)])
+    graph = b.build([b.add(Op.EXP, [x])])
+    _check(graph, [torch.rand(17, 300) < 0.5], monkeypatch)
+
+
+def test_uint8_permuted_view(monkeypatch: pytest.MonkeyPatch) -> None:
+    b = GraphBuilder()
+    (q,) = inputs(b, ((40, 70), DType.U8))
+    t = b.add(Op.PERMUTE, [q], perm=(1, 0))
+    x = b.add(Op.SQRT, [b.add(Op.MUL, [b.add(Op.CAST, [t], dtype=DType.F32), scalar(b, 0.5)])])
+    y = b.add(Op.MINIMUM, [b.add(Op.ROUND, [b.add(Op.MUL, [x, scalar(b, 20.0)])]), scalar(b, 255.0)])
+    graph = b.build([b.add(Op.CAST, [y], dtype=DType.U8)])
+    ex = _check(graph, [_all_bytes((40, 70), torch.uint8)], monkeypatch)
+    assert "vf_table_bytes(" not in ex.source  # the permuted load keeps its index map
+
+
+def test_second_tensor_input_is_not_tabulated() -> None:
+    b = GraphBuilder()
+    q, s = inputs(b, ((8, 64), DType.I8), ((8, 64), DType.F32))
+    graph = b.build([_requant(b, b.add(Op.MUL, [_dequant_gelu(b, q), s]))])
+    ex = _executor(graph)
+    assert not _tables(ex)
+    xs = [_all_bytes((8, 64), torch.int8), torch.rand(8, 64)]
+    for g, w in zip(ex(list(xs)), interp.run(graph, xs), strict=True):
+        assert torch.equal(g, w)
