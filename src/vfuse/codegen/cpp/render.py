@@ -18,6 +18,7 @@ import torch
 from vfuse.codegen.cpp.columns import render_tiled
 from vfuse.codegen.cpp.lanes import render_lanes, use_lanes
 from vfuse.codegen.cpp.prelude import PRELUDE
+from vfuse.codegen.cpp.rowgroups import render_row_groups, use_row_groups
 from vfuse.codegen.cpp.rules import (
     COMPUTE_TYPE,
     CPP_RULES,
@@ -354,13 +355,16 @@ class KernelWriter:
             # A streaming kernel's threads fence their own stores before the region's barrier.
             nowait = " nowait" if self.k.stream else ""
             self.w(f"#pragma omp for schedule(static){nowait}{collapse}")
-        for lp in self.k.outer:
-            self.open_loop(lp)
-        for p in self.k.passes:
-            self.pass_(p)
-        for s in self.k.after:
-            self.stmt(s)
-        self.close(len(self.k.outer))
+        if use_row_groups(self.k):
+            render_row_groups(self)
+        else:
+            for lp in self.k.outer:
+                self.open_loop(lp)
+            for p in self.k.passes:
+                self.pass_(p)
+            for s in self.k.after:
+                self.stmt(s)
+            self.close(len(self.k.outer))
         if self.k.stream:
             self.w("vf_stream_fence();")
         # Row buffers are declared now that the statements' dtypes are known.
