@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from vfuse.codegen.cpp.gemm.blocking import Blocking, choose_blocking
 from vfuse.codegen.cpp.gemm.driver import Driver, render_driver
 from vfuse.codegen.cpp.gemm.epilogue import Epilogue
-from vfuse.codegen.cpp.gemm.gemm import DEFAULT_CACHES
+from vfuse.codegen.cpp.gemm.gemm import DEFAULT_CACHES, check_kernel_name
 from vfuse.codegen.cpp.gemm.microkernel import PACKERS, render_microkernel
 from vfuse.codegen.cpp.gemm.prelude import render_prelude
 
@@ -46,8 +46,7 @@ class ConvSpec:
     blocking: Blocking | None = field(default=None)
 
     def __post_init__(self) -> None:
-        if not (self.name.isidentifier() and self.name.isascii()):
-            raise ValueError(f"kernel name {self.name!r} is not a C identifier")
+        check_kernel_name(self.name)
         if self.c_in % self.groups or self.c_out % self.groups:
             raise ValueError(f"{self.name}: channels {self.c_in}->{self.c_out} not divisible by groups {self.groups}")
         if min(self.out_hw) < 1:

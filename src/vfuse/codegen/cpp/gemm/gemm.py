@@ -24,6 +24,12 @@ from vfuse.codegen.cpp.gemm.prelude import render_prelude
 DEFAULT_CACHES = (48 << 10, 1 << 20, 32 << 20)
 
 
+def check_kernel_name(name: str) -> None:
+    """Kernel names become C function names in the generated translation unit."""
+    if not (name.isidentifier() and name.isascii()):
+        raise ValueError(f"kernel name {name!r} is not a C identifier")
+
+
 @dataclass(frozen=True, slots=True)
 class GemmSpec:
     """Shapes and element strides of one (batched) fp32 GEMM.
@@ -50,8 +56,7 @@ class GemmSpec:
     blocking: Blocking | None = field(default=None)
 
     def __post_init__(self) -> None:
-        if not (self.name.isidentifier() and self.name.isascii()):
-            raise ValueError(f"kernel name {self.name!r} is not a C identifier")
+        check_kernel_name(self.name)
         if min(self.m, self.n, self.k) < 1:
             raise ValueError(f"{self.name}: empty GEMM {self.m}x{self.k} @ {self.k}x{self.n}")
         strides = (self.a_batch_strides, self.b_batch_strides, self.c_batch_strides)
