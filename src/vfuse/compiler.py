@@ -16,14 +16,36 @@ from typing import Any
 
 import torch
 
+# The stages are imported with this module rather than inside the first compile: every compile
+# needs all of them, and importing them (~50 modules, ~60 ms, mostly building dataclasses and
+# op tables) would otherwise be billed to the first call of every process. Modules that the
+# stages themselves load lazily (to break import cycles) are named here too.
+from vfuse.codegen.cpp import contraction as _contraction  # noqa: F401  (render imports it lazily)
+from vfuse.codegen.cpp import table as _table  # noqa: F401  (render imports it lazily)
 from vfuse.context import Context
+from vfuse.frontend.lower import lower
+from vfuse.frontend.registry import lowered_targets
+from vfuse.fusion import format_plan, plan_fusion
 from vfuse.ir import Graph, format_graph
+from vfuse.ir import defs as _defs  # noqa: F401  (ir.opdef imports it lazily)
+from vfuse.passes import optimize as run_passes
+from vfuse.passes.freeze import freeze_inputs
 from vfuse.runtime.compiled import CompiledGraph, Executor, InterpExecutor
+from vfuse.targets import Target, get_target
+from vfuse.targets import cpu as _cpu  # noqa: F401  (get_target imports it lazily)
+
+try:  # POSIX only (fcntl): without it every graph runs on the reference executor
+    from vfuse.runtime.native import NativeExecutor
+
+    _NATIVE_IMPORT_ERROR: ImportError | None = None
+except ImportError as e:  # pragma: no cover
+    NativeExecutor = None  # type: ignore[assignment,misc]
+    _NATIVE_IMPORT_ERROR = e
+
+lowered_targets()  # fills the lowering table now; the registry would on the first lookup
 
 
 def lower_fx(gm: torch.fx.GraphModule, ctx: Context) -> Graph:
-    from vfuse.frontend.lower import lower
-
     ctx.dump("01_fx.txt", str(gm.graph))
     graph = lower(gm, ctx)
     ctx.dump("02_ir.txt", format_graph(graph))
@@ -31,37 +53,34 @@ def lower_fx(gm: torch.fx.GraphModule, ctx: Context) -> Graph:
 
 
 def optimize(graph: Graph, ctx: Context) -> Graph:
-    from vfuse.passes import optimize as run_passes
-
     graph = run_passes(graph)
     ctx.dump("03_optimized.txt", format_graph(graph))
     return graph
 
 
-def plan(graph: Graph, ctx: Context) -> Any:
-    """The FusionPlan for `graph` on ctx.options.target."""
-    from vfuse.fusion import format_plan, plan_fusion
-    from vfuse.targets import get_target
+def target_of(ctx: Context) -> Target:
+    """ctx.options.target as a Target (`cpu`: this machine, from the on-disk cache)."""
+    return get_target(ctx.options.target, ctx.options.cache_dir)
 
-    fusion_plan = plan_fusion(graph, get_target(ctx.options.target, ctx.options.cache_dir))
+
+def plan(graph: Graph, ctx: Context, target: Target | None = None) -> Any:
+    """The FusionPlan for `graph` on `target` (default: ctx.options.target)."""
+    fusion_plan = plan_fusion(graph, target or target_of(ctx))
     ctx.dump("04_plan.txt", format_plan(fusion_plan))
     return fusion_plan
 
 
-def make_executor(graph: Graph, fusion_plan: Any, ctx: Context) -> Executor:
+def make_executor(graph: Graph, fusion_plan: Any, ctx: Context, target: Target | None = None) -> Executor:
     """Generated C++ when asked for (or, with backend="auto", when it can be built), else the reference."""
     backend = ctx.options.backend
     if backend == "interp" or fusion_plan is None:
         return InterpExecutor(graph)
-    try:
-        from vfuse.runtime.native import NativeExecutor
-        from vfuse.targets import get_target
-    except ImportError:
+    if _NATIVE_IMPORT_ERROR is not None:
         if backend == "cpp":
-            raise
+            raise _NATIVE_IMPORT_ERROR
         return InterpExecutor(graph)
     try:
-        return NativeExecutor(fusion_plan, get_target(ctx.options.target, ctx.options.cache_dir), ctx)
+        return NativeExecutor(fusion_plan, target or target_of(ctx), ctx)
     except Exception as e:
         if backend == "cpp" or ctx.options.strict:
             raise
@@ -71,8 +90,6 @@ def make_executor(graph: Graph, fusion_plan: Any, ctx: Context) -> Executor:
 
 def freeze(graph: Graph, values: Mapping[int, torch.Tensor] | None, ctx: Context) -> Graph:
     """Inputs named in `values` (parameters, when ctx.options.freeze) become constants."""
-    from vfuse.passes.freeze import freeze_inputs
-
     return freeze_inputs(graph, values) if values else graph
 
 
@@ -88,8 +105,9 @@ def compile_fx(
     graph = lower_fx(gm, ctx)
     graph = freeze(graph, frozen, ctx)
     graph = optimize(graph, ctx)
-    fusion_plan = plan(graph, ctx)
-    compiled = CompiledGraph(graph, fusion_plan, make_executor(graph, fusion_plan, ctx), ctx.graph_id)
+    target = target_of(ctx)  # read once: planning and code generation see the same machine
+    fusion_plan = plan(graph, ctx, target)
+    compiled = CompiledGraph(graph, fusion_plan, make_executor(graph, fusion_plan, ctx, target), ctx.graph_id)
     compiled.compile_s = time.perf_counter() - start
     return compiled
 

@@ -10,10 +10,12 @@ from typing import Any
 
 import pytest
 import torch
+from rich.console import Console
 from torch import nn
 
-from vfuse.bench import command, compile_times, contenders, main
+from vfuse.bench import command, compile_times, contenders, main, render
 from vfuse.bench.contenders import Compiled, Contender
+from vfuse.bench.results import SCHEMA, BenchReport, CompileTime
 
 # One thread: on a loaded CI box every 2-thread OpenMP region can wait a whole time slice.
 _FAST = ["--quick", "--threads", "1", "--reps", "3", "--warmup", "1", "--min-sample-ms", "0.2"]
@@ -142,22 +144,57 @@ def test_compile_time_children_share_fresh_cache_dirs(monkeypatch: pytest.Monkey
         cache = Path(env["VFUSE_CACHE_DIR"]).parent
         seen.append((argv, env, any(cache.iterdir())))
         (cache / "marker").write_text("populated by the cold run")
-        return {"first_call_s": 2.0 if len(seen) == 1 else 0.5, "steady_call_s": 0.1}
+        first, backend = [(2.0, 1.5), (0.5, 0.2), (0.3, 0.05)][len(seen) - 1]
+        return {"first_call_s": first, "backend_s": backend, "gc_s": 0.01 * len(seen), "steady_call_s": 0.1}
 
     monkeypatch.setattr(compile_times, "_run_child", fake_child)
     result = compile_times.measure_compile_time("vfuse", "ln_gelu", quick=True, threads=1)
-    (cold_argv, cold_env, cold_populated), (_, warm_env, warm_populated) = seen
+    (cold_argv, cold_env, cold_populated), (warm_argv, warm_env, warm_populated), (proc_argv, proc_env, _) = seen
     assert cold_argv[:2] == ["vfuse", "ln_gelu"] and "--quick" in cold_argv
     assert not cold_populated and warm_populated  # cold starts empty, warm reuses the same dirs
     for key in ("VFUSE_CACHE_DIR", "TORCHINDUCTOR_CACHE_DIR"):
-        assert cold_env[key] == warm_env[key]
+        assert cold_env[key] == warm_env[key] == proc_env[key]
+    # cold compiles the other function after its measurement, so the warm-process probe,
+    # which compiles it before the clock, finds it cached too
+    assert cold_argv[-2:] == ["--other", "after"] and "--other" not in warm_argv
+    assert proc_argv[-2:] == ["--other", "before"]
     assert result.cold_compile_s == pytest.approx(1.9) and result.warm_compile_s == pytest.approx(0.4)
+    assert result.warm_process_compile_s == pytest.approx(0.2)
+    assert (result.cold_backend_s, result.warm_backend_s, result.warm_process_backend_s) == (1.5, 0.2, 0.05)
+    assert (result.cold_gc_s, result.warm_gc_s, result.warm_process_gc_s) == (0.01, 0.02, 0.03)
 
 
 def test_compile_time_probe_prints_first_and_steady_call(capsys: pytest.CaptureFixture[str]) -> None:
     assert compile_times.main(["dynamo", "tiny_graph", "--quick", "--threads", "1"]) == 0
     figures = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert figures["first_call_s"] > 0 and figures["steady_call_s"] > 0
+    assert figures["backend_s"] is None and figures["gc_s"] >= 0  # backend="eager": nothing to time
+
+
+def test_compile_time_probe_times_the_vfuse_backend(capsys: pytest.CaptureFixture[str]) -> None:
+    from vfuse.frontend.capture import VfuseBackend
+
+    entry = VfuseBackend.__call__
+    assert compile_times.main(["vfuse", "tiny_graph", "--quick", "--threads", "1", "--other", "before"]) == 0
+    figures = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    # Only the measured graph's compile: it lies inside the first call, and the other
+    # function compiled before it is not counted.
+    assert 0 < figures["backend_s"] < figures["first_call_s"]
+    assert VfuseBackend.__call__ is entry  # the probe put the backend back
+
+
+def test_compile_times_table_names_every_figure() -> None:
+    row = CompileTime("vfuse", "ln_gelu", 1.0, 0.3, 0.01, None, 0.1, 0.9, 0.05, 0.02, 0.05, 0.2, None)
+    console = Console(width=300, record=True)
+    console.print(render.compile_times_table((row,)))
+    text = console.export_text()
+    for header in ("cold", "warm", "2nd graph", "1st call", "in backend", "steady"):
+        assert header in text
+    # 1st call figures are first call minus steady call; gc shown where it is 10 % of it or more
+    assert "990 ms" in text and "290 ms (gc 200 ms)" in text and "90 ms" in text and "50 ms" in text
+    assert "gc 50" not in text
+    data = BenchReport(SCHEMA, {}, (), (row,), True).to_json_dict()["compile_times"][0]
+    assert data["warm_process_compile_s"] == pytest.approx(0.09) and data["warm_backend_s"] == 0.05
 
 
 def test_usage_errors_return_2_and_help_returns_0(capsys: pytest.CaptureFixture[str]) -> None:

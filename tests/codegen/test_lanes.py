@@ -31,3 +31,16 @@ def test_sum_and_prod_with_lanes_match(dtype: DType) -> None:
         xs = 1 + xs / 50  # a product of ~200 factors stays finite
     ex = check(b.build([s, p]), [xs.to(dtype.torch)], rtol=1e-4)
     assert "_ln[c]" in ex.source
+
+
+@pytest.mark.parametrize("op", [Op.AMAX, Op.AMIN, Op.SUM])
+def test_integer_max_min_and_sum_fold_through_lanes(op: Op) -> None:
+    # Integer max/min track no NaN, so they take the lanes and their pairwise fold too.
+    b = GraphBuilder()
+    (x,) = inputs(b, ((7, 3 * LANES + 5), DType.I32))
+    out = b.add(op, [x], axes=(1,), keepdim=False)
+    xs = torch.randint(-1000, 1000, (7, 3 * LANES + 5), dtype=torch.int32)
+    xs[3, 3 * LANES + 4] = 5000  # the extreme sits in the last, partial group of lanes
+    xs[4, 0] = -5000
+    ex = check(b.build([out]), [xs])
+    assert "_ln[c + 32]" in ex.source  # folded pairwise

@@ -97,3 +97,25 @@ def test_executor_survives_a_corrupted_cache(tmp_path: Path) -> None:
     so.write_bytes(so.read_bytes()[: so.stat().st_size // 2])
     xv = torch.randn(8)
     torch.testing.assert_close(executor(graph, cache_dir=tmp_path)([xv])[0], -xv.exp())
+
+
+def _fake_compiler(path: Path, body: str) -> str:
+    path.write_text(f"#!/bin/sh\n{body}\n")
+    path.chmod(0o755)
+    return str(path)
+
+
+def test_compiler_version_is_asked_again_when_the_compiler_changes(tmp_path: Path) -> None:
+    cxx = _fake_compiler(tmp_path / "cxx", "echo fake-cc 1.0")
+    assert find_toolchain(cxx).version == "fake-cc 1.0"
+    assert find_toolchain(cxx).version == "fake-cc 1.0"  # remembered for the same file
+    _fake_compiler(tmp_path / "cxx", "echo fake-cc 2.0.1")  # replaced: another size and mtime
+    assert find_toolchain(cxx).version == "fake-cc 2.0.1"
+
+
+def test_compiler_that_fails_is_not_remembered(tmp_path: Path) -> None:
+    cxx = _fake_compiler(tmp_path / "cxx", "exit 3")
+    with pytest.raises(CompilerNotFound, match="does not run"):
+        find_toolchain(cxx)
+    _fake_compiler(tmp_path / "cxx", "echo fake-cc 3.0")
+    assert find_toolchain(cxx).version == "fake-cc 3.0"

@@ -54,7 +54,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", type=Path, help="write all raw figures and machine info here")
     p.add_argument("--png", type=Path, help="write a bar chart of speedups here (needs matplotlib)")
     p.add_argument("--no-mmap", action="store_true", help="also rerun in a child with malloc's mmap disabled")
-    p.add_argument("--compile-times", action="store_true", help="cold/warm compile times in fresh processes (slow)")
+    p.add_argument(
+        "--compile-times",
+        action="store_true",
+        help="cold, warm and warm-process compile times, each in a fresh process (slow)",
+    )
     p.add_argument("--compile-workload", default="ln_gelu", help="workload for --compile-times (default ln_gelu)")
     p.add_argument("--allow-fallback", action="store_true", help="let vfuse fall back to eager (VFUSE_STRICT decides)")
     p.add_argument("--list", action="store_true", help="list workloads and contenders, then exit")
@@ -145,7 +149,9 @@ def _compile_times(args: argparse.Namespace) -> tuple[CompileTime, ...]:
     with _progress() as progress:
         task = progress.add_task("compile times", total=len(names))
         for name in names:
-            progress.update(task, description=f"compile times: {name} on {args.compile_workload} (cold, warm)")
+            progress.update(
+                task, description=f"compile times: {name} on {args.compile_workload} (cold, warm, 2nd graph)"
+            )
             rows.append(
                 measure_compile_time(name, args.compile_workload, args.quick, args.threads, args.allow_fallback)
             )

@@ -165,7 +165,14 @@ class RunResult:
 
 @dataclass(frozen=True)
 class CompileTime:
-    """Compile time of one contender on one workload, measured in fresh processes."""
+    """Compile time of one contender on one workload, measured in fresh processes.
+
+    Three probes (see `compile_times`): cold (empty caches), warm (a new process on the caches
+    the cold one filled) and warm_process (warm caches, and the process compiled another
+    function with the same backend first). For each: the first call's time (compile + one
+    call), the time inside the backend alone (None for a contender without one), and the
+    garbage collector's pauses inside that first call.
+    """
 
     contender: str
     workload: str
@@ -173,6 +180,34 @@ class CompileTime:
     warm_first_call_s: float | None  # same cache dirs, new process: cache hits + one call
     steady_call_s: float | None  # one call once compiled, to subtract from the above
     error: str | None
+    warm_process_first_call_s: float | None = None  # warm caches, a 2nd graph of the process
+    cold_backend_s: float | None = None  # FX graph in, callable out (AOTAutograd included)
+    warm_backend_s: float | None = None
+    warm_process_backend_s: float | None = None
+    cold_gc_s: float | None = None  # garbage-collector pauses inside the first call
+    warm_gc_s: float | None = None
+    warm_process_gc_s: float | None = None
+
+    @staticmethod
+    def from_probes(
+        contender: str, workload: str, cold: dict[str, Any], warm: dict[str, Any], warm_process: dict[str, Any]
+    ) -> CompileTime:
+        """From the three children's JSON lines (first_call_s, backend_s, gc_s, steady_call_s)."""
+        return CompileTime(
+            contender,
+            workload,
+            cold["first_call_s"],
+            warm["first_call_s"],
+            min(p["steady_call_s"] for p in (cold, warm, warm_process)),
+            None,
+            warm_process["first_call_s"],
+            cold.get("backend_s"),
+            warm.get("backend_s"),
+            warm_process.get("backend_s"),
+            cold.get("gc_s"),
+            warm.get("gc_s"),
+            warm_process.get("gc_s"),
+        )
 
     @property
     def cold_compile_s(self) -> float | None:
@@ -181,6 +216,10 @@ class CompileTime:
     @property
     def warm_compile_s(self) -> float | None:
         return _minus(self.warm_first_call_s, self.steady_call_s)
+
+    @property
+    def warm_process_compile_s(self) -> float | None:
+        return _minus(self.warm_process_first_call_s, self.steady_call_s)
 
 
 def _minus(a: float | None, b: float | None) -> float | None:
@@ -202,6 +241,7 @@ class BenchReport:
             # Properties are not fields; write the derived compile times out for JSON readers.
             for row, ct in zip(data["compile_times"], self.compile_times, strict=True):
                 row["cold_compile_s"], row["warm_compile_s"] = ct.cold_compile_s, ct.warm_compile_s
+                row["warm_process_compile_s"] = ct.warm_process_compile_s
         for run_data, run in zip(data["runs"], self.runs, strict=True):
             run_data["ok"] = run.ok
         return data

@@ -9,6 +9,7 @@ another machine is not trusted.
 from __future__ import annotations
 
 import json
+import math
 import os
 import tempfile
 import time
@@ -188,8 +189,16 @@ def measure(facts: CpuFacts) -> tuple[Target, list[str]]:
     return target, bad
 
 
-def _read_cache(path: Path, facts: CpuFacts) -> Target | None:
-    """The cached Target, or None when missing, corrupt, stale, or from another machine."""
+# A measurement with implausible values (replaced by estimates) is cached too, and measured
+# again on the first lookup after this long. Not caching it meant measuring again (~0.4 s) in
+# every compile for as long as the machine stayed busy; on a 2-core machine shared with other
+# jobs, every 2-thread measurement can be implausible (an OpenMP barrier waits a time slice).
+ESTIMATE_TTL_S = 3600.0
+
+
+def _read_cache(path: Path, facts: CpuFacts) -> tuple[Target, float] | None:
+    """(the cached Target, when to measure again: inf for a plausible measurement), or None
+    when missing, corrupt, stale, or from another machine."""
     try:
         data = json.loads(path.read_text())
         if data.get("version") != CACHE_VERSION or data.get("fingerprint") != facts.fingerprint():
@@ -197,15 +206,18 @@ def _read_cache(path: Path, facts: CpuFacts) -> Target | None:
         names = {f.name for f in fields(Target)}
         if set(data["target"]) != names:
             return None
-        return Target(**data["target"])
+        return Target(**data["target"]), float(data.get("remeasure_after", math.inf))
     except (OSError, ValueError, TypeError, KeyError, AttributeError):
         return None
 
 
-def _write_cache(path: Path, facts: CpuFacts, target: Target) -> None:
+def _write_cache(path: Path, facts: CpuFacts, target: Target, estimated: list[str]) -> None:
     """Atomic write (temp file + os.replace): readers never see half a file."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    payload = {"version": CACHE_VERSION, "fingerprint": facts.fingerprint(), "target": asdict(target)}
+    payload: dict[str, object] = {"version": CACHE_VERSION, "fingerprint": facts.fingerprint()}
+    if estimated:
+        payload |= {"estimated": estimated, "remeasure_after": time.time() + ESTIMATE_TTL_S}
+    payload["target"] = asdict(target)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
     try:
         with os.fdopen(fd, "w") as f:
@@ -220,13 +232,11 @@ def cpu_target(cache_dir: Path, remeasure: bool = False) -> Target:
     facts = detect()
     path = cache_dir / "target_cpu.json"
     cached = None if remeasure else _read_cache(path, facts)
-    if cached is not None:
-        return cached
+    if cached is not None and time.time() < cached[1]:
+        return cached[0]
     target, bad = measure(facts)
-    if bad:
-        return target  # not cached: the next run measures again, hopefully on a quieter machine
     try:
-        _write_cache(path, facts, target)
+        _write_cache(path, facts, target, bad)
     except OSError:
         pass  # a read-only cache dir costs a re-measurement next time, nothing more
     return target

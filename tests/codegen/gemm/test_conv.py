@@ -1,8 +1,8 @@
-"""Generated implicit-GEMM conv2d + epilogue kernels against torch.nn.functional.conv2d."""
+"""Generated conv2d + epilogue kernels (direct and implicit-GEMM paths) against torch.nn.functional.conv2d."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import pytest
 import torch
@@ -10,6 +10,7 @@ import torch.nn.functional as F
 
 from vfuse.codegen.cpp.gemm import ConvSpec, Epilogue, render_conv2d
 from vfuse.codegen.cpp.gemm import epilogues as E
+from vfuse.codegen.cpp.gemm.conv import render_conv2d_gemm
 
 
 @dataclass(frozen=True)
@@ -74,15 +75,22 @@ def _reference(case: Case, x: torch.Tensor, w: torch.Tensor, made: dict[str, tor
     return {"none": y, "relu": F.relu(y), "silu": F.silu(y)}[case.act]
 
 
+# Stride-1 cases take the direct path in render_conv2d; these keep the implicit-GEMM path (and
+# its stride-1 im2col table) tested too, under a "_gemm" suffix.
+GEMM_PATH = ("bn_relu_3x3", "dilated_res", "groups2", "wide")
+
+
 @pytest.fixture(scope="module")
 def lib(build):
-    return build("\n".join(render_conv2d(c.spec, c.epi) for c in CASES.values()))
+    direct = [render_conv2d(c.spec, c.epi) for c in CASES.values()]
+    gemm = [render_conv2d_gemm(replace(CASES[n].spec, name=f"{n}_gemm"), CASES[n].epi) for n in GEMM_PATH]
+    return build("\n".join(direct + gemm))
 
 
-@pytest.mark.parametrize("name", list(CASES))
+@pytest.mark.parametrize("name", list(CASES) + [f"{n}_gemm" for n in GEMM_PATH])
 def test_conv_matches_torch(lib, call, name: str) -> None:
-    case = CASES[name]
-    s = case.spec
+    case = CASES[name.removesuffix("_gemm")]
+    s = replace(case.spec, name=name)
     torch.manual_seed(len(name))
     x = torch.randn(s.n, s.c_in, s.h, s.w)
     w = torch.randn(s.c_out, s.c_in // s.groups, s.kh, s.kw) / (s.c_in // s.groups * s.kh * s.kw) ** 0.5

@@ -1,0 +1,358 @@
+"""render_conv2d_direct: stride-1 conv2d + epilogue with no im2col ("padded-width" direct conv).
+
+Generated signature (same as render_conv2d):
+    <linkage> void <name>(const float* X, const float* Wt, float* Y, <epilogue args>, int nthreads)
+
+Why: for a stride-1 conv, copy each input plane once into a zero-padded scratch Xp with rows of
+Wp = W + gap floats (layout in `_Geom`) and compute output "columns" q = oh * Wp + ow over the
+padded width. Then the im2col row (ic, kh, kw) at columns [q0, q0 + NR) is the contiguous run
+Xp[ic * plane + kh * dh * Wp + kw * dw + q0 ...], so the micro-kernel loads B straight from Xp
+at compile-time offsets: no gather and no B packing. Columns with ow >= OW are garbage (they
+read across a row end) and are never stored: Wp / OW extra work (57 / 56 for conv_bn_relu).
+
+Per (image, group): C (OCg x OH*Wp) = A (OCg x Cg*KH*KW, the OIHW weight packed per call into
+MR-row slivers, k-major) @ B(Xp). Per NR-column sliver: K blocks of `icb` input channels (one
+A sliver in half of L1) -> MR-row slivers; the OCg x NR tile lives in a per-thread buffer, and
+on the last K block each MR-row block gets the epilogue and is stored (valid runs only) into Y.
+
+Measured (conv_bn_relu 8x64x56x56 3x3, one thread, CPU time, same process): implicit GEMM
+8.9 ms, this path 7.7 ms, oneDNN (torch.ops.mkldnn._convolution_pointwise, prepacked) 8.4 ms;
+the micro-kernel alone runs at the FMA peak (7.1 ms), the rest is the padding copy (~3%), the
+epilogue and stores (~3%).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from vfuse.codegen.cpp.gemm.epilogue import Epilogue
+from vfuse.codegen.cpp.gemm.prelude import render_prelude
+
+if TYPE_CHECKING:
+    from vfuse.codegen.cpp.gemm.conv import ConvSpec
+
+
+def _round_up(x: int, m: int) -> int:
+    return -(-x // m) * m
+
+
+class _Geom:
+    """Derived sizes of the padded-width formulation (all baked into the C++ as constants).
+
+    Row layout of one padded plane: `pw` zeros, the W inputs, then `gap - pw` more zeros, so a
+    read right of a row's end lands in the next row's leading zeros: one shared gap serves as
+    the right padding of row h and the left padding of row h + 1, and Wp = W + gap (57 for
+    56 + pad 1) wastes 1 garbage column per output row instead of 2.
+    """
+
+    def __init__(self, spec: ConvSpec, mr: int, nr: int, icb: int | None) -> None:
+        (ph, pw), (dh, dw) = spec.padding, spec.dilation
+        self.mr, self.nr = mr, nr
+        self.oh, self.ow = spec.out_hw
+        self.gap = max(pw, 2 * pw - dw * (spec.kw - 1))
+        self.hp, self.wp = spec.h + 2 * ph, spec.w + self.gap
+        self.plane = self.hp * self.wp + pw  # the last row's right padding
+        self.cg, self.ocg = spec.c_in // spec.groups, spec.c_out // spec.groups
+        self.taps = spec.kh * spec.kw
+        self.k = self.cg * self.taps
+        self.offs = [kh * dh * self.wp + kw * dw for kh in range(spec.kh) for kw in range(spec.kw)]
+        self.ncols = self.oh * self.wp  # padded-width output columns per (image, group)
+        self.nsl = -(-self.ncols // nr)
+        self.mpad = _round_up(self.ocg, mr)
+        # Reads past the last plane: the last sliver's tail plus the largest tap offset.
+        self.slack = max(0, self.nsl * nr + self.offs[-1] - self.plane) + 16
+        # Input channels per K block: the A sliver in half of L1. B rows stream from L2 fine (the
+        # loads are few per FMA); K blocks of 34 channels measured 1-2% slower than all 64.
+        self.icb = icb or max(1, min(self.cg, (spec.caches[0] // 2) // (4 * mr * self.taps)))
+
+
+def _ukr_avx512(name: str, g: _Geom) -> str:
+    nv = g.nr // 16
+    acc = [(r, v) for r in range(g.mr) for v in range(nv)]
+    init = "".join(
+        f"  __m512 c{r}_{v} = FIRST ? _mm512_setzero_ps() : _mm512_load_ps(t + {r * g.nr + 16 * v});\n" for r, v in acc
+    )
+    body = ""
+    for tap, off in enumerate(g.offs):
+        body += "".join(f"    b{v} = _mm512_loadu_ps(x + {off + 16 * v});\n" for v in range(nv))
+        for r in range(g.mr):
+            body += f"    av = _mm512_set1_ps(a[{tap * g.mr + r}]);\n"
+            body += "".join(f"    c{r}_{v} = _mm512_fmadd_ps(av, b{v}, c{r}_{v});\n" for v in range(nv))
+    stores = "".join(f"  _mm512_store_ps(t + {r * g.nr + 16 * v}, c{r}_{v});\n" for r, v in acc)
+    decl = ", ".join(f"b{v}" for v in range(nv))
+    return f"""template <bool FIRST>
+static inline void {name}_ukr(long nic, const float* __restrict a, const float* __restrict x, float* __restrict t) {{
+{init}  __m512 av, {decl};
+  for (long ic = 0; ic < nic; ++ic, a += {g.mr * g.taps}, x += {g.plane}) {{
+{body}  }}
+{stores}}}
+"""
+
+
+def _ukr_portable(name: str, g: _Geom) -> str:
+    # Why plain loops: only without AVX-512; GCC vectorizes the column loop with what it has.
+    offs = ", ".join(map(str, g.offs))
+    return f"""template <bool FIRST>
+static inline void {name}_ukr(long nic, const float* __restrict a, const float* __restrict x, float* __restrict t) {{
+  static const long offs[{g.taps}] = {{{offs}}};
+  alignas(64) float acc[{g.mr}][{g.nr}];
+  for (int r = 0; r < {g.mr}; ++r)
+    for (int q = 0; q < {g.nr}; ++q) acc[r][q] = FIRST ? 0.0f : t[r * {g.nr} + q];
+  for (long ic = 0; ic < nic; ++ic, x += {g.plane})
+    for (int tap = 0; tap < {g.taps}; ++tap, a += {g.mr})
+      for (int r = 0; r < {g.mr}; ++r) {{
+        const float av = a[r];
+#pragma omp simd
+        for (int q = 0; q < {g.nr}; ++q) acc[r][q] += av * x[offs[tap] + q];
+      }}
+  std::memcpy(t, acc, sizeof(acc));
+}}
+"""
+
+
+def _pack_and_pad(spec: ConvSpec, g: _Geom) -> str:
+    """NAME_pack_w (the weight as the A operand) and NAME_pad (one input plane -> padded scratch)."""
+    (ph, pw), name = spec.padding, spec.name
+    return f"""
+// One MR-row sliver `blk` (over all groups) of the OIHW weight -> k-major, zero rows past OCg.
+static void {name}_pack_w(const float* __restrict w, float* __restrict ap, long blk) {{
+  const long gi = blk / {g.mpad // g.mr}, ir = blk % {g.mpad // g.mr} * {g.mr};
+  ap += blk * {g.mr * g.k};
+  for (long k = 0; k < {g.k}; ++k, ap += {g.mr})
+    for (long r = 0; r < {g.mr}; ++r) ap[r] = ir + r < {g.ocg} ? w[(gi * {g.ocg} + ir + r) * {g.k} + k] : 0.0f;
+}}
+
+// Padded rows [r0, r1) of one input plane (each row: pw zeros, the W inputs, gap - pw zeros;
+// see _Geom); r1 == Hp also writes the plane's trailing pw zeros.
+static inline void {name}_pad(const float* __restrict x, float* __restrict xp, long r0, long r1) {{
+  for (long r = r0; r < r1; ++r) {{
+    float* __restrict row = xp + r * {g.wp};
+    const long h = r - {ph};
+    if (h < 0 || h >= {spec.h}) {{
+      for (long q = 0; q < {g.wp}; ++q) row[q] = 0.0f;
+      continue;
+    }}
+    // Constant-count loops, not memcpy: rows are short (a call per row cost more than the copy).
+    for (long q = 0; q < {pw}; ++q) row[q] = 0.0f;
+#pragma omp simd
+    for (long q = 0; q < {spec.w}; ++q) row[{pw} + q] = x[h * {spec.w} + q];
+    for (long q = {pw + spec.w}; q < {g.wp}; ++q) row[q] = 0.0f;
+  }}
+  if (r1 == {g.hp})
+    for (long q = 0; q < {pw}; ++q) xp[{g.hp * g.wp} + q] = 0.0f;
+}}
+"""
+
+
+def _runs(spec: ConvSpec, g: _Geom) -> str:
+    """NAME_runs: the sliver's valid (ow < OW) column runs, and for every column a safe output index
+    (garbage columns get a clamped one, so an epilogue reading e.g. residual[o] stays in bounds)."""
+    return f"""
+struct {spec.name}_Runs {{
+  int n;
+  long t[{g.nr // g.wp + 2}], p[{g.nr // g.wp + 2}], len[{g.nr // g.wp + 2}];
+  alignas(64) int pidx[{g.nr}];
+}};
+
+static inline void {spec.name}_runs(long q0, {spec.name}_Runs& rs) {{
+  rs.n = 0;
+  for (long col = 0; col < {g.nr};) {{
+    const long q = q0 + col, oh = q / {g.wp}, ow = q % {g.wp};
+    if (oh >= {g.oh}) break;
+    if (ow < {g.ow}) {{
+      rs.t[rs.n] = col; rs.p[rs.n] = oh * {g.ow} + ow; rs.len[rs.n] = vg_min({g.ow} - ow, {g.nr} - col); ++rs.n;
+    }}
+    col += {g.wp} - ow;
+  }}
+  for (int e = 0; e < {g.nr}; ++e) {{
+    const long q = q0 + e, oh = vg_min(q / {g.wp}, {g.oh - 1}), ow = vg_min(q % {g.wp}, {g.ow - 1});
+    rs.pidx[e] = static_cast<int>(oh * {g.ow} + ow);
+  }}
+}}
+"""
+
+
+def _out_base(spec: ConvSpec, g: _Geom) -> str:
+    """C++: the offset of entry `bi`'s first output channel plane from Y, in planes."""
+    return f"(bi / {spec.groups} * {spec.c_out} + bi % {spec.groups} * {g.ocg})"
+
+
+def _epilogue(spec: ConvSpec, g: _Geom, epi: Epilogue) -> str:
+    """NAME_epi: the epilogue over whole tile rows [i0, i1) in place: a fixed-length loop that
+    vectorizes fully, garbage columns included (their clamped indices keep reads in bounds)."""
+    return f"""
+static inline void {spec.name}_epi(float* __restrict t, long bi, const {spec.name}_Runs& rs, long i0,
+                                   long i1{epi.params()}) {{
+  [[maybe_unused]] const long n = bi / {spec.groups};
+  for (long i = i0; i < i1; ++i) {{
+    [[maybe_unused]] const long c = (bi % {spec.groups}) * {g.ocg} + i, co = ({_out_base(spec, g)} + i) * {g.oh * g.ow};
+    float* __restrict trow = t + i * {g.nr};
+#pragma omp simd
+    for (int e = 0; e < {g.nr}; ++e) {{
+      [[maybe_unused]] const long p = rs.pidx[e], j = p, o = co + p, oh = p / {g.ow}, ow = p % {g.ow};
+      float v = trow[e];
+{epi.code("      ")}      trow[e] = v;
+    }}
+  }}
+}}
+"""
+
+
+def _copy(spec: ConvSpec, g: _Geom) -> str:
+    """NAME_copy: the valid runs of tile rows [i0, i1) into NCHW Y (masked stores, no tails)."""
+    return f"""
+static inline void {spec.name}_copy(const float* __restrict t, float* __restrict Y, long bi,
+                                    const {spec.name}_Runs& rs, long i0, long i1) {{
+  for (long i = i0; i < i1; ++i) {{
+    const float* __restrict trow = t + i * {g.nr};
+    float* __restrict yrow = Y + ({_out_base(spec, g)} + i) * {g.oh * g.ow};
+    for (int r = 0; r < rs.n; ++r) {{
+      const float* __restrict src = trow + rs.t[r];
+      float* __restrict dst = yrow + rs.p[r];
+      const long len = rs.len[r];
+#if defined(__AVX512F__)
+      for (long e = 0; e < len; e += 16) {{
+        const __mmask16 m = static_cast<__mmask16>(len - e >= 16 ? 0xffff : (1u << (len - e)) - 1u);
+        _mm512_mask_storeu_ps(dst + e, m, _mm512_loadu_ps(src + e));
+      }}
+#else
+      std::memcpy(dst, src, sizeof(float) * len);
+#endif
+    }}
+  }}
+}}
+"""
+
+
+def _sliver(spec: ConvSpec, g: _Geom, epi: Epilogue) -> str:
+    """NAME_sliver: one NR-column sliver of one (image, group): K blocks x MR slivers; on the
+    last K block each MR-row block gets its epilogue right away and is stored one block later.
+
+    Why so: the copy reads the tile at unaligned run starts, which stall on store forwarding
+    right after the epilogue's aligned stores to the same rows; a block later they are long
+    done, and the stores to Y (which miss) overlap the next block's FMAs."""
+    name, rows = spec.name, f"vg_min(ir + {g.mr}, {g.ocg})"
+    base = f"{_out_base(spec, g)} * {g.oh * g.ow}"
+    return f"""
+static inline void {name}_sliver(const float* __restrict ap, const float* __restrict xp, float* __restrict t,
+                                 float* __restrict Y, long bi, long q0{epi.params()}) {{
+  {name}_Runs rs;
+  {name}_runs(q0, rs);
+  // Why prefetch: Y is written once, row by row 12 KB apart, so its stores miss; asking for the
+  // next sliver's output lines while the FMAs run takes that wait off the critical path.
+  const long qn = vg_min(q0 + {g.nr}, {g.ncols - 1});
+  const long pn = vg_min(qn / {g.wp}, {g.oh - 1}) * {g.ow} + vg_min(qn % {g.wp}, {g.ow - 1});
+  char* yn = reinterpret_cast<char*>(Y + {base} + pn);
+  for (long ic0 = 0; ic0 < {g.cg}; ic0 += {g.icb}) {{
+    const long nic = vg_min({g.icb}, {g.cg} - ic0);
+    const bool last = ic0 + nic == {g.cg};
+    const float* __restrict xb = xp + ic0 * {g.plane} + q0;
+    for (long ir = 0; ir < {g.mpad}; ir += {g.mr}) {{
+      const float* __restrict a = ap + ir * {g.k} + ic0 * {g.taps * g.mr};
+      for (long r = ir; ic0 == 0 && r < {rows}; ++r)
+        for (long l = 0; l < {g.nr * 4 + 64}; l += 64) __builtin_prefetch(yn + r * {g.oh * g.ow * 4} + l, 1, 3);
+      if (ic0 == 0) {name}_ukr<true>(nic, a, xb, t + ir * {g.nr});
+      else {name}_ukr<false>(nic, a, xb, t + ir * {g.nr});
+      if (!last || ir >= {g.ocg}) continue;
+      {name}_epi(t, bi, rs, ir, {rows}{epi.names()});
+      if (ir > 0) {name}_copy(t, Y, bi, rs, ir - {g.mr}, ir);
+    }}
+  }}
+  const long lastrow = ({g.ocg} - 1) / {g.mr} * {g.mr};
+  {name}_copy(t, Y, bi, rs, lastrow, {g.ocg});
+}}
+"""
+
+
+def _span(spec: ConvSpec, g: _Geom, epi: Epilogue) -> str:
+    """NAME_span: slivers [s0, s1) of one (image, group) entry whose padded planes start at xb."""
+    return f"""
+static void {spec.name}_span(const float* __restrict ap, const float* __restrict xb, float* __restrict Y, long bi,
+                             long s0, long s1{epi.params()}) {{
+  alignas(64) float t[{g.mpad * g.nr}];
+  const float* __restrict ab = ap + (bi % {spec.groups}) * {g.mpad * g.k};
+  for (long s = s0; s < s1; ++s) {spec.name}_sliver(ab, xb, t, Y, bi, s * {g.nr}{epi.names()});
+}}
+"""
+
+
+def _entry(spec: ConvSpec, g: _Geom, epi: Epilogue) -> str:
+    batch, hw, entry = spec.n * spec.groups, spec.h * spec.w, g.cg * g.plane
+    span, params = f"{spec.name}_span", f"float* __restrict Y{epi.params()}"
+    # Dynamic schedules: a thread that loses its core for a while (a busy machine) does not hold
+    # the others up at the end. `whole`: whole entries per thread, each padded into the thread's
+    # own scratch right before use (still in L2 when the micro-kernel reads it; buffer reused).
+    # Measured slower: padding row bands just before the slivers that read them (2%), and
+    # padding the next entry into a second buffer during this one (2%: both no longer fit L2).
+    # Else (few entries): pad them all, then ~16 (entry, run of slivers) items per thread.
+    return f"""
+{spec.linkage} void {spec.name}(const float* __restrict X, const float* __restrict Wt, {params}, int nthreads) {{
+  const long nth = nthreads > 0 ? nthreads : omp_get_max_threads();
+  const bool whole = {batch} % nth == 0 || {batch} >= 4 * nth;
+  float* ap = vg_scratch(0, {spec.groups * g.mpad * g.k});
+  float* xp = whole ? nullptr : vg_scratch(1, {batch * entry + g.slack});
+  if (!whole) std::memset(xp + {batch * entry}, 0, sizeof(float) * {g.slack});
+  const long chunks = whole ? 1 : vg_min({g.nsl}, (16 * nth + {batch - 1}) / {batch});
+  const long per = ({g.nsl} + chunks - 1) / chunks;
+  // Packing is ~0.1% of the time; in the parallel region it would need a barrier, which costs
+  // a whole time slice when the other thread has lost its core.
+  for (long blk = 0; blk < {spec.groups * g.mpad // g.mr}; ++blk) {spec.name}_pack_w(Wt, ap, blk);
+#pragma omp parallel num_threads(nth)
+  {{
+    if (whole) {{
+#pragma omp for schedule(dynamic, 1)
+      for (long bi = 0; bi < {batch}; ++bi) {{
+        float* xb = vg_scratch(1, {entry + g.slack});
+        for (long c = 0; c < {g.cg}; ++c) {spec.name}_pad(X + (bi * {g.cg} + c) * {hw}, xb + c * {g.plane}, 0, {g.hp});
+        std::memset(xb + {entry}, 0, sizeof(float) * {g.slack});
+        {span}(ap, xb, Y, bi, 0, {g.nsl}{epi.names()});
+      }}
+    }} else {{
+#pragma omp for schedule(dynamic, 16)
+      for (long pl = 0; pl < {spec.n * spec.c_in}; ++pl) {spec.name}_pad(X + pl * {hw}, xp + pl * {g.plane}, 0, {g.hp});
+#pragma omp for schedule(dynamic, 1)
+      for (long w = 0; w < {batch} * chunks; ++w) {{
+        const long bi = w / chunks, s0 = (w % chunks) * per;
+        {span}(ap, xp + bi * {entry}, Y, bi, s0, vg_min({g.nsl}, s0 + per){epi.names()});
+      }}
+    }}
+  }}
+}}
+"""
+
+
+# Why limits: the per-thread OCg x NR tile lives on the stack, and the padded copy of the whole
+# batch in scratch; past these, the implicit-GEMM path (no such buffers) is the safer choice.
+_MAX_TILE_FLOATS = 16384
+_MAX_PADDED_FLOATS = 64 << 20
+
+
+def direct_fits(spec: ConvSpec, mr: int, nr: int) -> bool:
+    """Whether render_conv2d_direct handles this geometry (stride 1) within its buffer limits."""
+    if spec.stride != (1, 1):
+        return False
+    g = _Geom(spec, mr, nr, None)
+    return g.mpad * nr <= _MAX_TILE_FLOATS and spec.n * spec.c_in * g.plane + g.slack <= _MAX_PADDED_FLOATS
+
+
+def render_conv2d_direct(spec: ConvSpec, epilogue: Epilogue, mr: int, nr: int, icb: int | None = None) -> str:
+    """The kernel's C++ source for a stride-1 conv (see module doc); mr x nr is the register tile."""
+    if spec.stride != (1, 1):
+        raise ValueError(f"{spec.name}: the direct path needs stride 1, got {spec.stride}")
+    if getattr(epilogue, "out_ctype", "float") != "float":
+        raise ValueError(f"{spec.name}: the direct path stores fp32 only")
+    g = _Geom(spec, mr, nr, icb)
+    header = f"// vfuse conv2d (direct, padded width {g.wp}) {spec.name}: {spec}, epilogue {epilogue.name}\n"
+    ukr = f"#if defined(__AVX512F__)\n{_ukr_avx512(spec.name, g)}#else\n{_ukr_portable(spec.name, g)}#endif\n"
+    return (
+        render_prelude()
+        + header
+        + ukr
+        + _pack_and_pad(spec, g)
+        + _runs(spec, g)
+        + _epilogue(spec, g, epilogue)
+        + _copy(spec, g)
+        + _sliver(spec, g, epilogue)
+        + _span(spec, g, epilogue)
+        + _entry(spec, g, epilogue)
+    )

@@ -1,0 +1,107 @@
+"""The direct (padded-width, no im2col) stride-1 conv path against torch.nn.functional.conv2d."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from vfuse.codegen.cpp.gemm import Blocking, ConvSpec, Epilogue, render_conv2d
+from vfuse.codegen.cpp.gemm import epilogues as E
+from vfuse.codegen.cpp.gemm.conv_direct import direct_fits, render_conv2d_direct
+
+
+@dataclass(frozen=True)
+class Case:
+    spec: ConvSpec
+    epi: Epilogue
+    nthreads: int = 2
+
+
+def _tile(mr: int, nr: int) -> Blocking:
+    return Blocking(mr, nr, mr, 64, nr)  # only mr x nr matter to the direct path
+
+
+def _spec(name: str, n: int, c: int, h: int, w: int, o: int, k: tuple[int, int], **kw: object) -> ConvSpec:
+    return ConvSpec(name, n, c, h, w, o, *k, **kw)
+
+
+# Every case takes the direct path (checked below). Names say what each one exercises.
+CASES = {
+    # conv_bn_relu's geometry, scaled down; batch 2 on 2 threads: whole images per thread.
+    "pad1_bias_relu": Case(_spec("pad1_bias_relu", 2, 16, 13, 19, 16, (3, 3), padding=(1, 1)), E.bias_relu("c")),
+    # Padding 0: garbage columns read across the row end; 5 output channels (< MR) pad the tile.
+    "pad0_odd": Case(_spec("pad0_odd", 1, 3, 9, 11, 5, (3, 3)), E.bias("c"), nthreads=3),
+    # Padding 2 on a 3x3: output wider than the input (the row gap exceeds the padding).
+    "pad2_wide_out": Case(_spec("pad2_wide_out", 3, 4, 7, 17, 9, (3, 3), padding=(2, 2)), E.none()),
+    # Asymmetric kernel and padding, width 33, residual read through `o` (garbage columns must
+    # stay in bounds and valid ones must hit the right element).
+    "asym_res": Case(_spec("asym_res", 2, 5, 10, 33, 12, (5, 3), padding=(2, 1)), E.residual_add()),
+    "dilated": Case(_spec("dilated", 1, 6, 12, 14, 8, (3, 3), padding=(2, 2), dilation=(2, 2)), E.bias_silu("c")),
+    "groups": Case(_spec("groups", 2, 8, 9, 10, 12, (3, 3), padding=(1, 1), groups=4), E.bias("c")),
+    # A padded 1x1 (not the pointwise fast path): one tap.
+    "one_by_one_pad": Case(_spec("one_by_one_pad", 1, 7, 5, 6, 10, (1, 1), padding=(1, 1)), E.bias_relu("c")),
+    # Image smaller than one sliver: many output rows per NR columns.
+    "tiny": Case(_spec("tiny", 3, 4, 3, 4, 6, (3, 3), padding=(1, 1)), E.bias("c"), nthreads=2),
+    # Forced micro tiles, 1 thread, channel counts that are not multiples of MR.
+    "tile14x32": Case(
+        _spec("tile14x32", 1, 9, 8, 21, 30, (3, 3), padding=(1, 1), blocking=_tile(14, 32)), E.bias("c"), 1
+    ),
+    "tile6x64": Case(
+        _spec("tile6x64", 2, 9, 6, 70, 13, (3, 3), padding=(1, 1), blocking=_tile(6, 64)), E.bias_relu("c"), 1
+    ),
+}
+
+
+def _extras(epi: Epilogue, c_out: int, out_shape: tuple[int, ...]) -> list[torch.Tensor]:
+    return [torch.randn(out_shape) if a.name == "residual" else torch.randn(c_out) for a in epi.args]
+
+
+def _reference(case: Case, x: torch.Tensor, w: torch.Tensor, extras: list[torch.Tensor]) -> torch.Tensor:
+    s = case.spec
+    y = F.conv2d(x, w, None, s.stride, s.padding, s.dilation, s.groups)
+    name = case.epi.name
+    if name == "residual":
+        return y + extras[0]
+    if name.startswith("bias"):
+        y = y + extras[0].view(1, -1, 1, 1)
+    return {"bias_relu": F.relu, "bias_silu": F.silu}.get(name, lambda v: v)(y)
+
+
+@pytest.fixture(scope="module")
+def lib(build):
+    return build("\n".join(render_conv2d(c.spec, c.epi) for c in CASES.values()))
+
+
+def test_cases_take_the_direct_path() -> None:
+    for case in CASES.values():
+        assert "(direct, padded width" in render_conv2d(case.spec, case.epi), case.spec.name
+
+
+def test_direct_path_only_for_stride_one() -> None:
+    s2 = ConvSpec("s2", 1, 4, 9, 9, 8, 3, 3, stride=(2, 2), padding=(1, 1))
+    assert not direct_fits(s2, 8, 48)
+    assert "(direct" not in render_conv2d(s2, E.none())
+    with pytest.raises(ValueError, match="stride 1"):
+        render_conv2d_direct(s2, E.none(), 8, 48)
+    # The pointwise 1x1 keeps the packed-GEMM path (its B is X itself, no gather to save).
+    assert "(direct" not in render_conv2d(ConvSpec("pw", 1, 4, 9, 9, 8, 1, 1), E.none())
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_direct_conv_matches_torch(lib, call, name: str) -> None:
+    case = CASES[name]
+    s = case.spec
+    torch.manual_seed(len(name))
+    x = torch.randn(s.n, s.c_in, s.h, s.w)
+    w = torch.randn(s.c_out, s.c_in // s.groups, s.kh, s.kw) / (s.c_in // s.groups * s.kh * s.kw) ** 0.5
+    out = torch.full((s.n, s.c_out, *s.out_hw), float("nan"))
+    extras = _extras(case.epi, s.c_out, tuple(out.shape))
+    call(lib, s.name, x, w, out, *extras, nthreads=case.nthreads)
+    torch.testing.assert_close(out, _reference(case, x, w, extras), rtol=1e-4, atol=1e-4)
+    # A second call reuses the scratch buffers: same answer.
+    again = torch.full_like(out, float("nan"))
+    call(lib, s.name, x, w, again, *extras, nthreads=case.nthreads)
+    torch.testing.assert_close(again, out, rtol=0, atol=0)
