@@ -120,7 +120,8 @@ def trace_aten(fn: Any, example_inputs: Sequence[Any]) -> torch.fx.GraphModule:
     from vfuse.frontend.decompositions import decomposition_table
 
     functional = torch.func.functionalize(fn, remove="mutations_and_views")
-    return make_fx(functional, decomposition_table=decomposition_table(), tracing_mode="fake")(*example_inputs)
+    table = decomposition_table(include_cia=False)  # make_fx decomposes CIA ops itself
+    return make_fx(functional, decomposition_table=table, tracing_mode="fake")(*example_inputs)
 
 
 def to_ir(fn: Any, example_inputs: Sequence[Any], ctx: Context) -> Graph:

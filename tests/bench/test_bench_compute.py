@@ -15,7 +15,7 @@ from vfuse.bench import contenders, workloads, workloads_compute
 from vfuse.bench.checks import FLOAT_RTOL, compare
 from vfuse.bench.runner import _prepare
 
-COMPUTE = ("linear_gelu", "linear_gelu_smallk", "conv_bn_relu", "attention", "gpt2_block")
+COMPUTE = ("linear_gelu", "linear_gelu_smallk", "qlinear", "conv_bn_relu", "attention", "gpt2_block")
 
 
 def test_compute_workloads_are_registered_with_loose_rtol_and_frozen_weights() -> None:

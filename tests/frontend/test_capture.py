@@ -125,3 +125,69 @@ def test_aot_compile_keeps_output_structure_and_buffer_updates() -> None:
         VfuseInputError, match=r"input 0 \(x\) was compiled for torch.float32\[6, 4\].*received tensor float32\[5, 4\]"
     ):
         compiled(torch.randn(5, 4))
+
+
+class Affine(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.w = torch.nn.Parameter(torch.randn(8))
+        self.register_buffer("b", torch.randn(8))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.tanh(x * self.w + self.b)
+
+
+def test_calling_conventions_frozen_inference_and_none_gradients() -> None:
+    """The callable handed to AOTAutograd drops frozen parameters, and puts back the None
+    gradients of inputs that need none."""
+    torch.manual_seed(0)
+    m, x = Affine(), torch.randn(4, 8)
+    torch._dynamo.reset()
+    backend = vfuse.backend(strict=True, freeze=True)
+    with torch.no_grad():
+        cm = torch.compile(m, backend=backend)
+        for scale in (1.0, 2.0):
+            torch.testing.assert_close(cm(x * scale), m(x * scale))
+    assert len(backend.compiled[0].graph.inputs) == 1  # w and b are constants now
+    torch._dynamo.reset()
+    backend = vfuse.backend(strict=True)
+    torch.compile(m, backend=backend)(x).square().sum().backward()  # x needs no gradient
+    grad, m.w.grad = m.w.grad, None
+    m(x).square().sum().backward()
+    torch.testing.assert_close(grad, m.w.grad)
+    assert backend.stats["graphs"] == 2  # forward and backward
+
+
+class Stateful(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.register_buffer("calls", torch.zeros(4))
+
+    def forward(self, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        self.calls.add_(1.0)  # an input mutation: AOTAutograd's wrappers must replay it
+        return torch.tanh(x + y), x.view(-1)[:4], x
+
+
+def test_inference_skips_aot_wrappers_only_when_they_do_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
+    import vfuse.frontend.capture as capture
+
+    direct: list[int] = []
+    unboxed = capture.unboxed
+    monkeypatch.setattr(capture, "unboxed", lambda fn: direct.append(1) or unboxed(fn))
+    torch._dynamo.reset()
+    x, y = torch.randn(8, 4), torch.randn(8, 4)
+    with torch.no_grad():
+        out = torch.compile(f, backend=vfuse.backend(strict=True))(x.T.contiguous().T, y)
+        torch.testing.assert_close(out, f(x, y))
+        assert direct == [1]
+        m, ref = Stateful(), Stateful()
+        cm = torch.compile(m, backend=vfuse.backend(strict=True))
+        for _ in range(2):
+            got, want = cm(x, y), ref(x, y)
+        assert direct == [1]  # mutated buffer and outputs aliasing x: AOTAutograd's wrappers stay
+        torch.testing.assert_close(got[0], want[0])
+        assert torch.equal(m.calls, ref.calls) and got[2] is x
+        got[1].fill_(7.0)  # a view of x, as in eager
+        assert torch.all(x.view(-1)[:4] == 7.0)
+        # One tensor passed twice: Dynamo's graph takes it once, and the direct call stays right.
+        torch.testing.assert_close(torch.compile(f, backend=vfuse.backend(strict=True))(x, x), f(x, x))

@@ -81,13 +81,15 @@ def test_bmm_with_epilogue_and_transposed_rhs() -> None:
     _check(m, torch.randn(3, 17, 24), torch.randn(3, 19, 24), ops=(Op.MATMUL,))
 
 
-def test_matmul_with_permuted_lhs_copies_it_first() -> None:
+def test_matmul_with_permuted_lhs_packs_it_in_place_of_a_copy() -> None:
     torch.manual_seed(4)
     m = _Fn(lambda m, a, b: torch.tanh(a.t() @ b))
     _, kernels, executors = _compiled(m, torch.randn(24, 16), torch.randn(24, 8))
     assert [k.op for k in kernels] == [Op.MATMUL]
     (ex,) = executors
-    assert ex.stats.torch_calls == 0 and ex.stats.kernels == 2  # the copy of a.t(), then the GEMM
+    assert ex.stats.torch_calls == 0 and ex.stats.kernels == 1  # a.t() is read by the A packer
+    (pro, _) = kernels[0].prologues
+    assert pro is not None and pro.inner == -2  # contiguous along A's rows: walked innermost
 
 
 def test_conv_bn_relu_folded() -> None:

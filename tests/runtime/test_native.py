@@ -203,3 +203,52 @@ def test_epilogue_reading_other_rows_is_split_off() -> None:
     graph = b.build([out])
     ex = check(graph, [torch.randn(4, 6)], plan=hand_plan(graph, [[n.name for n in graph.compute_nodes]]))
     assert ex.stats.kernels == 2
+
+
+def _lean_graph() -> tuple:
+    """Two outputs of one kernel reading an input, a constant, and an input no kernel reads."""
+    b = GraphBuilder()
+    x, _unused = inputs(b, ((6, 8), F32), ((3,), F32))
+    c = b.add(Op.CONSTANT, value=ConstValue(torch.linspace(-1.0, 1.0, 8)))
+    graph = b.build([b.add(Op.MUL, [x, c]), b.add(Op.ABS, [x])])
+    return graph, torch.linspace(-1.0, 1.0, 8)
+
+
+def test_native_only_program_takes_the_lean_path() -> None:
+    graph, c = _lean_graph()
+    ex = check(graph, [torch.randn(6, 8), torch.randn(3)])
+    assert ex.call_plan is not None and [i for _, i in ex.call_plan.inputs] == [0]
+    for x in (torch.randn(8, 6).T, torch.randn(6, 16)[:, ::2], torch.randn(6, 8)):  # rebound every call
+        mul, abs_ = ex([x, torch.randn(3)])
+        assert torch.equal(mul, x * c) and torch.equal(abs_, x.abs())
+    general, _ = _opaque_graph()
+    assert executor(general).call_plan is None  # a torch step between segments
+
+
+def test_small_outputs_are_recycled_only_when_unreferenced() -> None:
+    graph, c = _lean_graph()
+    ex = executor(graph)
+    x = torch.randn(6, 8)
+    mul, _ = ex([x, torch.randn(3)])
+    ptr = mul.data_ptr()
+    del mul
+    again, abs_ = ex([x, torch.randn(3)])
+    assert again.data_ptr() == ptr
+    held, view = again, abs_[1:]
+    other, _ = ex([x * 2, torch.randn(3)])
+    assert other.data_ptr() != held.data_ptr() and torch.equal(held, x * c) and torch.equal(view, x[1:].abs())
+
+
+def test_lean_path_draws_fresh_seeds_every_call() -> None:
+    b = GraphBuilder()
+    (x,) = inputs(b, ((32, 16), F32))
+    rand = b.add(Op.RAND, [b.add(Op.RNG_SEED)], shape=(32, 16), stream=0)
+    keep = b.add(Op.GE, [rand, scalar(b, 0.5)])
+    graph = b.build([b.add(Op.WHERE, [keep, x, scalar(b, 0.0)])])
+    ex = check(graph, [torch.randn(32, 16)], seed=3)
+    assert ex.call_plan is not None and ex.call_plan.draws_seeds
+    x = torch.randn(32, 16)
+    torch.manual_seed(7)
+    first, second = ex([x])[0].clone(), ex([x])[0]
+    torch.manual_seed(7)
+    assert torch.equal(ex([x])[0], first) and not torch.equal(first, second)

@@ -255,6 +255,7 @@ WORKLOADS: Mapping[str, Workload] = MappingProxyType(
             Workload("tiny_graph", "50 ops on 64 elements (per-call overhead)", _build_tiny_graph),
             _compute("linear_gelu", "gelu(linear(x)) 2048x1024 -> 4096", wc.build_linear_gelu),
             _compute("linear_gelu_smallk", "gelu(linear(x)) 16384x64 -> 4096", wc.build_linear_gelu_smallk),
+            _compute("qlinear", "int8 gelu(linear(x)) 2048x1024 -> 4096, (de)quantize fused", wc.build_qlinear),
             _compute("conv_bn_relu", "relu(bn(conv3x3(x))) 8x64x56x56, eval BN", wc.build_conv_bn_relu),
             _compute("attention", "softmax(q@k^T*s)@v 4x8x1024x64, written out", wc.build_attention, frozen=False),
             _compute("gpt2_block", "pre-LN GPT-2 block, B=4 T=512 d=768 12 heads", wc.build_gpt2_block),

@@ -72,6 +72,36 @@ def build_linear_gelu_smallk(quick: bool) -> Built:
     return module, (_randn(gen, 256 if quick else 16384, 64),)
 
 
+# --- qlinear: int8 linear, dequantize prologues and quantize epilogue in one GEMM kernel -----
+
+
+class QLinear(nn.Module):
+    """int8 activations (per-tensor scale and zero point) times int8 weights (per-channel
+    scales), GELU, then quantized back to int8: what a weight-and-activation int8 linear
+    layer computes when it is written with plain torch ops."""
+
+    def __init__(self, gen: torch.Generator, d_in: int, d_out: int) -> None:
+        super().__init__()
+        # Scales keep x @ w.t() O(1) (|xq - 2| * 0.02 <= 2.6, w ~ 1/sqrt(d_in)), so outputs
+        # spread over the int8 range instead of saturating.
+        self.register_buffer("wq", torch.randint(-128, 128, (d_out, d_in), generator=gen, dtype=torch.int8))
+        self.register_buffer("ws", (0.5 + torch.rand(d_out, generator=gen)) / (74.0 * math.sqrt(d_in)))
+        self.register_buffer("bias", _randn(gen, d_out, scale=0.1))
+
+    def forward(self, xq: Tensor) -> Tensor:
+        x = (xq.float() - 2.0) * 0.02
+        w = self.wq.float() * self.ws[:, None]
+        y = F.gelu(F.linear(x, w, self.bias))
+        return torch.clamp(torch.round(y / 0.05) + 1.0, -128, 127).to(torch.int8)
+
+
+def build_qlinear(quick: bool) -> Built:
+    gen = torch.Generator().manual_seed(_SEED)
+    module = QLinear(gen, 1024, 4096).eval()
+    rows = 64 if quick else 2048
+    return module, (torch.randint(-128, 128, (rows, 1024), generator=gen, dtype=torch.int8),)
+
+
 # --- conv_bn_relu: the classic Conv-BN fold -------------------------------------------------
 
 

@@ -21,8 +21,13 @@ from torch._dynamo.backends.common import aot_autograd
 from torch._functorch.aot_autograd import make_boxed_func
 from torch._subclasses.fake_tensor import unset_fake_temporarily
 
+# The pipeline is imported with the backend (at torch.compile time), not inside the first
+# compile: a user's first call then waits for compilation only.
+from vfuse.compiler import compile_fx, trace_aten
 from vfuse.context import Context, Options
 from vfuse.errors import VfuseCompileError
+from vfuse.frontend.decompositions import decomposition_table
+from vfuse.frontend.direct import may_skip_wrappers, unboxed, wrappers_are_identity
 from vfuse.frontend.outputs import with_none_outputs, without_none_outputs
 from vfuse.runtime.compiled import CompiledGraph
 
@@ -48,15 +53,33 @@ class VfuseBackend:
         self._ids = itertools.count()
 
     def __call__(self, gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> Callable:
-        from vfuse.frontend.decompositions import decomposition_table
-
         frozen = _parameter_inputs(gm, example_inputs) if self.options.freeze and not torch.is_grad_enabled() else {}
+        forward = functools.partial(self.compile_aten, frozen=frozen)
+        direct: list[Callable] = []  # the inference forward, when AOTAutograd's wrappers add nothing
+        inference = forward
+        if may_skip_wrappers(gm, example_inputs):
+            inference = functools.partial(self._compile_inference, forward, len(example_inputs), direct)
         compiler = aot_autograd(
-            fw_compiler=functools.partial(self.compile_aten, frozen=frozen),
+            fw_compiler=forward,
             bw_compiler=self.compile_aten,
-            decompositions=decomposition_table(),
+            inference_compiler=inference,
+            decompositions=decomposition_table(include_cia=False),  # AOTAutograd decomposes CIA ops itself
         )
-        return compiler(gm, example_inputs)
+        wrapped = compiler(gm, example_inputs)
+        return unboxed(direct[0]) if direct else wrapped
+
+    @staticmethod
+    def _compile_inference(
+        forward: Callable, dynamo_inputs: int, direct: list[Callable], gm: torch.fx.GraphModule, example_inputs: Any
+    ) -> Callable:
+        """AOTAutograd's inference compiler: compiles as usual and, where its runtime wrappers
+        would pass everything through unchanged, keeps the result to hand to Dynamo directly."""
+        fn = forward(gm, example_inputs)
+        if not any(_is_symbolic(x) for x in example_inputs) and wrappers_are_identity(
+            len(example_inputs), dynamo_inputs
+        ):
+            direct.append(fn)
+        return fn
 
     def compile_aten(
         self, gm: torch.fx.GraphModule, example_inputs: Sequence[Any], frozen: dict[int, torch.Tensor] | None = None
@@ -67,14 +90,13 @@ class VfuseBackend:
         frozen = frozen or {}
         if not all(i < len(example_inputs) and example_inputs[i].shape == t.shape for i, t in frozen.items()):
             frozen = {}  # AOTAutograd reordered inputs: compile without freezing rather than guess
-        return make_boxed_func(self.compile_static(gm, frozen))
+        return self.compile_static(gm, frozen)
 
     def compile_static(self, gm: torch.fx.GraphModule, frozen: dict[int, torch.Tensor] | None = None) -> Callable:
+        """Compile one graph of fixed shapes; returns a boxed callable (it takes one list)."""
         frozen = frozen or {}
         ctx = Context(self.options, graph_id=f"graph{next(self._ids)}")
         try:
-            from vfuse.compiler import compile_fx
-
             tensor_gm, present = without_none_outputs(gm)
             # AOTAutograd calls us under its fake mode; our passes evaluate real constants.
             with unset_fake_temporarily():
@@ -87,7 +109,7 @@ class VfuseBackend:
                 stacklevel=2,
             )
             self.eager_fallbacks.append(describe_failure(e))
-            return gm.forward
+            return make_boxed_func(gm.forward)
         self.compiled.append(compiled)
         return _calling_convention(compiled, frozen, present)
 
@@ -108,23 +130,30 @@ class VfuseBackend:
 def _calling_convention(
     compiled: CompiledGraph, frozen: dict[int, torch.Tensor], present: tuple[bool, ...]
 ) -> Callable:
-    """The callable AOTAutograd gets: drops frozen parameters, runs without input checks
-    (Dynamo's guards have checked every input's shape, dtype and device), and restores the
-    None outputs of backward graphs. Built once, so the per-call path stays short."""
-    run = compiled.run_unchecked
+    """The callable AOTAutograd gets, in its boxed convention (one list argument, so AOTAutograd
+    adds no unboxing frame): drops frozen parameters, runs without input checks (Dynamo's
+    guards have checked every input's shape, dtype and device), and restores the None outputs
+    of backward graphs. Built once, binding the executor directly in the common case."""
+    run = compiled.unchecked_runner
     if frozen:
         keep = [i for i in range(len(frozen) + len(compiled.graph.inputs)) if i not in frozen]
+        run = functools.partial(_select, run, keep)
+    if not all(present):
+        run = functools.partial(_with_nones, run, present)
 
-        def call(*args: Any) -> list:
-            return run([args[i] for i in keep])
-    else:
+    def call(args: list) -> list:
+        return run(args)
 
-        def call(*args: Any) -> list:
-            return run(args)
+    call._boxed_call = True  # type: ignore[attr-defined]  # what make_boxed_func marks
+    return call
 
-    if all(present):
-        return call
-    return lambda *args: with_none_outputs(call(*args), present)
+
+def _select(run: Callable[[list], list], keep: list[int], args: list) -> list:
+    return run([args[i] for i in keep])
+
+
+def _with_nones(run: Callable[[list], list], present: tuple[bool, ...], args: list) -> list:
+    return with_none_outputs(run(args), present)
 
 
 def _parameter_inputs(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> dict[int, torch.Tensor]:
@@ -152,12 +181,10 @@ class _Specializing:
         fn = self.cache.get(key)
         if fn is None:
             fn = self.cache[key] = self._compile(args)
-        return fn(*[a for a in args if isinstance(a, torch.Tensor)])
+        return fn([a for a in args if isinstance(a, torch.Tensor)])  # boxed: see compile_static
 
     def _compile(self, args: Sequence[Any]) -> Callable:
         """Trace the graph again with the sizes (the non-tensor arguments) burnt in as constants."""
-        from vfuse.compiler import trace_aten
-
         where = [i for i, a in enumerate(args) if isinstance(a, torch.Tensor)]
 
         def with_sizes(*tensors: torch.Tensor) -> Any:

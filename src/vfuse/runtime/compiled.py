@@ -7,7 +7,7 @@ available; the native one (`vfuse.runtime.native`, generated C++) is used when a
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -113,6 +113,12 @@ class CompiledGraph:
         (Dynamo guards every input's shape, dtype and device before calling a compiled graph)."""
         outputs = self.executor(list(inputs))
         return _unalias(outputs, inputs) if self._may_alias else outputs
+
+    @property
+    def unchecked_runner(self) -> Callable[[Sequence[torch.Tensor]], list[torch.Tensor]]:
+        """`run_unchecked` as the shortest callable: the executor itself when no output can
+        alias (executors only index their input sequence, so a tuple or list will do)."""
+        return self.run_unchecked if self._may_alias else self.executor
 
 
 def _unalias(outputs: list[torch.Tensor], inputs: Sequence[torch.Tensor]) -> list[torch.Tensor]:

@@ -5,6 +5,7 @@ Each call: draw RNG seeds, bind inputs (made contiguous: kernels index row-major
 fresh outputs (from a pool, see `OutputPool`), then run the steps in order: one native call
 per segment (fp32 GEMM / conv / attention run inside it as generated kernels with their
 epilogue), torch for OPAQUE nodes, contractions the templates do not cover, and fallbacks.
+Programs of native segments only take the lean path of `callplan.py` instead.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from __future__ import annotations
 import ctypes
 import threading
 from collections import Counter
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -21,6 +23,7 @@ from vfuse.codegen.cpp import find_toolchain, load_library, render
 from vfuse.context import Context
 from vfuse.fusion.plan import FusionPlan
 from vfuse.ir import Kind, Op
+from vfuse.runtime.callplan import CallPlan, make_call_plan
 from vfuse.runtime.compiled import ExecStats
 from vfuse.runtime.pool import OutputPool
 from vfuse.schedule import BufKind, Program, Segment, TorchStep, build
@@ -54,7 +57,7 @@ class NativeExecutor:
         self.source = render(self.program)
         ctx.dump("05_program.txt", format_program(self.program))
         ctx.dump("06_kernels.cpp", self.source)
-        self._entries = self._load(ctx) if self.program.segments else {}
+        self._entries, self._raw_entries = self._load(ctx) if self.program.segments else ({}, [])
         slots = [b.slot for b in self.program.buffers.values() if b.kind in (BufKind.INPUT, BufKind.OUTPUT)]
         self._ptrs = (ctypes.c_void_p * (max(slots, default=-1) + 1))()
         # Tensors are allocated on the first call: compilation may run under a FakeTensorMode.
@@ -77,6 +80,12 @@ class NativeExecutor:
         }
         self._pool = OutputPool()
         self._lock = threading.Lock()
+        self._plan: CallPlan | None = make_call_plan(self.program, self.graph)
+        # Arguments of the lean path's foreign calls, as ctypes objects made once: passing
+        # them to entries without argtypes skips the per-argument conversion.
+        self._arena_arg = ctypes.c_void_p(0)
+        self._seeds_arg = ctypes.c_void_p(0)
+        self._threads_arg = ctypes.c_int(0)
         torch_nodes = sum(len(s.nodes) for s in self.program.steps if isinstance(s, TorchStep))
         self.stats = ExecStats(
             "cpp",
@@ -87,16 +96,26 @@ class NativeExecutor:
             fallbacks=_fallbacks(self.program, plan),
         )
 
-    def _load(self, ctx: Context) -> dict[str, Any]:
-        """The entry point of every segment (raises CompilerNotFound without a compiler)."""
+    @property
+    def call_plan(self) -> CallPlan | None:
+        """The lean per-call plan, or None where calls take the general path."""
+        return self._plan
+
+    def _load(self, ctx: Context) -> tuple[dict[str, Any], list[Any]]:
+        """The entry point of every segment by name, with argtypes (general path), and in
+        program order without them, for ctypes-typed arguments (lean path). Raises
+        CompilerNotFound without a compiler."""
         lib = load_library(self.source, ctx.options.cache_dir, find_toolchain(getattr(ctx.options, "cxx", None)))
-        entries = {}
+        entries, raw = {}, []
         for seg in self.program.segments:
             fn = getattr(lib, seg.name)
             fn.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int]
             fn.restype = None
             entries[seg.name] = fn
-        return entries
+            bare = lib[seg.name]  # a separate function object: indexing does not cache
+            bare.restype = None
+            raw.append(bare)
+        return entries, raw
 
     def _allocate(self) -> None:
         self._arena = torch.empty(self.program.memory.size + ARENA_ALIGN, dtype=torch.uint8)
@@ -105,6 +124,13 @@ class NativeExecutor:
         self._constants = {
             n.name: n.attrs["value"].tensor.contiguous() for n in self.graph.nodes if n.op is Op.CONSTANT
         }
+        self._arena_arg.value = self._arena.data_ptr() + self._arena_off
+        self._seeds_arg.value = self._seeds.data_ptr()
+        if self._plan is not None:
+            # Constants never move: the lean path binds them once, here.
+            for name, t in self._constants.items():
+                if name in self.program.buffers:
+                    self._ptrs[self.program.buffers[name].slot] = t.data_ptr()
 
     def _arena_view(self, value: str) -> torch.Tensor:
         b = self.program.buffers[value]
@@ -113,22 +139,23 @@ class NativeExecutor:
         raw = self._arena[start : start + b.type.nbytes]
         return raw.view(b.type.dtype.torch).view(b.type.shape)
 
-    def __call__(self, inputs: list[torch.Tensor]) -> list[torch.Tensor]:
+    def __call__(self, inputs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
         # The arena, pointer table and seed array are shared: one call at a time.
         with self._lock:
+            if self._plan is not None and self._arena is not None:
+                return self._run_planned(self._plan, inputs)
             return self._run(inputs)
 
-    def _run(self, inputs: list[torch.Tensor]) -> list[torch.Tensor]:
+    def _run(self, inputs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
         if self._arena is None:
             self._allocate()
         assert self._arena is not None
+        if self._plan is not None:
+            return self._run_planned(self._plan, inputs)
         env: dict[str, Any] = dict(self._constants)
         for name, index in self._input_names:
             env[name] = inputs[index].contiguous()
-        for node in self._rng_nodes:  # graph order: the same draws as the reference executor
-            env[node.name] = interp.run_node(node, [])
-        for k, name in enumerate(self.program.seeds):
-            self._seeds[k] = env[name]
+        self._draw_seeds(env)
         self._alloc_outputs(env)
         nt = torch.get_num_threads()
         arena = self._arena.data_ptr() + self._arena_off
@@ -139,6 +166,34 @@ class NativeExecutor:
             else:
                 self._run_torch(step, env)
         return [self._result(o, env) for o in self.graph.outputs]
+
+    def _run_planned(self, plan: CallPlan, inputs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+        """The lean path: bind pointers by precomputed slot, call every segment, return.
+        Written flat (no helper calls per tensor): at a few us a call, each frame shows."""
+        ptrs = self._ptrs
+        held = []  # contiguous copies must live until the kernels return
+        for slot, i in plan.inputs:
+            t = inputs[i]
+            if not t.is_contiguous():
+                t = t.contiguous()
+                held.append(t)
+            ptrs[slot] = t.data_ptr()
+        outs = self._pool.take(plan.outputs, self._static)
+        for slot, t in zip(plan.output_slots, outs):
+            ptrs[slot] = t.data_ptr()
+        if plan.draws_seeds:
+            self._draw_seeds({})
+        self._threads_arg.value = torch.get_num_threads()
+        for entry in self._raw_entries:
+            entry(ptrs, self._arena_arg, self._seeds_arg, self._threads_arg)
+        return [outs[k] for k in plan.results]
+
+    def _draw_seeds(self, env: dict[str, Any]) -> None:
+        """One fresh seed per RNG_SEED node, drawn in graph order: the reference executor's draws."""
+        for node in self._rng_nodes:
+            env[node.name] = interp.run_node(node, [])
+        for k, name in enumerate(self.program.seeds):
+            self._seeds[k] = env[name]
 
     def _alloc_outputs(self, env: dict[str, Any]) -> None:
         for v, shape, dtype in self._outputs:

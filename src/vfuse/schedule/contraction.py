@@ -4,18 +4,24 @@ A group holds one CONTRACTION node, cheap prologues on its operands and a pointw
 in its output space. `plan_contraction` decides how it runs natively:
 
 * Operands are read from buffers. A reshape of a buffer is the same bytes (read in place); a
-  MATMUL rhs that is the transpose of a buffer (nn.Linear's `x @ W^T`) is read as `trans_b`;
-  any other in-group operand (a permuted q/k/v, a cast) is materialized first by a pointwise
-  copy kernel of the prologue.
-* Fused: when the group stores exactly one fp32 value laid out like the contraction's output,
+  MATMUL rhs that is the transpose of a buffer (nn.Linear's `x @ W^T`) is read as `trans_b`.
+  Any other in-group MATMUL operand (a cast, a dequantize `(q - zp) * scale`, a permute) is
+  lowered by the ordinary `Lowerer` at one operand element (`OperandPrologue`) and computed
+  while its panel is packed, so it is never stored. A conv / attention operand computed in
+  the group, or a MATMUL operand the lowering cannot express, is materialized first by a
+  pointwise copy kernel of the prologue.
+* Fused: when the group stores exactly one value laid out like the contraction's output,
   its epilogue is lowered by the ordinary `Lowerer` with the contraction's value at the
   output element pre-bound to the accumulator `v`; the template applies it per element.
+  GEMM outputs may have any dtype (an int8 quantize epilogue ends in a cast); conv and
+  attention outputs are fp32.
 * Split: otherwise (several outputs, the contraction's value read at another element, an
   attention epilogue that reads buffers) the contraction stores its own value and the rest
   of the group runs as ordinary kernels after it.
 
-Anything the templates do not cover (non-fp32, unsupported geometry) raises `Unsupported`;
-the caller then runs the contraction through torch as before.
+Anything the templates do not cover (non-fp32 operands of the contraction node itself,
+unsupported geometry) raises `Unsupported`; the caller then runs the contraction through
+torch as before.
 """
 
 from __future__ import annotations
@@ -27,7 +33,7 @@ from vfuse.ir import DType, Graph, Kind, Op
 from vfuse.ir.shapes import numel
 from vfuse.schedule import expr
 from vfuse.schedule.expr import Lin, Var
-from vfuse.schedule.kernel import ContractionKernel, Stmt
+from vfuse.schedule.kernel import ContractionKernel, Load, OperandPrologue, Stmt
 from vfuse.schedule.lower import Lowerer, Unsupported
 
 Caches = tuple[int, int, int]
@@ -46,9 +52,15 @@ class ContractionPlan:
 class _EpilogueLowerer(Lowerer):
     """Variables get their own prefix: they live inside the templates' loops next to their names."""
 
+    prefix = "ev"
+
     def fresh(self) -> str:
         self._count += 1
-        return f"ev{self._count}"
+        return f"{self.prefix}{self._count}"
+
+
+class _PrologueLowerer(_EpilogueLowerer):
+    prefix = "pv"
 
 
 def _split(graph: Graph, nodes: tuple[str, ...]) -> tuple[str, frozenset[str], frozenset[str]]:
@@ -83,25 +95,65 @@ def _transposed(graph: Graph, prologue: frozenset[str], v: str) -> str | None:
 
 
 class _Operands:
-    """Operand buffers in order, and the in-group values that must be copied out first."""
+    """Operand buffers in order, the in-group values that must be copied out first, and the
+    MATMUL operands computed while packing (`prologues`, aligned with `names`)."""
 
     def __init__(self, graph: Graph, prologue: frozenset[str]) -> None:
         self.graph, self.prologue = graph, prologue
         self.names: list[str] = []
         self.shapes: list[tuple[int, ...]] = []
         self.copies: list[str] = []
+        self.prologues: list[OperandPrologue | None] = []
 
     def add(self, v: str) -> None:
         base = _in_place(self.graph, self.prologue, v)
         if base is None:
             self.copies.append(v)
             base = v
-        self.names.append(base)
-        self.shapes.append(self.graph[v].tensor_type.shape)
+        self.add_buffer(base, self.graph[v].tensor_type.shape)
 
     def add_buffer(self, buf: str, shape: tuple[int, ...]) -> None:
         self.names.append(buf)
         self.shapes.append(shape)
+        self.prologues.append(None)
+
+    def add_packed(self, v: str) -> None:
+        """A GEMM operand: in place if it is a buffer, else computed in the packer when the
+        lowering expresses it, else copied out first."""
+        pro = None if _in_place(self.graph, self.prologue, v) else _lower_operand(self.graph, self.prologue, v)
+        if pro is None:
+            self.add(v)
+            return
+        self.add_buffer(v, self.graph[v].tensor_type.shape)
+        self.prologues[-1] = pro
+
+    @property
+    def loads(self) -> set[str]:
+        return {b for p in self.prologues if p is not None for b in p.loads}
+
+
+def _lower_operand(graph: Graph, prologue: frozenset[str], v: str) -> OperandPrologue | None:
+    """`v` (an in-group value) at one element of its shape, or None if the lowering cannot
+    express it (the copy path then stores it first)."""
+    shape = graph[v].tensor_type.shape
+    lw = _PrologueLowerer(graph, set(prologue), dict(enumerate(shape)), None)
+    try:
+        result = lw.value(v, tuple(Lin.var(Var(d)) for d in range(len(shape))))
+    except Unsupported:
+        return None
+    return OperandPrologue(tuple(lw.stmts), result, tuple(sorted(lw.loaded)), _inner_dim(graph, lw.stmts, len(shape)))
+
+
+def _inner_dim(graph: Graph, stmts: list[Stmt], rank: int) -> int:
+    """-2 when the loads are contiguous along the operand's rows (a transposed buffer), else -1:
+    each load votes with its buffer's size for the dim it walks with unit stride."""
+    votes = {-1: 0, -2: 0}
+    for s in stmts:
+        if isinstance(s, Load):
+            for d in (-1, -2):
+                if s.index.coef(Var(rank + d)) == 1:
+                    votes[d] += graph[s.buf].tensor_type.numel
+    return -2 if votes[-2] > votes[-1] else -1
 
 
 def _check_types(graph: Graph, node: str) -> None:
@@ -119,12 +171,12 @@ def _gemm_operands(graph: Graph, node: str, ops: _Operands) -> bool:
     a, b = graph[node].inputs
     if min(graph[a].tensor_type.rank, graph[b].tensor_type.rank) < 2:
         raise Unsupported(f"%{node}: matmul of a vector")
-    ops.add(a)
+    ops.add_packed(a)
     base = _transposed(graph, ops.prologue, b)
     if base is not None:
         ops.add_buffer(base, graph[base].tensor_type.shape)
         return True
-    ops.add(b)
+    ops.add_packed(b)
     return False
 
 
@@ -153,10 +205,13 @@ def _lower_epilogue(graph: Graph, node: str, rest: frozenset[str], out: str) -> 
     """(statements, result var, buffers loaded) of `out` at one element of `out`'s shape (the
     loop space), or None when `out` is not the contraction's value there (another layout, a
     read at another element). The contraction's coordinates are those of the same flat index,
-    which stay linear when `out` is a reshape that splits or merges dims (Linear on 3-D input)."""
+    which stay linear when `out` is a reshape that splits or merges dims (Linear on 3-D input).
+    Only the GEMM template stores other dtypes than fp32 (any the statement renderer stores);
+    conv and attention write float."""
     shape = graph[node].tensor_type.shape
     out_t = graph[out].tensor_type
-    if out_t.dtype is not DType.F32 or numel(out_t.shape) != numel(shape):
+    any_dtype = graph[node].op is Op.MATMUL
+    if not (any_dtype or out_t.dtype is DType.F32) or numel(out_t.shape) != numel(shape):
         return None
     sizes = dict(enumerate(out_t.shape))
     lw = _EpilogueLowerer(graph, set(rest), sizes, None)
@@ -193,8 +248,8 @@ def plan_contraction(graph: Graph, nodes: tuple[str, ...], outputs: tuple[str, .
     out, stmts, result, extras = fused if fused else (node, [], "v", set())
     kernel = ContractionKernel(
         f"k{gid}_c", gid, label, op, node, tuple(ops.names), tuple(ops.shapes), graph[node].tensor_type.shape,
-        graph[out].tensor_type.shape, out, tuple(stmts), result, tuple(sorted(extras)), graph[node].attrs,
-        trans_b, caches,
+        graph[out].tensor_type.shape, out, tuple(stmts), result, tuple(sorted(extras | ops.loads)),
+        graph[node].attrs, trans_b, caches, tuple(ops.prologues),
     )  # fmt: skip
     # Split: the leftover kernels recompute the (cheap) prologue values they read, and store
     # those other groups read, as torch used to leave them in its env.

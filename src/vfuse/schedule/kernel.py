@@ -197,11 +197,28 @@ class Kernel:
 
 
 @dataclass(frozen=True)
+class OperandPrologue:
+    """A MATMUL operand computed while its panel is packed, not stored by a kernel first:
+    `stmts` compute `result` (fp32), the operand's value at the element whose coordinate along
+    dim d of the operand's shape is loop variable Var(d), from the buffers in `loads`. `inner`
+    (-1 or -2) is the operand dim the packer walks innermost: the one its loads are contiguous
+    along (Linear's transposed int8 weight is contiguous along K, its rows)."""
+
+    stmts: tuple[Stmt, ...]
+    result: str
+    loads: tuple[str, ...]
+    inner: int = -1
+
+
+@dataclass(frozen=True)
 class ContractionKernel:
     """One contraction (MATMUL / CONV2D / SDPA) rendered from a template, its pointwise epilogue
     fused: `epilogue` computes `result` from the accumulator `v` at the output element whose
     coordinate along dim d of the contraction's output is loop variable Var(d). Operands are
-    buffers read row-major as `shapes` (a reshape of a buffer is the same bytes)."""
+    buffers read row-major as `shapes` (a reshape of a buffer is the same bytes), except a
+    MATMUL operand with a prologue: then `operands[i]` names the IR value the packer computes
+    (no buffer) and its loads are among `extras`. `out` may have any dtype (the epilogue ends
+    in a cast); the contraction itself accumulates in fp32."""
 
     name: str
     group: int
@@ -219,10 +236,19 @@ class ContractionKernel:
     attrs: Any  # the node's ir.Attrs (conv geometry, SDPA scale / causal / gqa)
     trans_b: bool = False  # MATMUL: B is read as its transpose (nn.Linear's weight)
     caches: tuple[int, int, int] = (48 << 10, 1 << 20, 32 << 20)  # target L1/L2/L3 bytes
+    prologues: tuple[OperandPrologue | None, ...] = ()  # MATMUL: per operand, computed while packing
+
+    def prologue(self, i: int) -> OperandPrologue | None:
+        return self.prologues[i] if i < len(self.prologues) else None
+
+    @property
+    def direct(self) -> tuple[str, ...]:
+        """The operands read straight from their buffers (those without a prologue)."""
+        return tuple(v for i, v in enumerate(self.operands) if self.prologue(i) is None)
 
     @property
     def buffers(self) -> tuple[str, ...]:
-        return tuple(dict.fromkeys((*self.operands, *self.extras, self.out)))
+        return tuple(dict.fromkeys((*self.direct, *self.extras, self.out)))
 
 
 AnyKernel = Kernel | ContractionKernel

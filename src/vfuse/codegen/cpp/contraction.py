@@ -4,7 +4,9 @@ calls it, so a segment entry calls it like any other kernel (threads follow `nt`
 
 The epilogue statements are the schedule's ordinary statements, rendered with the same rules
 as every pointwise kernel; only the names of the output coordinates differ per template:
-GEMM (b = flat batch, i, j), conv (n, c, p = oh * OW + ow), attention (b, h, i, c).
+GEMM (b = flat batch, i, j), conv (n, c, p = oh * OW + ow), attention (b, h, i, c). A GEMM
+epilogue ending in a cast stores that value (int8, bf16, ...) into C. GEMM operand prologues
+are rendered the same way into the packers, over the operand's coordinates (b, r, c).
 """
 
 from __future__ import annotations
@@ -13,19 +15,38 @@ import math
 
 from vfuse.codegen.cpp.attention import AttentionSpec, MaskKind, render_flash_attention
 from vfuse.codegen.cpp.gemm import ConvSpec, Epilogue, EpilogueArg, GemmSpec, render_conv2d, render_gemm
+from vfuse.codegen.cpp.gemm.prologue import Prologue
 from vfuse.codegen.cpp.render import StatementWriter, pointer, pointer_line
-from vfuse.codegen.cpp.rules import STORAGE_TYPE
+from vfuse.codegen.cpp.rules import STORAGE_TYPE, STORE_CONVERT
 from vfuse.ir import DType, Op
 from vfuse.schedule.kernel import ContractionKernel, Program
 
 Names = dict[int, str]  # loop variable id -> C++ expression
 
 
+def _batch_names(batch: tuple[int, ...], rank: int) -> list[str]:
+    """C++ indices of the last `rank` dims of `batch` out of the flat batch index `b` (an
+    operand's batch dims align with the output's from the right, as in broadcasting)."""
+    names = [f"((b / {math.prod(batch[d + 1 :])}) % {size})" for d, size in enumerate(batch)]
+    return names[len(batch) - rank :]
+
+
 def _gemm_names(k: ContractionKernel) -> list[str]:
     """Per output dim, its C++ index: batch dims come out of the flat batch index `b`."""
-    *batch, _, _ = k.out_shape
-    names = [f"((b / {math.prod(batch[d + 1 :])}) % {size})" for d, size in enumerate(batch)]
-    return [*names, "i", "j"]
+    return [*_batch_names(k.out_shape[:-2], len(k.out_shape) - 2), "i", "j"]
+
+
+def _prologue(k: ContractionKernel, i: int) -> Prologue | None:
+    """Operand `i`'s prologue over its own coordinates: batch dims from `b`, then r, c."""
+    pro = k.prologue(i)
+    if pro is None:
+        return None
+    rank = len(k.shapes[i])
+    names = [*_batch_names(k.out_shape[:-2], rank - 2), "r", "c"]
+    w = StatementWriter(dict(enumerate(names)))
+    for s in pro.stmts:
+        w.stmt(s)
+    return Prologue(tuple(line.strip() for line in w.lines), pro.result, "r" if pro.inner == -2 else "c")
 
 
 def _conv_names(k: ContractionKernel) -> list[str]:
@@ -55,16 +76,22 @@ def _space_names(k: ContractionKernel, names: list[str]) -> Names:
     return out
 
 
-def _statements(k: ContractionKernel, names: list[str]) -> list[str]:
-    """The epilogue as C++ statements on `float v` (the rules' rendering, one line each)."""
+def _statements(k: ContractionKernel, names: list[str], out: DType = DType.F32) -> list[str]:
+    """The epilogue as C++ statements on `float v` (the rules' rendering, one line each); with
+    another output dtype the result is not assigned back to `v` (see `_store`)."""
     w = StatementWriter(_space_names(k, names))
     w.dtypes["v"] = DType.F32
     for s in k.epilogue:
         w.stmt(s)
     lines = [line.strip() for line in w.lines]
-    if k.result != "v":
+    if k.result != "v" and out is DType.F32:
         lines.append(f"v = {k.result};")
     return lines
+
+
+def _store(k: ContractionKernel, out: DType) -> str:
+    """The value written to C: `v` for fp32, else the epilogue's result in C's storage type."""
+    return "v" if out is DType.F32 else STORE_CONVERT.get(out, "{0}").format(k.result)
 
 
 def _extras(k: ContractionKernel, program: Program) -> tuple[EpilogueArg, ...]:
@@ -73,8 +100,13 @@ def _extras(k: ContractionKernel, program: Program) -> tuple[EpilogueArg, ...]:
 
 def _gemm(k: ContractionKernel, program: Program) -> tuple[str, str]:
     a, b = k.shapes
-    spec = GemmSpec.from_shapes(f"{k.name}_mm", a, b, k.trans_b, linkage="static", caches=k.caches)
-    epi = Epilogue(k.op.value, _extras(k, program), tuple(_statements(k, _gemm_names(k))))
+    pa, pb = _prologue(k, 0), _prologue(k, 1)
+    spec = GemmSpec.from_shapes(
+        f"{k.name}_mm", a, b, k.trans_b, linkage="static", caches=k.caches, a_prologue=pa, b_prologue=pb
+    )
+    out = program.buffers[k.out].type.dtype
+    stmts = tuple(_statements(k, _gemm_names(k), out))
+    epi = Epilogue(k.op.value, _extras(k, program), stmts, _store(k, out), STORAGE_TYPE[out])
     return render_gemm(spec, epi), f"{spec.name}({_args(k)}, {_out(k)}{epi.names()}, nt);"
 
 
@@ -121,7 +153,8 @@ def _attention(k: ContractionKernel, program: Program) -> tuple[str, str]:
 
 
 def _args(k: ContractionKernel) -> str:
-    return ", ".join(pointer(v) for v in k.operands)
+    """Operand pointers; an operand its packer computes has none."""
+    return ", ".join("nullptr" if k.prologue(i) else pointer(v) for i, v in enumerate(k.operands))
 
 
 def _out(k: ContractionKernel) -> str:

@@ -33,7 +33,7 @@ CPP_RULES: dict[Op, str] = {
     # unary
     Op.NEG: "(-{0})",
     Op.ABS: "vf_abs({0})",
-    Op.EXP: "std::exp({0})",
+    Op.EXP: "vf_exp({0})",
     Op.EXP2: "std::exp2({0})",
     Op.EXPM1: "std::expm1({0})",
     Op.LOG: "std::log({0})",

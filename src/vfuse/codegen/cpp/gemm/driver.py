@@ -9,6 +9,16 @@ Threading: when the batch count divides the threads (or dwarfs them) each thread
 batch entries with private panels (no barriers). Otherwise all threads cooperate on one entry:
 they pack the shared KC x NC panel of B together, barrier, then split (MC block x column chunk)
 work items so every thread gets the same number of items.
+
+Partial sums: with K > KC the tile of each K block is added to the previous partial sum, kept
+in C itself for an fp32 output. An output of another type (the epilogue ends in a cast, e.g.
+an int8 quantize) cannot hold them, so they go to an fp32 workspace of M x NC (one column
+panel: every K block of a panel is done before the next panel starts), scratch slot 2, private
+or shared exactly like the B panel. Why scratch rather than an arena buffer: it needs no IR
+value, costs nothing when K <= KC (no workspace at all: the epilogue sees the final sum
+straight from the micro-kernel) and is allocated once per thread like the packing buffers.
+A work item covers the same rows and columns in every K block, so a thread only ever reads
+back the partial sums it wrote.
 """
 
 from __future__ import annotations
@@ -29,8 +39,11 @@ class Driver:
     batch_setup: given `long bi`, defines `const float* a_b`, `float* c_b`, `long co` (offset of
         c_b from the output pointer) and whatever pack_b needs.
     pack_b: packs columns [j, j + nr) and rows [pc, pc + kc) of B_b into `float* bps` (NR wide).
+    pack_a: packs rows [ic, ic + mcur) and columns [pc, pc + kc) of A into `float* ap` (MR-row
+        slivers); empty: vg_pack_a from `a_b` with leading dim lda.
     row_names / elem_names: statements defining the epilogue's index names from bi, i (row) and
         j (column); the generic `i`, `j`, `o` are always defined.
+    The output pointer `c_b` has the epilogue's `out_ctype`.
     """
 
     name: str
@@ -47,32 +60,52 @@ class Driver:
     pack_b: str
     row_names: str = ""
     elem_names: str = ""
+    pack_a: str = ""
+
+
+def _workspace(d: Driver, blk: Blocking, epi: Epilogue) -> int:
+    """Floats of fp32 partial-sum workspace (0: none, partial sums stay in C or never exist)."""
+    if epi.out_ctype == "float" or blk.kc >= d.k:
+        return 0
+    return d.m * _panel(blk)
+
+
+def _panel(blk: Blocking) -> int:
+    """Columns of one packed B panel (NC rounded up to whole slivers)."""
+    return -(-blk.nc // blk.nr) * blk.nr
 
 
 def _writeback(d: Driver, blk: Blocking, epi: Epilogue) -> str:
     """NAME_wb<FULL, FIRST>: tile buffer -> C, adding the old partial sum; epilogue on the last K block."""
     nr_expr = f"(FULL ? {blk.nr} : nr)"
+    ws = _workspace(d, blk, epi)
+    wparam = ", float* __restrict vg_pw" if ws else ""
+    wrow = f"    float* __restrict prow = vg_pw + r * {_panel(blk)};\n" if ws else ""
+    # Where partial sums live: C for fp32, the workspace otherwise; none when K fits one block.
+    part = "prow" if ws else ("crow" if epi.out_ctype == "float" else "")
+    partial = f"""    if (!last) {{
+#pragma omp simd
+      for (int q = 0; q < ncols; ++q) {part}[q] = FIRST ? trow[q] : {part}[q] + trow[q];
+      continue;
+    }}
+"""
+    first = f"FIRST ? trow[q] : {part}[q] + trow[q]" if part else "trow[q]"
     return f"""
 template <bool FULL, bool FIRST>
-static inline void {d.name}_wb(const float* __restrict t, float* __restrict c_b, long co, long bi, long i0, long j0,
-                               int mr, int nr, bool last{epi.params()}) {{
-  (void)co; (void)bi;
+static inline void {d.name}_wb(const float* __restrict t, {epi.out_ctype}* __restrict c_b{wparam}, long co, long bi,
+                               long i0, long j0, int mr, int nr, bool last{epi.params()}) {{
+  (void)co; (void)bi; (void)last;
   const int ncols = {nr_expr};
   for (int r = 0; r < mr; ++r) {{
     [[maybe_unused]] const long i = i0 + r;
-{d.row_names}    float* __restrict crow = c_b + i * {d.ldc} + j0;
-    const float* __restrict trow = t + r * {blk.nr};
-    if (!last) {{
-#pragma omp simd
-      for (int q = 0; q < ncols; ++q) crow[q] = FIRST ? trow[q] : crow[q] + trow[q];
-      continue;
-    }}
-#pragma omp simd
+{d.row_names}    {epi.out_ctype}* __restrict crow = c_b + i * {d.ldc} + j0;
+{wrow}    const float* __restrict trow = t + r * {blk.nr};
+{partial if part else ""}#pragma omp simd
     for (int q = 0; q < ncols; ++q) {{
       [[maybe_unused]] const long j = j0 + q;
       [[maybe_unused]] const long o = co + i * {d.ldc} + j;
-{d.elem_names}      float v = FIRST ? trow[q] : crow[q] + trow[q];
-{epi.code("      ")}      crow[q] = v;
+{d.elem_names}      float v = {first};
+{epi.code("      ")}      crow[q] = {epi.store};
     }}
   }}
 }}
@@ -82,12 +115,14 @@ static inline void {d.name}_wb(const float* __restrict t, float* __restrict c_b,
 def _tile_loop(d: Driver, blk: Blocking, epi: Epilogue) -> str:
     """The work-item loop: pack an A block, then jr (B slivers) x ir (A slivers) micro-kernel calls."""
     wb = f"{d.name}_wb"
-    call = f"(t, c_b, co, bi, ic + ir, j, mr, nr, last{epi.names()})"
+    wp = f", vg_ws + (ic + ir) * {_panel(blk)} + (j - jc)" if _workspace(d, blk, epi) else ""
+    call = f"(t, c_b{wp}, co, bi, ic + ir, j, mr, nr, last{epi.names()})"
+    pack_a = d.pack_a or f"vg_pack_a<{blk.mr}>(a_b + ic * {d.lda} + pc, {d.lda}, mcur, kc, ap);"
     return f"""      for (long w = tid; w < items; w += nth) {{
         const long ic = (w / nsplit) * mc, mcur = vg_min(mc, {d.m} - ic);
         const long s0 = (w % nsplit) * per, s1 = vg_min(nsl, s0 + per);
         if (mcur <= 0 || s0 >= s1) continue;
-        vg_pack_a<{blk.mr}>(a_b + ic * {d.lda} + pc, {d.lda}, mcur, kc, ap);
+        {pack_a}
         for (long s = s0; s < s1; ++s) {{
           const long j = jc + s * {blk.nr};
           const int nr = static_cast<int>(vg_min({blk.nr}, {d.n} - j));
@@ -109,8 +144,9 @@ def _one(d: Driver, blk: Blocking, epi: Epilogue) -> str:
     """NAME_one: one batch entry, run by thread `tid` of `nth` (coop: all threads share `bp`)."""
     m, mr = d.m, blk.mr
     mc_max = -(-blk.mc // mr) * mr  # the runtime MC below is a multiple of MR and <= this
+    ws = ", float* __restrict vg_ws" if _workspace(d, blk, epi) else ""
     return f"""
-static void {d.name}_one(long bi, long tid, long nth, bool coop, float* __restrict bp, {d.params}{epi.params()}) {{
+static void {d.name}_one(long bi, long tid, long nth, bool coop, float* __restrict bp{ws}, {d.params}{epi.params()}) {{
 {d.batch_setup}  float* __restrict ap = vg_scratch(0, {mc_max * blk.kc});
   alignas(64) float t[{blk.mr * blk.nr}];
   // Work split: enough (MC block x column chunk) items for every thread, in equal numbers.
@@ -144,22 +180,25 @@ static void {d.name}_one(long bi, long tid, long nth, bool coop, float* __restri
 
 
 def _entry(d: Driver, blk: Blocking, epi: Epilogue) -> str:
-    ncp = -(-blk.nc // blk.nr) * blk.nr
-    bsize = blk.kc * ncp
+    bsize = blk.kc * _panel(blk)
+    wsize = _workspace(d, blk, epi)
+    private = f"vg_scratch(1, {bsize})" + (f", vg_scratch(2, {wsize})" if wsize else "")
+    shared = "bp" + (", vg_wsp" if wsize else "")
+    alloc = f"float* vg_wsp = vg_scratch(2, {wsize});\n    " if wsize else ""
     args = f"{d.args}{epi.names()}"
     return f"""
 {d.linkage} void {d.name}({d.params}{epi.params()}, int nthreads) {{
   const long nth = nthreads > 0 ? nthreads : omp_get_max_threads();
   if (nth == 1) {{
-    for (long bi = 0; bi < {d.batch}; ++bi) {d.name}_one(bi, 0, 1, false, vg_scratch(1, {bsize}), {args});
+    for (long bi = 0; bi < {d.batch}; ++bi) {d.name}_one(bi, 0, 1, false, {private}, {args});
   }} else if ({d.batch} > 1 && ({d.batch} % nth == 0 || {d.batch} >= 4 * nth)) {{
 #pragma omp parallel for num_threads(nth) schedule(static)
-    for (long bi = 0; bi < {d.batch}; ++bi) {d.name}_one(bi, 0, 1, false, vg_scratch(1, {bsize}), {args});
+    for (long bi = 0; bi < {d.batch}; ++bi) {d.name}_one(bi, 0, 1, false, {private}, {args});
   }} else {{
     float* bp = vg_scratch(1, {bsize});
-#pragma omp parallel num_threads(nth)
+    {alloc}#pragma omp parallel num_threads(nth)
     for (long bi = 0; bi < {d.batch}; ++bi)
-      {d.name}_one(bi, omp_get_thread_num(), omp_get_num_threads(), true, bp, {args});
+      {d.name}_one(bi, omp_get_thread_num(), omp_get_num_threads(), true, {shared}, {args});
   }}
 }}
 """

@@ -12,6 +12,10 @@ loop over one tile row, with these integer (`long`) names in scope:
 Statements should use the prelude's vg_exp / vg_erf / vg_tanh / vg_sigmoid instead of std::
 math, so the loop vectorizes without -ffast-math. Extra arguments come after the output pointer
 in the kernel signature, in the order given here.
+
+The output need not be fp32 (GEMM only): with `out_ctype` e.g. "int8_t", the kernel's C is
+that type and `store` (an expression, e.g. the variable holding the epilogue's final cast) is
+what each element receives; partial sums over K blocks then live in an fp32 workspace.
 """
 
 from __future__ import annotations
@@ -33,11 +37,14 @@ class EpilogueArg:
 
 @dataclass(frozen=True, slots=True)
 class Epilogue:
-    """Statements on `float v`; `args` are the pointers/scalars they read (see module doc)."""
+    """Statements on `float v`; `args` are the pointers/scalars they read (see module doc);
+    `store` is the value written to C (of type `out_ctype`)."""
 
     name: str = "none"
     args: tuple[EpilogueArg, ...] = ()
     body: tuple[str, ...] = ()
+    store: str = "v"
+    out_ctype: str = "float"
 
     def params(self) -> str:
         """The arguments as a C++ parameter list fragment with a leading comma (or empty)."""
@@ -55,7 +62,8 @@ class Epilogue:
         clash = {a.name for a in self.args} & {a.name for a in other.args}
         if clash:
             raise ValueError(f"epilogue arguments clash: {sorted(clash)}")
-        return Epilogue(f"{self.name}+{other.name}", self.args + other.args, self.body + other.body)
+        name, args, body = f"{self.name}+{other.name}", self.args + other.args, self.body + other.body
+        return Epilogue(name, args, body, other.store, other.out_ctype)
 
 
 _BIAS = EpilogueArg("bias", "const float*")

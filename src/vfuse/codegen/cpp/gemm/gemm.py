@@ -1,12 +1,15 @@
 """render_gemm: C[b] = epilogue(A[b] @ B[b]) as one self-contained C++17 function.
 
 Generated signature:
-    <linkage> void <name>(const float* A, const float* B, float* C, <epilogue args>, int nthreads)
+    <linkage> void <name>(const float* A, const float* B, OUT* C, <epilogue args>, int nthreads)
 
 A is row-major M x K (row stride lda), B is row-major K x N (ldb) or, with trans_b, N x K (ldb)
-as nn.Linear stores its weight; C is row-major M x N (ldc). Batch dims broadcast through zero
-strides. All sizes are baked in as constants (shapes are static in vfuse today), so GCC
-specializes the loops. nthreads <= 0 means omp_get_max_threads().
+as nn.Linear stores its weight; C is row-major M x N (ldc) of the epilogue's `out_ctype` (OUT,
+float unless the epilogue ends in a cast). An operand with a `Prologue` (`prologue.py`) is
+computed by its packer from the epilogue args instead (its pointer is unused: pass nullptr),
+e.g. int8 weights dequantized per channel. Batch dims broadcast through zero strides. All
+sizes are baked in as constants (shapes are static in vfuse today), so GCC specializes the
+loops. nthreads <= 0 means omp_get_max_threads().
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ from vfuse.codegen.cpp.gemm.driver import Driver, render_driver
 from vfuse.codegen.cpp.gemm.epilogue import Epilogue
 from vfuse.codegen.cpp.gemm.microkernel import PACKERS, render_microkernel
 from vfuse.codegen.cpp.gemm.prelude import render_prelude
+from vfuse.codegen.cpp.gemm.prologue import Prologue, packer_name, render_packer
 
 # This machine's caches (per-core L1d/L2, shared L3): the default when no Target is given.
 DEFAULT_CACHES = (48 << 10, 1 << 20, 32 << 20)
@@ -37,6 +41,7 @@ class GemmSpec:
     batch: batch dims (possibly empty); a/b/c_batch_strides: one element stride per batch dim,
     0 where that operand broadcasts. lda/ldb/ldc default to the dense row length.
     caches: (l1, l2, l3) bytes for blocking; blocking overrides the choice entirely.
+    a_prologue / b_prologue: compute that operand while packing (B then has no trans_b).
     """
 
     name: str
@@ -54,9 +59,13 @@ class GemmSpec:
     linkage: str = 'extern "C"'
     caches: tuple[int, int, int] = DEFAULT_CACHES
     blocking: Blocking | None = field(default=None)
+    a_prologue: Prologue | None = None
+    b_prologue: Prologue | None = None
 
     def __post_init__(self) -> None:
         check_kernel_name(self.name)
+        if self.trans_b and self.b_prologue is not None:
+            raise ValueError(f"{self.name}: a B prologue reads B's elements itself (no trans_b)")
         if min(self.m, self.n, self.k) < 1:
             raise ValueError(f"{self.name}: empty GEMM {self.m}x{self.k} @ {self.k}x{self.n}")
         strides = (self.a_batch_strides, self.b_batch_strides, self.c_batch_strides)
@@ -102,30 +111,51 @@ def _strides(dims: tuple[int, ...], inner: int) -> tuple[int, ...]:
     return tuple(reversed(out))
 
 
-def batch_setup(spec: GemmSpec) -> str:
-    """Decompose the flat batch index into per-operand offsets (innermost dim varies fastest)."""
+def batch_setup(spec: GemmSpec, out_ctype: str = "float") -> str:
+    """Decompose the flat batch index into per-operand offsets (innermost dim varies fastest).
+    An operand computed by its prologue has no pointer (A / B may be null)."""
     lines = ["  long rem = bi, ao = 0, bo = 0, co = 0;\n"]
     dims = zip(spec.batch, spec.a_batch_strides, spec.b_batch_strides, spec.c_batch_strides, strict=True)
     for size, sa, sb, sc in reversed(list(dims)):
         offsets = f"ao += x * {sa}; bo += x * {sb}; co += x * {sc};"
         lines.append(f"  {{ const long x = rem % {size}; rem /= {size}; {offsets} }}\n")
-    lines.append("  (void)rem;\n  const float* __restrict a_b = A + ao;\n")
-    lines.append("  const float* __restrict b_b = B + bo;\n  float* __restrict c_b = C + co;\n")
+    lines.append("  (void)rem; (void)ao; (void)bo;\n")
+    if spec.a_prologue is None:
+        lines.append("  const float* __restrict a_b = A + ao;\n")
+    if spec.b_prologue is None:
+        lines.append("  const float* __restrict b_b = B + bo;\n")
+    lines.append(f"  {out_ctype}* __restrict c_b = C + co;\n")
     return "".join(lines)
+
+
+def _packers(spec: GemmSpec, blk: Blocking, epilogue: Epilogue) -> tuple[str, str, str]:
+    """(packer functions, the A block packing statement, the B sliver packing statement)."""
+    _, ldb, _ = spec.lead
+    source, pack_a = "", ""
+    names = epilogue.names()
+    if spec.a_prologue is not None:
+        source += render_packer(spec.name, "a", blk.mr, spec.a_prologue, epilogue.params())
+        call = f"{packer_name(spec.name, 'a')}(bi, ic + ir, pc, vg_min({blk.mr}, mcur - ir), kc, ap + ir * kc{names});"
+        pack_a = f"for (long ir = 0; ir < mcur; ir += {blk.mr}) {call}"
+    if spec.b_prologue is not None:
+        source += render_packer(spec.name, "b", blk.nr, spec.b_prologue, epilogue.params())
+        pack_b = f"{packer_name(spec.name, 'b')}(bi, j, pc, nr, kc, bps{names});"
+    elif spec.trans_b:
+        pack_b = f"vg_pack_b_cols<{blk.nr}>(b_b + j * {ldb} + pc, {ldb}, kc, nr, bps);"
+    else:
+        pack_b = f"vg_pack_b_rows<{blk.nr}>(b_b + pc * {ldb} + j, {ldb}, kc, nr, bps);"
+    return source, pack_a, pack_b
 
 
 def render_gemm(spec: GemmSpec, epilogue: Epilogue) -> str:
     """The kernel's C++ source: guarded prelude, micro-kernel and packers, then the function."""
-    lda, ldb, ldc = spec.lead
+    lda, _, ldc = spec.lead
     blk = spec.tiles()
-    if spec.trans_b:
-        pack = f"vg_pack_b_cols<{blk.nr}>(b_b + j * {ldb} + pc, {ldb}, kc, nr, bps);"
-    else:
-        pack = f"vg_pack_b_rows<{blk.nr}>(b_b + pc * {ldb} + j, {ldb}, kc, nr, bps);"
+    packers, pack_a, pack_b = _packers(spec, blk, epilogue)
     driver = Driver(
         name=spec.name,
         linkage=spec.linkage,
-        params="const float* __restrict A, const float* __restrict B, float* __restrict C",
+        params=f"const float* __restrict A, const float* __restrict B, {epilogue.out_ctype}* __restrict C",
         args="A, B, C",
         batch=math.prod(spec.batch),
         m=spec.m,
@@ -133,11 +163,17 @@ def render_gemm(spec: GemmSpec, epilogue: Epilogue) -> str:
         k=spec.k,
         lda=lda,
         ldc=ldc,
-        batch_setup=batch_setup(spec),
-        pack_b=pack,
+        batch_setup=batch_setup(spec, epilogue.out_ctype),
+        pack_b=pack_b,
         row_names="    [[maybe_unused]] const long b = bi;\n",
+        pack_a=pack_a,
     )
     header = f"// vfuse gemm {spec.name}: {spec.m}x{spec.k} @ {spec.k}x{spec.n}, epilogue {epilogue.name}, {blk}\n"
     return (
-        render_prelude() + PACKERS + render_microkernel(blk.mr, blk.nr) + header + render_driver(driver, blk, epilogue)
+        render_prelude()
+        + PACKERS
+        + render_microkernel(blk.mr, blk.nr)
+        + header
+        + packers
+        + render_driver(driver, blk, epilogue)
     )

@@ -74,12 +74,13 @@ static inline float vg_sigmoid(float x) { return 1.0f / (1.0f + vg_exp(-x)); }
 # Why scratch lives in thread-local grow-only buffers: packing buffers are megabytes; a fresh
 # malloc per call maps new pages and pays page faults on every call. thread_local gives each
 # OpenMP worker its own A-panel buffer with no locking; slot 1 is the calling thread's shared
-# B panel. Memory is returned at thread exit.
+# B panel; slot 2 the fp32 partial sums of a GEMM whose output is not fp32 (an int8 C cannot
+# hold them), shared like the B panel. Memory is returned at thread exit.
 _SCRATCH = r"""
 struct VgScratch {
-  float* ptr[2] = {nullptr, nullptr};
-  std::size_t cap[2] = {0, 0};
-  ~VgScratch() { std::free(ptr[0]); std::free(ptr[1]); }
+  float* ptr[3] = {nullptr, nullptr, nullptr};
+  std::size_t cap[3] = {0, 0, 0};
+  ~VgScratch() { std::free(ptr[0]); std::free(ptr[1]); std::free(ptr[2]); }
 };
 
 static inline float* vg_scratch(int slot, std::size_t floats) {

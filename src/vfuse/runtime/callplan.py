@@ -1,0 +1,51 @@
+"""The lean per-call path of a program made of native segments only (the common case).
+
+A call then only has to point the kernels at this call's tensors: every input's data pointer
+(made contiguous first: kernels index row-major), every output's (from the pool), the seeds
+when the program draws random numbers, and one foreign call per segment. All of that is
+decided here once, when the executor is built: which input index and which output feed
+which pointer slot, which outputs the graph returns. Constants have fixed addresses and are
+bound once, so a call builds no name-keyed environment and looks nothing up by name.
+
+Programs with torch steps (OPAQUE nodes, fallbacks) or that return something no kernel
+writes (an input, a constant) keep the general path in `NativeExecutor`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from vfuse.ir import Graph, Op
+from vfuse.schedule import BufKind, Program, TorchStep
+
+
+@dataclass(frozen=True)
+class CallPlan:
+    """Where each per-call tensor goes; indices refer to the graph's inputs and outputs."""
+
+    inputs: tuple[tuple[int, int], ...]  # (pointer slot, graph input position)
+    outputs: tuple[tuple[str, tuple[int, ...], torch.dtype], ...]  # (pool key, shape, dtype)
+    output_slots: tuple[int, ...]
+    results: tuple[int, ...]  # for each graph output, its position in `outputs`
+    draws_seeds: bool
+
+
+def make_call_plan(program: Program, graph: Graph) -> CallPlan | None:
+    """The lean plan, or None when the program needs the general path."""
+    if any(isinstance(s, TorchStep) for s in program.steps) or not program.segments:
+        return None
+    bufs = program.buffers
+    written = [v for v, b in bufs.items() if b.kind is BufKind.OUTPUT]
+    if any(v not in written for v in graph.outputs):
+        return None
+    # Inputs no kernel reads have no slot: they need no binding.
+    bound = [n for n in graph.inputs if n.name in bufs]
+    return CallPlan(
+        inputs=tuple((bufs[n.name].slot, int(n.attrs["index"])) for n in bound),
+        outputs=tuple((v, bufs[v].type.shape, bufs[v].type.dtype.torch) for v in written),
+        output_slots=tuple(bufs[v].slot for v in written),
+        results=tuple(written.index(v) for v in graph.outputs),
+        draws_seeds=any(n.op is Op.RNG_SEED for n in graph.nodes),
+    )
