@@ -28,6 +28,7 @@ from vfuse.codegen.cpp.rules import (
     STORAGE_TYPE,
     STORE_CONVERT,
 )
+from vfuse.codegen.cpp.segments import render_segments, use_segments
 from vfuse.codegen.cpp.streaming import render_streamed
 from vfuse.ir import DType, Op
 from vfuse.schedule import expr
@@ -306,6 +307,11 @@ class KernelWriter:
             for r in p.reduces:
                 self.declare_acc(r, f"{r.var}_blk")
             render_lanes(self, p, vec, "_blk")
+        elif use_segments(self.k, p, vec, parallel):
+            for r in p.reduces:
+                self.declare_acc(r, f"{r.var}_blk")
+            even = vec.size <= BLOCK or vec.size % BLOCK == 0
+            render_segments(self, p, vec, min(vec.size, BLOCK) if even else None)
         else:
             for r in p.reduces:
                 self.declare_acc(r, f"{r.var}_blk")
