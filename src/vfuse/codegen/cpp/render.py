@@ -17,6 +17,7 @@ import torch
 
 from vfuse.codegen.cpp.columns import render_tiled
 from vfuse.codegen.cpp.lanes import render_lanes, use_lanes
+from vfuse.codegen.cpp.prefetch import RowPrefetch, plan_prefetch, render_prefetch
 from vfuse.codegen.cpp.prelude import PRELUDE
 from vfuse.codegen.cpp.rowgroups import render_row_groups, use_row_groups
 from vfuse.codegen.cpp.rules import (
@@ -28,8 +29,8 @@ from vfuse.codegen.cpp.rules import (
     STORAGE_TYPE,
     STORE_CONVERT,
 )
-from vfuse.codegen.cpp.segments import render_segments, use_segments
 from vfuse.codegen.cpp.streaming import render_streamed
+from vfuse.codegen.cpp.strips import render_strips, strip_chains
 from vfuse.ir import DType, Op
 from vfuse.schedule import expr
 from vfuse.schedule.kernel import (
@@ -53,6 +54,11 @@ from vfuse.schedule.kernel import (
 )
 
 BLOCK = 1024  # elements per partial sum: bounds float rounding error of long sums
+
+
+def block_length(size: int) -> int | None:
+    """The length of every BLOCK of a `size`-long reduction where they are all the same."""
+    return min(size, BLOCK) if size <= BLOCK or size % BLOCK == 0 else None
 
 
 def pointer(value: str) -> str:
@@ -101,6 +107,7 @@ class KernelWriter:
         self.names = {lp.var: f"i{lp.var}" for lp in (*kernel.outer, *kernel.inner)}
         self.lines: list[str] = []
         self.depth = 1
+        self.prefetch: RowPrefetch | None = None  # set by rows() where it prefetches
 
     def w(self, line: str) -> None:
         self.lines.append("  " * self.depth + line)
@@ -300,6 +307,7 @@ class KernelWriter:
             return
         if parallel:
             self.w(f"#pragma omp parallel for {self.parallel_clause()} {self.clauses(p.reduces, '_acc')}")
+        length = block_length(vec.size)
         self.w(f"for (int64_t rb = 0; rb < {vec.size}; rb += {BLOCK}) {{")
         self.depth += 1
         self.w(f"const int64_t re = rb + {BLOCK} < {vec.size} ? rb + {BLOCK} : {vec.size};")
@@ -307,11 +315,10 @@ class KernelWriter:
             for r in p.reduces:
                 self.declare_acc(r, f"{r.var}_blk")
             render_lanes(self, p, vec, "_blk")
-        elif use_segments(self.k, p, vec, parallel):
+        elif chains := strip_chains(self.k, p, vec, length, parallel, self.prefetch is not None):
             for r in p.reduces:
                 self.declare_acc(r, f"{r.var}_blk")
-            even = vec.size <= BLOCK or vec.size % BLOCK == 0
-            render_segments(self, p, vec, min(vec.size, BLOCK) if even else None)
+            render_strips(self, p, vec, chains, min(vec.size, BLOCK))
         else:
             for r in p.reduces:
                 self.declare_acc(r, f"{r.var}_blk")
@@ -376,9 +383,12 @@ class KernelWriter:
         if use_row_groups(self.k):
             render_row_groups(self)
         else:
+            self.prefetch = self.row_prefetch()
             for lp in self.k.outer:
                 self.open_loop(lp)
             for p in self.k.passes:
+                if self.prefetch and p is self.k.passes[-1]:
+                    render_prefetch(self, self.prefetch)
                 self.pass_(p)
             for s in self.k.after:
                 self.stmt(s)
@@ -391,6 +401,17 @@ class KernelWriter:
         self.lines += body
         self.row_buffers(False)
         self.close()
+
+    def row_prefetch(self) -> RowPrefetch | None:
+        """Rows are prefetched where their first pass takes strips (strips.py), which then no
+        longer paces itself on demand misses; elsewhere prefetch measured a loss (softmax,
+        whose first pass is a NaN-tracking max: 1.68 -> 1.87 ms)."""
+        if not self.k.inner or not self.k.passes:
+            return None
+        vec = self.k.inner[-1]
+        if not strip_chains(self.k, self.k.passes[0], vec, block_length(vec.size), False, True):
+            return None
+        return plan_prefetch(self.k)
 
     def describe(self) -> str:
         outer = "x".join(str(lp.size) for lp in self.k.outer) or "-"

@@ -1,0 +1,134 @@
+"""Long-row reductions through strips (codegen/cpp/strips.py) and row prefetch
+(codegen/cpp/prefetch.py): sums over rows run several accumulator chains per lane, first
+passes only where the rows are prefetched; results match eager, the lane loops vectorize."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from tests.codegen.native_helpers import check, hand_plan, inputs, scalar
+from tests.codegen.test_vectorize import _simd_loops_vectorized
+from tests.codegen.test_views_and_reductions import norm_graph
+
+from vfuse.codegen.cpp.prefetch import plan_prefetch
+from vfuse.codegen.cpp.strips import CHAINS, FIRST_CHAINS, VECTOR
+from vfuse.fusion import FusionPlan
+from vfuse.ir import DType, Graph, GraphBuilder, Op
+from vfuse.schedule.kernel import Kernel
+
+
+def _plan(graph: Graph) -> FusionPlan:
+    """One fused row kernel, as the planner makes it."""
+    return hand_plan(graph, [[n.name for n in graph.compute_nodes]])
+
+
+def _kernel_source(source: str) -> str:
+    return source[source.index("// group 0") :]
+
+
+@pytest.mark.parametrize("d", [1000, 1024, 4096])
+def test_layernorm_long_rows_with_offset_mean_match_eager(d: int) -> None:
+    # 1000: strips and a remainder of 40 / 104; 1024: one block; 4096: four blocks of 1024.
+    # A mean of 10 standard deviations (more and the mean pass alone already misses 1e-5
+    # against the reference, with one chain or several).
+    graph, eager = norm_graph("layernorm", 9, d)
+    gen = torch.Generator().manual_seed(0)
+    xs = [torch.randn(9, d, generator=gen) * 3 + 30, torch.randn(d, generator=gen), torch.randn(d, generator=gen)]
+    ex = check(graph, xs, _plan(graph))
+    src = _kernel_source(ex.source)
+    # The mean pass over prefetched rows takes FIRST_CHAINS chains, the variance pass CHAINS.
+    assert "__builtin_prefetch" in src
+    assert f"_q{FIRST_CHAINS - 1};" in src and f"_q{CHAINS - 1};" in src and f"_q{CHAINS};" not in src
+    torch.testing.assert_close(ex(xs)[0], eager(*xs), rtol=1e-5, atol=1e-5)
+
+
+def test_first_pass_without_prefetch_keeps_one_chain() -> None:
+    # Rows of 1.5 KiB are not prefetched: the mean pass is a plain SIMD reduction (several
+    # chains there only piled up demand misses), the variance pass still takes strips.
+    graph, eager = norm_graph("layernorm", 7, 384)
+    xs = [torch.randn(7, 384) * 2 + 1, torch.randn(384), torch.randn(384)]
+    ex = check(graph, xs, _plan(graph))
+    (k,) = [k for k in ex.program.kernels if isinstance(k, Kernel)]
+    assert plan_prefetch(k) is None
+    src = _kernel_source(ex.source)
+    mean_pass = src[: src.index("const float", src.index("t2_acc"))]
+    assert "_sp[" not in mean_pass and "reduction(+:" in mean_pass
+    assert "_sp[" in src
+    torch.testing.assert_close(ex(xs)[0], eager(*xs), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("d", [1000, 1024])
+def test_softmax_max_pass_plain_and_exp_pass_one_chain(d: int) -> None:
+    # The max pass tracks NaN in a flag (g++ would split it off a lane loop): a plain SIMD
+    # reduction. The exp-sum pass is bound by exp's instructions: one chain, which still
+    # drops g++'s serial horizontal sum.
+    graph, eager = norm_graph("softmax", 6, d)
+    xs = [torch.randn(6, d) * 3, torch.randn(d), torch.randn(d)]
+    xs[0][2, 17] = float("nan")  # in a chain
+    xs[0][3, d - 1] = float("nan")  # in the remainder (d = 1000) or the last step
+    xs[0][4, 500] = float("-inf")
+    xs[0][5, 3] = 1e30  # the max sits in the first lane's first chain
+    ex = check(graph, xs, _plan(graph))
+    src = _kernel_source(ex.source)
+    assert "reduction(max:" in src and "_q1 = " not in src and "_q0 = (float)0" in src
+    got = ex(xs)[0]
+    torch.testing.assert_close(got, eager(*xs), rtol=1e-5, atol=1e-5, equal_nan=True)
+    assert got[2].isnan().all() and got[3].isnan().all() and not got[4].isnan().any()
+
+
+def _centered_sums(d: int, dtype: DType) -> tuple:
+    """Sum and sum of squares of x - mean(x) per row: a second, cheap pass."""
+    b = GraphBuilder()
+    (x,) = inputs(b, ((6, d), dtype))
+    xf = b.add(Op.CAST, [x], dtype=DType.F32) if dtype is not DType.F32 else x
+    mean = b.add(Op.MUL, [b.add(Op.SUM, [xf], axes=(1,), keepdim=True), scalar(b, 1.0 / d)])
+    c = b.add(Op.SUB, [xf, mean])
+    outs = [
+        b.add(Op.SUM, [c], axes=(1,), keepdim=False),
+        b.add(Op.SUM, [b.add(Op.MUL, [c, c])], axes=(1,), keepdim=False),
+    ]
+    return b.build(outs), x
+
+
+@pytest.mark.parametrize("dtype", [DType.F32, DType.BF16, DType.F16])
+def test_sums_through_strips_with_remainder(dtype: DType) -> None:
+    d = 2 * CHAINS * VECTOR * 3 + 21  # a remainder of 21 past the strips
+    graph, _ = _centered_sums(d, dtype)
+    xs = torch.randn(6, d) * 2
+    xs[1, d - 3] = 50.0  # in the remainder ...
+    xs[2, 5] = -50.0  # ... in the first chain of the first lane
+    xs[3, d - 30] = 60.0  # the last step
+    xs[4, d // 2] = float("nan")  # NaN propagates out of a chain
+    xs[5, d - 1] = float("inf")  # and inf out of the remainder
+    xs = xs.to(dtype.torch)
+    ex = check(graph, [xs], _plan(graph), rtol=1e-5, atol=1e-4)
+    assert f"_q{CHAINS - 1};" in _kernel_source(ex.source)
+    xf = xs.float()
+    c = xf - xf.mean(1, keepdim=True)
+    total, ssq = ex([xs])
+    torch.testing.assert_close(total, c.sum(1), rtol=1e-5, atol=1e-3, equal_nan=True)
+    torch.testing.assert_close(ssq, (c * c).sum(1), rtol=1e-5, atol=1e-3, equal_nan=True)
+    assert torch.isnan(ssq[4]) and torch.isnan(ssq[5]) and ssq[1] > 2000 and ssq[3] > 3000
+
+
+def test_prefetch_plan_follows_rows_not_broadcast_weights() -> None:
+    graph, _ = norm_graph("rms", 16, 1024)
+    xs = [torch.randn(16, 1024), torch.randn(1024), torch.randn(1024)]
+    ex = check(graph, xs, _plan(graph))
+    (k,) = [k for k in ex.program.kernels if isinstance(k, Kernel)]
+    pf = plan_prefetch(k)
+    assert pf is not None and pf.distance == 3 and pf.row_bytes == 4096
+    assert [s.buf for s in pf.loads] == [graph.inputs[0].name]  # x, not the weight
+    # The last rows prefetch the last row again instead of reading past the buffer.
+    assert "const int64_t i0_pf = i0 + 3 < 16 ? i0 + 3 : 15;" in ex.source
+
+
+@pytest.mark.parametrize(("kind", "d"), [("layernorm", 1024), ("layernorm", 4096), ("rms", 1000), ("softmax", 1000)])
+def test_strips_lane_loops_vectorize(kind: str, d: int, tmp_path: Path) -> None:
+    graph, _ = norm_graph(kind, 8, d)
+    ex = check(graph, [torch.randn(8, d), torch.randn(d), torch.randn(d)], _plan(graph))
+    assert "for (int64_t sl = 0; sl < 16;" in ex.source
+    simd, vectorized = _simd_loops_vectorized(ex.source, tmp_path)
+    assert simd and simd == vectorized, f"pragmas at lines {sorted(simd - vectorized)} not vectorized"
