@@ -132,3 +132,17 @@ def test_strips_lane_loops_vectorize(kind: str, d: int, tmp_path: Path) -> None:
     assert "for (int64_t sl = 0; sl < 16;" in ex.source
     simd, vectorized = _simd_loops_vectorized(ex.source, tmp_path)
     assert simd and simd == vectorized, f"pragmas at lines {sorted(simd - vectorized)} not vectorized"
+
+
+def test_division_by_a_row_scalar_becomes_a_reciprocal_multiply() -> None:
+    # x / sum(x) (softmax's last pass) multiplies by 1/sum hoisted out of the row loop; a
+    # per-element divisor stays a division. Both match eager within a few ulp (the sum too).
+    b = GraphBuilder()
+    x, y = inputs(b, ((6, 1000), DType.F32), ((6, 1000), DType.F32))
+    s = b.add(Op.SUM, [x], axes=(1,), keepdim=True)
+    graph = b.build([b.add(Op.DIV, [b.add(Op.DIV, [x, s]), y])])
+    xs = [torch.rand(6, 1000) + 0.5, torch.rand(6, 1000) + 0.5]
+    ex = check(graph, xs, _plan(graph), rtol=1e-6, atol=0)
+    src = _kernel_source(ex.source)
+    assert src.count("_rcp = 1.0f / (float)") == 1 and src.count(" / ") == 2  # 1/sum and x*r/y
+    torch.testing.assert_close(ex(xs)[0], xs[0] / xs[0].sum(1, keepdim=True) / xs[1], rtol=1e-6, atol=0)
