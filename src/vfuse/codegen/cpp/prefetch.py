@@ -13,8 +13,10 @@ bytes, ms): it is what lets the first pass run several accumulator chains (`stri
 without prefetch those made ln_gelu 1.4x slower (1.92 against 1.34: the faster first pass
 only piled up demand misses). Distance, ln_gelu / rms_silu: 1 row 1.35 / 1.38, 2 rows 1.29 /
 1.32, 3 rows 1.33 / 1.28, 4 rows 1.38 / 1.37, 6 rows 1.60 / 1.49. Prefetching into L2 only
-instead of L1: 1.46 against 1.41 (6 rows). Softmax, whose max pass keeps one chain, lost
-with prefetch (1.68 -> 1.87), so only kernels whose first pass takes strips prefetch.
+instead of L1: 1.46 against 1.41 (6 rows); prefetching the output rows for writing as well
+lost (ln_gelu 0.98 -> 1.04-1.06 ms, softmax 1.13 -> 1.23 on a fast-memory run). Softmax,
+whose max pass keeps one chain: 6 rows ahead lost (1.68 -> 1.87), 3 rows ahead 1.17 -> 1.13
+on a fast-memory run and no change on a slow one (1.58).
 """
 
 from __future__ import annotations

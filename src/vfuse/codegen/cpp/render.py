@@ -409,7 +409,7 @@ class KernelWriter:
         if use_row_groups(self.k):
             render_row_groups(self)
         else:
-            self.prefetch = self.row_prefetch()
+            self.prefetch = plan_prefetch(self.k)
             for lp in self.k.outer:
                 self.open_loop(lp)
             for p in self.k.passes:
@@ -427,17 +427,6 @@ class KernelWriter:
         self.lines += body
         self.row_buffers(False)
         self.close()
-
-    def row_prefetch(self) -> RowPrefetch | None:
-        """Rows are prefetched where their first pass takes strips (strips.py), which then no
-        longer paces itself on demand misses; elsewhere prefetch measured a loss (softmax,
-        whose first pass is a NaN-tracking max: 1.68 -> 1.87 ms)."""
-        if not self.k.inner or not self.k.passes:
-            return None
-        vec = self.k.inner[-1]
-        if not strip_chains(self.k, self.k.passes[0], vec, block_length(vec.size), False, True):
-            return None
-        return plan_prefetch(self.k)
 
     def describe(self) -> str:
         outer = "x".join(str(lp.size) for lp in self.k.outer) or "-"
