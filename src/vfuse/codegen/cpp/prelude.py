@@ -192,6 +192,16 @@ static inline float vf_exp_narrow(float m) {
   const float p = vf_exp_p(m, kk);  // kk = n + 254
   return p * vf_bits2f((uint32_t)(kk - 127) << 23);
 }
+// exp(x) for x <= 0 or NaN (x - rowmax(x) in softmax: codegen/cpp/rowfacts.py): no overflow to
+// check, and 2^n is one normal float down to x = -87.34, below which the result (< 2^-126) is
+// flushed to 0 instead of vf_exp's correctly rounded subnormal (-inf -> 0, NaN -> NaN). About 20
+// instead of 30 instructions per vector: softmax 8192x1024, one thread, rows in L2 248 -> 207 ns/row.
+static inline float vf_exp_nonpos(float x) {
+  int32_t kk;
+  const float p = vf_exp_p(x, kk);  // kk = n + 254
+  const float y = p * vf_bits2f((uint32_t)(kk - 127) << 23);
+  return x < -87.33654f ? 0.0f : y;  // one compare: g++ zero-masks the multiply
+}
 // fp32 sigmoid = 1 / (1 + exp(-x)) and silu = x / (1 + exp(-x)) with exp's argument clamped to
 // [-88, 88] (vf_clamp_sym): 20-25% faster than the exp(-|x|) forms in an L1-resident loop.
 // Below x = -88 the clamped exp is wrong, so sigmoid gives 0 and silu -0 (x * 0: silu(-inf) = NaN),

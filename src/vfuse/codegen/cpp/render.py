@@ -19,6 +19,7 @@ from vfuse.codegen.cpp.columns import render_tiled
 from vfuse.codegen.cpp.lanes import render_lanes, use_lanes
 from vfuse.codegen.cpp.prefetch import RowPrefetch, plan_prefetch, render_prefetch
 from vfuse.codegen.cpp.prelude import PRELUDE
+from vfuse.codegen.cpp.rowfacts import below_row_max, pass_invariant_divisors
 from vfuse.codegen.cpp.rowgroups import render_row_groups, use_row_groups
 from vfuse.codegen.cpp.rules import (
     COMPUTE_TYPE,
@@ -54,7 +55,6 @@ from vfuse.schedule.kernel import (
 )
 
 BLOCK = 1024  # elements per partial sum: bounds float rounding error of long sums
-RECIP_DTYPES = frozenset({DType.F32, DType.F16, DType.BF16})  # computed in float
 
 
 def block_length(size: int) -> int | None:
@@ -110,6 +110,7 @@ class KernelWriter:
         self.depth = 1
         self.prefetch: RowPrefetch | None = None  # set by rows() where it prefetches
         self.recips: frozenset[str] = frozenset()  # divisors of the current pass held as 1/d
+        self.nonpos: frozenset[str] = frozenset()  # values of the current pass known <= 0 or NaN
 
     def w(self, line: str) -> None:
         self.lines.append("  " * self.depth + line)
@@ -148,6 +149,8 @@ class KernelWriter:
         assert isinstance(s, Compute)
         if s.op is Op.DIV and s.args[1] in self.recips:
             return f"({s.args[0]} * {s.args[1]}_rcp)"
+        if s.op is Op.EXP and s.args[0] in self.nonpos:
+            return f"vf_exp_nonpos({s.args[0]})"
         ct = COMPUTE_TYPE[s.dtype]
         expr = CPP_RULES[s.op].format(*s.args, T=ct, **dict(s.attrs.items()))
         if s.op is Op.CAST and s.dtype in STORE_CONVERT:
@@ -262,7 +265,7 @@ class KernelWriter:
     def pass_(self, p: Pass) -> None:
         for s in p.before:
             self.stmt(s)
-        self.recips = self.hoist_reciprocals(p)
+        self.row_facts(p)
         for r in p.reduces:
             self.declare_acc(r, f"{r.var}_acc")
         loops = list(self.k.inner)
@@ -273,27 +276,15 @@ class KernelWriter:
             self.nest(p, loops, serial)
         for r in p.reduces:
             self.finish(r)
-        self.recips = frozenset()
+        self.recips, self.nonpos = frozenset(), frozenset()
 
-    def hoist_reciprocals(self, p: Pass) -> frozenset[str]:
-        """Float divisors that are the same for the whole pass (a row's sum, as in softmax):
-        each element then costs a multiply by the reciprocal computed here instead of a
-        division, which bounds softmax's last pass (ATen's softmax multiplies by 1/sum too;
-        the result moves by at most an ulp). Softmax 8192x1024, one thread, rows in L2: 245
-        -> 235 ns per row."""
-        if self.k.table:  # a table kernel defines its scalars inside the table's builder
-            return frozenset()
-        row_scalars = {s.var for s in p.before if not isinstance(s, Store)}
-        for q in self.k.passes[: self.k.passes.index(p)] if p in self.k.passes else ():
-            row_scalars |= {r.var for r in q.reduces} | {s.var for s in q.before if not isinstance(s, Store)}
-        divisors = {
-            s.args[1]
-            for s in p.body
-            if isinstance(s, Compute) and s.op is Op.DIV and s.dtype in RECIP_DTYPES and s.args[1] in row_scalars
-        }
-        for d in sorted(divisors):
+    def row_facts(self, p: Pass) -> None:
+        """Hoist the reciprocals of `p`'s pass-invariant divisors; note its values known to
+        be <= 0 (rowfacts.py)."""
+        self.recips = pass_invariant_divisors(self.k, p)
+        for d in sorted(self.recips):
             self.w(f"const float {d}_rcp = 1.0f / (float){d};")
-        return frozenset(divisors)
+        self.nonpos = below_row_max(self.k, p)
 
     def nest(self, p: Pass, loops: list[Loop], serial: bool) -> None:
         if self.k.stream and any(isinstance(s, Store) for s in p.body):
@@ -444,6 +435,7 @@ class StatementWriter(KernelWriter):
         self.lines = []
         self.depth = 0
         self.recips = frozenset()
+        self.nonpos = frozenset()
 
 
 def render_kernel(kernel: Kernel, program: Program) -> str:
