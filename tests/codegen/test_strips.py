@@ -123,6 +123,9 @@ def test_prefetch_plan_follows_rows_not_broadcast_weights() -> None:
     assert [s.buf for s in pf.loads] == [graph.inputs[0].name]  # x, not the weight
     # The last rows prefetch the last row again instead of reading past the buffer.
     assert "const int64_t i0_pf = i0 + 3 < 16 ? i0 + 3 : 15;" in ex.source
+    # One share of the row's lines before each of the two passes, every line once.
+    assert "for (int64_t c = 0; c < 512; c += 16) __builtin_prefetch(" in ex.source
+    assert "for (int64_t c = 512; c < 1024; c += 16) __builtin_prefetch(" in ex.source
 
 
 @pytest.mark.parametrize(("kind", "d"), [("layernorm", 1024), ("layernorm", 4096), ("rms", 1000), ("softmax", 1000)])

@@ -403,9 +403,9 @@ class KernelWriter:
             self.prefetch = plan_prefetch(self.k)
             for lp in self.k.outer:
                 self.open_loop(lp)
-            for p in self.k.passes:
-                if self.prefetch and p is self.k.passes[-1]:
-                    render_prefetch(self, self.prefetch)
+            for i, p in enumerate(self.k.passes):
+                if self.prefetch:
+                    render_prefetch(self, self.prefetch, i, len(self.k.passes))
                 self.pass_(p)
             for s in self.k.after:
                 self.stmt(s)
