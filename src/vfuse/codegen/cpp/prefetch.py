@@ -37,6 +37,7 @@ if TYPE_CHECKING:
 LINE = 64  # bytes per cache line: one prefetch each
 DISTANCE_BYTES = 12 * 1024  # how far ahead: 3 rows of 4 KiB (1, 2, 3, 4, 6 rows measured: 2-3 best)
 MAX_DISTANCE = 8  # rows
+LOCALITY = 3  # __builtin_prefetch's hint: 3 = into L1 (prefetcht0)
 MIN_ROW_BYTES = 2048  # shorter rows go through row groups (rowgroups.py), whose prefetch lost
 
 
@@ -96,7 +97,7 @@ def render_prefetch(w: KernelWriter, pf: RowPrefetch, part: int, parts: int) -> 
         lo, hi = lines * part // parts * step, min(vec.size, lines * (part + 1) // parts * step)
         if lo < hi:
             addr = f"{_pointer(s.buf)} + {expr.render(s.index, names)}"
-            w.w(f"for (int64_t c = {lo}; c < {hi}; c += {step}) __builtin_prefetch({addr}, 0, 3);")
+            w.w(f"for (int64_t c = {lo}; c < {hi}; c += {step}) __builtin_prefetch({addr}, 0, {LOCALITY});")
 
 
 def _pointer(buf: str) -> str:
