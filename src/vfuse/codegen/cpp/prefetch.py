@@ -37,7 +37,7 @@ if TYPE_CHECKING:
 LINE = 64  # bytes per cache line: one prefetch each
 DISTANCE_BYTES = 12 * 1024  # how far ahead: 3 rows of 4 KiB (1, 2, 3, 4, 6 rows measured: 2-3 best)
 MAX_DISTANCE = 8  # rows
-LOCALITY = 3  # __builtin_prefetch's hint: 3 = into L1 (prefetcht0)
+LOCALITY = 3  # __builtin_prefetch's hint: into L1 (prefetcht0); prefetchnta (0) measured the same
 MIN_ROW_BYTES = 2048  # shorter rows go through row groups (rowgroups.py), whose prefetch lost
 
 
