@@ -49,22 +49,27 @@ def render_lanes(w: KernelWriter, p: Pass, vec: Loop, into: str) -> None:
 
 
 def _fold(w: KernelWriter, p: Pass) -> None:
-    """Fold the lanes into lane 0 pairwise, halving the width each step. An OpenMP SIMD
-    reduction here made g++ add the last vector's 16 lanes one after another (a ~50-cycle
-    chain per row and pass); the halving steps are vector adds and a few shuffles
-    (LayerNorm 8192x256, 1 thread: 226 -> 200 us)."""
-    h = LANES // 2
+    """Fold the lanes into lane 0 pairwise. An OpenMP SIMD reduction here made g++ add the
+    last vector's 16 lanes one after another (a ~50-cycle chain per row and pass); the
+    halving steps are vector adds and a few shuffles (LayerNorm 8192x256, 1 thread: 226 ->
+    200 us)."""
+    fold_halving(w, p.reduces, "_ln", LANES)
+
+
+def fold_halving(w: KernelWriter, reduces: tuple[Reduce, ...], array: str, width: int) -> None:
+    """Fold each `<var><array>[0:width]` into element 0, halving the width each step: SIMD
+    loops down to 4 elements, then plain statements (a loop of one or two is no SIMD loop)."""
+    h = width // 2
     while h >= 4:
         w.w("#pragma omp simd")
         w.w(f"for (int64_t c = 0; c < {h}; ++c) {{")
-        for r in p.reduces:
-            w.w("  " + REDUCE_RULES[r.op][3].format(acc=f"{r.var}_ln[c]", part=f"{r.var}_ln[c + {h}]"))
+        for r in reduces:
+            w.w("  " + REDUCE_RULES[r.op][3].format(acc=f"{r.var}{array}[c]", part=f"{r.var}{array}[c + {h}]"))
         w.w("}")
         h //= 2
-    # The last two steps as plain statements: a loop of one or two is no SIMD loop.
     for c, h in ((0, 2), (1, 2), (0, 1)):
-        for r in p.reduces:
-            w.w(REDUCE_RULES[r.op][3].format(acc=f"{r.var}_ln[{c}]", part=f"{r.var}_ln[{c + h}]"))
+        for r in reduces:
+            w.w(REDUCE_RULES[r.op][3].format(acc=f"{r.var}{array}[{c}]", part=f"{r.var}{array}[{c + h}]"))
 
 
 def _lane_loop(w: KernelWriter, p: Pass, vec: Loop, count: str) -> None:

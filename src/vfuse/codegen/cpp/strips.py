@@ -26,6 +26,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from vfuse.codegen.cpp.lanes import fold_halving
 from vfuse.codegen.cpp.rules import REDUCE_RULES
 from vfuse.ir import DType, Op
 from vfuse.schedule.kernel import Compute, Kernel, Loop, Pass, Reduce
@@ -81,7 +82,7 @@ def render_strips(w: KernelWriter, p: Pass, vec: Loop, chains: int, length: int)
     w.depth += 1
     _lane(w, p, vec, chains, length // step * step)
     w.close()
-    _fold_lanes(w, p)
+    fold_halving(w, p.reduces, "_sp", VECTOR)
     if length % step:
         w.w(f"#pragma omp simd {w.clauses(p.reduces, '_blk')}")
         w.open_loop(vec, f"rb + {length // step * step}", "re")
@@ -116,22 +117,6 @@ def _lane(w: KernelWriter, p: Pass, vec: Loop, chains: int, span: int) -> None:
         half *= 2
     for r in p.reduces:
         w.w(f"{r.var}_sp[sl] = {r.var}_q0;")
-
-
-def _fold_lanes(w: KernelWriter, p: Pass) -> None:
-    """Fold the lanes into lane 0 by halving (two SIMD steps, then scalars)."""
-    half = VECTOR // 2
-    while half >= 4:
-        w.w("#pragma omp simd")
-        w.w(f"for (int64_t sl = 0; sl < {half}; ++sl) {{")
-        w.depth += 1
-        for r in p.reduces:
-            _combine(w, r, "_sp[sl]", f"_sp[sl + {half}]")
-        w.close()
-        half //= 2
-    for c, h in ((0, 2), (1, 2), (0, 1)):
-        for r in p.reduces:
-            _combine(w, r, f"_sp[{c}]", f"_sp[{c + h}]")
 
 
 def _combine(w: KernelWriter, r: Reduce, into: str, part: str) -> None:
