@@ -24,10 +24,8 @@ from vfuse.codegen.cpp import contraction as _contraction  # noqa: F401  (render
 from vfuse.codegen.cpp import table as _table  # noqa: F401  (render imports it lazily)
 from vfuse.context import Context
 from vfuse.frontend.lower import lower
-from vfuse.frontend.registry import lowered_targets
 from vfuse.fusion import format_plan, plan_fusion
 from vfuse.ir import Graph, format_graph
-from vfuse.ir import defs as _defs  # noqa: F401  (ir.opdef imports it lazily)
 from vfuse.passes import optimize as run_passes
 from vfuse.passes.freeze import freeze_inputs
 from vfuse.runtime.compiled import CompiledGraph, Executor, InterpExecutor
@@ -41,8 +39,6 @@ try:  # POSIX only (fcntl): without it every graph runs on the reference executo
 except ImportError as e:  # pragma: no cover
     NativeExecutor = None  # type: ignore[assignment,misc]
     _NATIVE_IMPORT_ERROR = e
-
-lowered_targets()  # fills the lowering table now; the registry would on the first lookup
 
 
 def lower_fx(gm: torch.fx.GraphModule, ctx: Context) -> Graph:

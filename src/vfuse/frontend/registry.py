@@ -1,8 +1,8 @@
 """The lowering table: aten op (overload or overload packet) -> function that emits IR for it.
 
 The per-family modules (`lower_pointwise`, `lower_reduce`, ...) fill the table at import time
-with the `lowers` decorator; it is a static table like the IR's OpDef registry, never changed
-while compiling. An exact overload entry wins over its packet's entry.
+with the `lowers` decorator; `frontend.lowerings` imports every family and is where lookups
+happen, so this module imports none of them. It is a static table, never changed while compiling.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ if TYPE_CHECKING:
 
 LowerFn = Callable[["Emitter", torch.fx.Node], "Lowered"]
 
-_TABLE: dict[Any, LowerFn] = {}
+TABLE: dict[Any, LowerFn] = {}
 
 
 def lowers(*targets: Any) -> Callable[[LowerFn], LowerFn]:
@@ -26,38 +26,9 @@ def lowers(*targets: Any) -> Callable[[LowerFn], LowerFn]:
 
     def wrap(fn: LowerFn) -> LowerFn:
         for t in targets:
-            if t in _TABLE:
-                raise ValueError(f"{t} has two lowerings ({_TABLE[t].__name__} and {fn.__name__})")
-            _TABLE[t] = fn
+            if t in TABLE:
+                raise ValueError(f"{t} has two lowerings ({TABLE[t].__name__} and {fn.__name__})")
+            TABLE[t] = fn
         return fn
 
     return wrap
-
-
-def lowering_for(target: Any) -> LowerFn | None:
-    """The lowering of an FX call target, or None if vfuse runs it through torch."""
-    _ensure_loaded()
-    fn = _TABLE.get(target)
-    if fn is None and isinstance(target, torch._ops.OpOverload):
-        fn = _TABLE.get(target.overloadpacket)
-    return fn
-
-
-def lowered_targets() -> frozenset[Any]:
-    _ensure_loaded()
-    return frozenset(_TABLE)
-
-
-def _ensure_loaded() -> None:
-    # The family modules import this one, so they are imported lazily on first lookup.
-    if not _TABLE:
-        from vfuse.frontend import (  # noqa: F401
-            lower_gather,
-            lower_layout,
-            lower_linalg,
-            lower_nn,
-            lower_pointwise,
-            lower_random,
-            lower_reduce,
-            lower_source,
-        )

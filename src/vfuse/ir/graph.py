@@ -10,7 +10,9 @@ from collections.abc import Collection, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from vfuse.ir.ops import Attrs, Kind, Op, opdef
+from vfuse.ir.opdefs import opdef
+from vfuse.ir.ops import Attrs, Kind, Op
+from vfuse.ir.printer import format_graph
 from vfuse.ir.types import TensorType, Type
 
 
@@ -96,8 +98,6 @@ class Graph:
         return name in self.outputs
 
     def __str__(self) -> str:
-        from vfuse.ir.printer import format_graph
-
         return format_graph(self)
 
 

@@ -1,8 +1,9 @@
 """Primitive ops as an enum, op kinds as a lattice, and the OpDef record each op is defined by.
 
-Each op is registered exactly once (in `vfuse/ir/defs/`) as an `OpDef`: its kind, arity,
-required attributes, type rule, reference semantics and flop count. The interpreter, the cost
-model and every code generator read that one definition; backends key their own tables by `Op`.
+Each op is registered exactly once (in `vfuse/ir/defs/`; looked up through `vfuse.ir.opdefs`) as
+an `OpDef`: its kind, arity, required attributes, type rule, reference semantics and flop count.
+The interpreter, the cost model and every code generator read that one definition; backends key
+their own tables by `Op`.
 """
 
 from __future__ import annotations
@@ -205,28 +206,11 @@ class OpDef:
     extra: Mapping[str, Any] = field(default_factory=dict)
 
 
-_REGISTRY: dict[Op, OpDef] = {}
+REGISTRY: dict[Op, OpDef] = {}
 
 
 def register(d: OpDef) -> OpDef:
-    if d.op in _REGISTRY:
+    if d.op in REGISTRY:
         raise ValueError(f"{d.op} is defined twice")
-    _REGISTRY[d.op] = d
+    REGISTRY[d.op] = d
     return d
-
-
-def opdef(op: Op) -> OpDef:
-    """The definition of `op`; every op has one (checked by tests/ir/test_ops.py)."""
-    _ensure_loaded()
-    return _REGISTRY[op]
-
-
-def all_opdefs() -> dict[Op, OpDef]:
-    _ensure_loaded()
-    return dict(_REGISTRY)
-
-
-def _ensure_loaded() -> None:
-    # The definitions import this module, so they are loaded lazily on first lookup.
-    if not _REGISTRY:
-        import vfuse.ir.defs  # noqa: F401

@@ -12,11 +12,13 @@
 from __future__ import annotations
 
 import enum
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from vfuse.ir.graph import Graph, Node
 from vfuse.ir.ops import ConstValue, Op
 from vfuse.ir.types import DType
+
+if TYPE_CHECKING:  # the graph prints itself with this module
+    from vfuse.ir.graph import Graph, Node
 
 
 def format_value(v: Any) -> str:

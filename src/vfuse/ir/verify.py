@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from vfuse.ir.graph import Graph
-from vfuse.ir.ops import Op, opdef
+from vfuse.ir.opdefs import opdef
+from vfuse.ir.ops import Op
 
 
 class IRError(ValueError):

@@ -12,8 +12,7 @@ from typing import TYPE_CHECKING
 
 from vfuse.ir import Kind, Node
 from vfuse.report.colours import SOURCE_FILL, kernel_fill, kernel_stroke
-from vfuse.report.model import op_label
-from vfuse.report.units import fmt_bytes, fmt_time
+from vfuse.report.units import fmt_bytes, fmt_time, op_label
 
 if TYPE_CHECKING:
     from vfuse.report.model import FusionReport, KernelRow

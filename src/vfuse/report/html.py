@@ -18,8 +18,7 @@ from vfuse.fusion.plan import Decision
 from vfuse.ir import Kind, Node
 from vfuse.report.colours import SOURCE_FILL, SOURCE_STROKE, kernel_fill, kernel_stroke
 from vfuse.report.layout import GAP_X, Box, Layout, layout
-from vfuse.report.model import op_label
-from vfuse.report.units import fmt_bytes, fmt_names, fmt_ratio, fmt_time
+from vfuse.report.units import fmt_bytes, fmt_names, fmt_ratio, fmt_time, op_label
 
 if TYPE_CHECKING:
     from vfuse.report.model import FusionReport, KernelRow

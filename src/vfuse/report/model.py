@@ -10,13 +10,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from vfuse.fusion.plan import Decision, FusionPlan
-from vfuse.ir import Graph, Kind, Node
-
-
-def op_label(node: Node) -> str:
-    """The op's name; for a torch fallback also the torch op it calls ("opaque:aten.flip")."""
-    call = node.attrs.get("call") if node.op.value == "opaque" else None
-    return f"{node.op.value}:{call}" if call is not None else node.op.value
+from vfuse.ir import Graph, Kind
+from vfuse.report.units import op_label
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,8 +1,10 @@
-"""Human-readable quantities for the report: bytes, seconds, ratios, and shortened name lists."""
+"""Human-readable quantities for the report: bytes, seconds, ratios, op labels and shortened name lists."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+
+from vfuse.ir import Node, Op
 
 
 def fmt_bytes(n: int | float) -> str:
@@ -39,3 +41,9 @@ def fmt_names(names: Sequence[str], limit: int = 4) -> str:
     shown = ", ".join(f"%{n}" for n in names[:limit])
     rest = len(names) - limit
     return f"{shown} +{rest} more" if rest > 0 else shown
+
+
+def op_label(node: Node) -> str:
+    """The op's name; for a torch fallback also the torch op it calls ("opaque:aten.flip")."""
+    call = node.attrs.get("call") if node.op is Op.OPAQUE else None
+    return f"{node.op.value}:{call}" if call is not None else node.op.value
