@@ -17,6 +17,7 @@ from vfuse import cli
 def tiny_report(target: str) -> Any:
     """x -> neg -> exp as one pointwise kernel: enough for the command line's plumbing."""
     from vfuse.fusion.plan import Cost, Decision, FusionPlan, Group
+    from vfuse.fusion.rules import Rule
     from vfuse.ir import DType, GraphBuilder, Kind, Op, TensorType
     from vfuse.report import build_report
 
@@ -26,7 +27,7 @@ def tiny_report(target: str) -> Any:
     graph = b.build([y])
     cost = Cost(16, 64, 1e-9, 2e-9, 1e-6, 1.002e-6, 0.1, 1.0)
     group = Group(0, ("n", "y"), Kind.ELEMENTWISE, "pointwise", ("x",), ("y",), cost)
-    decision = Decision(("n",), ("y",), True, "elementwise-into-any", "", 1e-6)
+    decision = Decision(("n",), ("y",), True, Rule.ELEMENTWISE_INTO_ANY, "", 1e-6)
     return build_report(graph, FusionPlan(graph, target, (group,), (decision,)), target)
 
 

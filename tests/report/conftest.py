@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from vfuse.fusion.plan import Cost, Decision, FusionPlan, Group
+from vfuse.fusion.rules import Rule
 from vfuse.ir import ConstValue, DType, Graph, GraphBuilder, Kind, Op, TensorType
 from vfuse.ir.opaque import ArgSlot, OpaqueCall
 
@@ -50,14 +51,14 @@ GROUPS = (
 )
 
 DECISIONS = (
-    Decision(("bias_b",), ("y",), True, "broadcast-into-any", "index map", 1.5e-6),
-    Decision(("y",), ("g",), True, "elementwise-into-any", "saves a round trip", 2e-6),
-    Decision(("mm",), ("y", "g", "bias_b"), True, "epilogue-after-contraction", "GEMM epilogue", 3e-6),
-    Decision(("g",), ("m",), False, "reduce-after-contraction", "GEMM tile does not own full rows", None),
-    Decision(("m",), ("s",), True, "row-epilogue", "row kernel", 1e-6),
-    Decision(("s",), ("e",), True, "elementwise-into-any", "", 1e-6),
-    Decision(("e",), ("z", "o"), True, "prologue-into-reduction", "softmax row", 2e-6),
-    Decision(("o",), ("flip",), False, "opaque", "torch fallback cannot fuse", None),
+    Decision(("bias_b",), ("y",), True, Rule.VIEW_INDEX_MAP, "index map", 1.5e-6),
+    Decision(("y",), ("g",), True, Rule.ELEMENTWISE_INTO_ANY, "saves a round trip", 2e-6),
+    Decision(("mm",), ("y", "g", "bias_b"), True, Rule.EPILOGUE_AFTER_CONTRACTION, "GEMM epilogue", 3e-6),
+    Decision(("g",), ("m",), False, Rule.CONTRACTION_WITH_REDUCTION, "GEMM tile does not own full rows", None),
+    Decision(("m",), ("s",), True, Rule.MULTI_PASS_ROW, "row kernel", 1e-6),
+    Decision(("s",), ("e",), True, Rule.ELEMENTWISE_INTO_ANY, "", 1e-6),
+    Decision(("e",), ("z", "o"), True, Rule.PROLOGUE_INTO_REDUCTION, "softmax row", 2e-6),
+    Decision(("o",), ("flip",), False, Rule.OPAQUE_ALONE, "torch fallback cannot fuse", None),
 )
 
 
@@ -88,7 +89,7 @@ def build_recompute() -> tuple[Graph, FusionPlan]:
         Group(0, ("n", "a"), Kind.ELEMENTWISE, "pointwise", ("x",), ("a",), cost(3e-6, 8192)),
         Group(1, ("n", "s"), Kind.ELEMENTWISE, "pointwise", ("x",), ("s",), cost(3e-6, 8192)),
     )
-    decisions = (Decision(("n",), ("a", "s"), True, "recompute-into-consumers", "cheap producer", 2e-6),)
+    decisions = (Decision(("n",), ("a", "s"), True, Rule.RECOMPUTE_INTO_CONSUMERS, "cheap producer", 2e-6),)
     return graph, FusionPlan(graph, "cpu", groups, decisions)
 
 

@@ -7,6 +7,7 @@ from html.parser import HTMLParser
 from pathlib import Path
 
 from vfuse.fusion.plan import Decision, FusionPlan
+from vfuse.fusion.rules import Rule
 from vfuse.ir import Graph
 from vfuse.report import build_report
 from vfuse.report.layout import layer_of, layout
@@ -106,7 +107,7 @@ def test_data_block_carries_the_decisions(graph: Graph, plan: FusionPlan) -> Non
 
 
 def test_text_from_the_plan_is_escaped(graph: Graph, plan: FusionPlan) -> None:
-    evil = Decision(("o",), ("flip",), False, "x<y", "ends </script><b>here</b>", None)
+    evil = Decision(("o",), ("flip",), False, Rule.OPAQUE_ALONE, "ends </script><b>here</b>", None)
     hostile = FusionPlan(graph, "h100", plan.groups, (*plan.decisions, evil))
     page = build_report(graph, hostile, "h100").to_html()
     c = parse(page)

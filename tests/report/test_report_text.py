@@ -46,7 +46,7 @@ def test_decision_log(graph: Graph, plan: FusionPlan) -> None:
     text = str(build_report(graph, plan, "h100"))
     for d in plan.decisions:
         assert d.rule in text
-    assert re.search(r"3\s+rejected\s+%g\s+-\s+reduce-after-contraction\n\s+-> %m\s+GEMM tile", text)
+    assert re.search(r"3\s+rejected\s+%g\s+-\s+contraction-with-reduction\n\s+-> %m\s+GEMM tile", text)
     assert "GEMM tile does not own full rows" in text
 
 

@@ -37,7 +37,7 @@ def format_decision(d: Decision) -> str:
     mark = "+" if d.accepted else "-"
     gain = f" gain {d.gain_s * 1e6:.3g}us" if d.gain_s is not None else ""
     horizontal = " horizontal" if d.horizontal else ""
-    return f"  {mark} {_short(d.producer)} -> {_short(d.consumer)} [{d.rule}]{horizontal}{gain}: {d.reason}"
+    return f"  {mark} {_short(d.producer)} -> {_short(d.consumer)} [{d.rule.value}]{horizontal}{gain}: {d.reason}"
 
 
 def format_plan(plan: FusionPlan) -> str:

@@ -15,6 +15,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from vfuse.fusion.rules import Rule
 from vfuse.ir import Graph, Kind, Node, Op, TensorType, opdef
 from vfuse.ir.shapes import ShapeError, broadcast, numel
 
@@ -44,7 +45,7 @@ class Form:
 
 @dataclass(frozen=True, slots=True)
 class Illegal:
-    rule: str
+    rule: Rule
     reason: str
 
 
@@ -69,10 +70,10 @@ def classify(nodes: Sequence[Node], outputs: Sequence[str], graph: Graph) -> For
     contractions = [n for n in nodes if n.kind is Kind.CONTRACTION]
     if len(contractions) > 1:
         names = ", ".join(f"%{c.name}" for c in contractions)
-        return Illegal("two-contractions", f"at most one contraction per kernel, got {names}")
+        return Illegal(Rule.TWO_CONTRACTIONS, f"at most one contraction per kernel, got {names}")
     has_reduce = Kind.REDUCE in kinds
     if contractions and has_reduce:
-        return Illegal("contraction-with-reduction", "a contraction kernel takes only a pointwise epilogue")
+        return Illegal(Rule.CONTRACTION_WITH_REDUCTION, "a contraction kernel takes only a pointwise epilogue")
     if contractions:
         return _contraction_form(nodes, contractions[0], outputs, graph)
     if has_reduce:
@@ -83,14 +84,14 @@ def classify(nodes: Sequence[Node], outputs: Sequence[str], graph: Graph) -> For
 def _opaque_form(nodes: Sequence[Node]) -> Form | Illegal:
     opaque = [n for n in nodes if n.op is Op.OPAQUE]
     if len(opaque) != 1 or any(n.op not in (Op.OPAQUE, Op.GET_ITEM) for n in nodes):
-        return Illegal("opaque-alone", "a torch fallback runs alone (with its get_items)")
+        return Illegal(Rule.OPAQUE_ALONE, "a torch fallback runs alone (with its get_items)")
     return Form("opaque", Kind.OPAQUE, 0, 0, {n.name: 0 for n in nodes})
 
 
 def _pointwise_form(nodes: Sequence[Node], outputs: Sequence[str], graph: Graph) -> Form | Illegal:
     sizes = {numel_of(graph[o]) for o in outputs}
     if len(sizes) > 1:
-        return Illegal("pointwise-outputs-differ", f"outputs of one pointwise kernel differ in size {sorted(sizes)}")
+        return Illegal(Rule.POINTWISE_OUTPUTS_DIFFER, f"outputs of one pointwise kernel differ in size {sorted(sizes)}")
     domain = sizes.pop() if sizes else max(numel_of(n) for n in nodes)
     label = "view" if all(n.op in LAYOUT_OPS for n in nodes) else "pointwise"
     return Form(label, Kind(max(n.kind for n in nodes)), domain, 0, {n.name: domain for n in nodes})
@@ -114,10 +115,10 @@ def _row_form(nodes: Sequence[Node], graph: Graph) -> Form | Illegal:
     reduces = [n for n in nodes if n.kind is Kind.REDUCE]
     full_shapes = {graph[r.inputs[0]].tensor_type.shape for r in reduces}
     if len(full_shapes) > 1:
-        return Illegal("reduce-shapes-differ", f"reductions over inputs of shapes {sorted(full_shapes)}")
+        return Illegal(Rule.REDUCE_SHAPES_DIFFER, f"reductions over inputs of shapes {sorted(full_shapes)}")
     axes = {reduce_axes(r, graph) for r in reduces}
     if len(axes) > 1:
-        return Illegal("reduce-axes-differ", f"reductions over different axes {sorted(axes)}")
+        return Illegal(Rule.REDUCE_AXES_DIFFER, f"reductions over different axes {sorted(axes)}")
     full_shape = full_shapes.pop()
     full, rows = numel(full_shape), numel_of(reduces[0])
     space: dict[str, int] = {}
@@ -130,7 +131,7 @@ def _row_form(nodes: Sequence[Node], graph: Graph) -> Form | Illegal:
         elif _fits(n.tensor_type.shape, full_shape):
             space[n.name] = full  # a broadcast parameter, evaluated at every point that reads it
         else:
-            rule = "view-not-expressible" if n.op in LAYOUT_OPS else "row-space-mismatch"
+            rule = Rule.VIEW_NOT_EXPRESSIBLE if n.op in LAYOUT_OPS else Rule.ROW_SPACE_MISMATCH
             return Illegal(rule, f"%{n.name} {n.type} is neither in the row space {full_shape} nor reduced")
     label = "reduction" if all(n.kind is Kind.REDUCE for n in nodes) else "row"
     return Form(label, Kind.REDUCE, full, rows, space)
@@ -146,19 +147,19 @@ def _contraction_form(nodes: Sequence[Node], c: Node, outputs: Sequence[str], gr
         if n is c:
             continue
         if n.kind not in POINTWISE_KINDS:
-            return Illegal("contraction-epilogue-kind", f"%{n.name} ({n.op.value}) cannot join a contraction")
+            return Illegal(Rule.CONTRACTION_EPILOGUE_KIND, f"%{n.name} ({n.op.value}) cannot join a contraction")
         if n.name in before:
             if n.name in outputs or per_element_flops(n, graph) > PROLOGUE_MAX_FLOPS_PER_ELEMENT:
-                return Illegal("prologue-too-expensive", f"%{n.name} ({n.op.value}) is not a cheap operand prologue")
+                return Illegal(Rule.PROLOGUE_TOO_EXPENSIVE, f"%{n.name} ({n.op.value}) is not a cheap operand prologue")
             space[n.name] = numel_of(n)
         elif numel_of(n) == out_size or (n.name not in after and numel_of(n) < out_size):
             space[n.name] = out_size
         else:
-            rule = "view-not-expressible" if n.op in LAYOUT_OPS else "epilogue-space-mismatch"
+            rule = Rule.VIEW_NOT_EXPRESSIBLE if n.op in LAYOUT_OPS else Rule.EPILOGUE_SPACE_MISMATCH
             return Illegal(rule, f"%{n.name} {n.type} is not in the output space of %{c.name}")
     bad = [o for o in outputs if o != c.name and o not in after]
     if bad:
-        return Illegal("epilogue-space-mismatch", f"%{bad[0]} is written but is not in the epilogue of %{c.name}")
+        return Illegal(Rule.EPILOGUE_SPACE_MISMATCH, f"%{bad[0]} is written but is not in the epilogue of %{c.name}")
     return Form(CONTRACTION_LABELS[c.op], Kind.CONTRACTION, out_size, 0, space)
 
 

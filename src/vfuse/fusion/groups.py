@@ -17,6 +17,7 @@ from vfuse.fusion.cost import external_inputs, kernel_cost, pressure_of
 from vfuse.fusion.forms import PROLOGUE_MAX_FLOPS_PER_ELEMENT, Form, Illegal, classify
 from vfuse.fusion.legality import Budgets, budget_violation
 from vfuse.fusion.plan import Cost
+from vfuse.fusion.rules import Rule
 from vfuse.fusion.summary import (
     Facts,
     Summary,
@@ -116,7 +117,7 @@ class KernelTable:
             return None
         reads = {i for v in c.names if self.facts[v].kind is Kind.CONTRACTION for i in self.graph[v].inputs}
         if reads & p.names:
-            return Illegal("prologue-too-expensive", "the producer is not a cheap operand prologue")
+            return Illegal(Rule.PROLOGUE_TOO_EXPENSIVE, "the producer is not a cheap operand prologue")
         return None
 
     def _exact(self, s: Summary) -> Kernel | Illegal:

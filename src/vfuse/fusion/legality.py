@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 from vfuse.fusion.cost import Pressure, pressure_of
 from vfuse.fusion.forms import Form, Illegal, classify
+from vfuse.fusion.rules import Rule
 from vfuse.fusion.summary import Summary
 from vfuse.ir import Graph, Kind, Node
 from vfuse.targets import Target
@@ -34,13 +35,13 @@ class Budgets:
 def budget_violation(n_nodes: int, p: Pressure, target: Target, budgets: Budgets) -> Illegal | None:
     """The resource budget a kernel of `n_nodes` nodes under pressure `p` breaks, if any."""
     if n_nodes > budgets.max_nodes:
-        return Illegal("kernel-size-cap", f"{n_nodes} nodes > cap of {budgets.max_nodes}")
+        return Illegal(Rule.KERNEL_SIZE_CAP, f"{n_nodes} nodes > cap of {budgets.max_nodes}")
     if target.is_gpu and p.live > p.reg_budget:
         return Illegal(
-            "register-budget", f"{p.live} live values per point > {p.reg_budget} registers per thread (would spill)"
+            Rule.REGISTER_BUDGET, f"{p.live} live values per point > {p.reg_budget} registers per thread (would spill)"
         )
     if p.ws_budget and p.working_set > p.ws_budget:
-        rule = "smem-budget" if target.is_gpu else "cache-budget"
+        rule = Rule.SMEM_BUDGET if target.is_gpu else Rule.CACHE_BUDGET
         where = "shared memory per SM" if target.is_gpu else "L2 per core"
         return Illegal(rule, f"row working set {p.working_set} B > {p.ws_budget} B {where}")
     return None
@@ -57,14 +58,14 @@ def check_kernel(
     return budget_violation(len(nodes), pressure_of(nodes, form, graph, target), target, budgets) or form
 
 
-def allowing_rule(producer: Summary, consumer: Summary, form: Form) -> str:
+def allowing_rule(producer: Summary, consumer: Summary, form: Form) -> Rule:
     """Name of the kind rule under which a legal merge of producer into consumer happens."""
     if form.kind is Kind.CONTRACTION:
-        return "epilogue-after-contraction" if producer.contractions else "prologue-into-contraction"
+        return Rule.EPILOGUE_AFTER_CONTRACTION if producer.contractions else Rule.PROLOGUE_INTO_CONTRACTION
     if form.kind is Kind.REDUCE:
         if producer.reduces and consumer.reduces:
-            return "multi-pass-row"
-        return "epilogue-after-reduction" if producer.reduces else "prologue-into-reduction"
+            return Rule.MULTI_PASS_ROW
+        return Rule.EPILOGUE_AFTER_REDUCTION if producer.reduces else Rule.PROLOGUE_INTO_REDUCTION
     if producer.layout_only:
-        return "view-index-map"
-    return "elementwise-into-any"
+        return Rule.VIEW_INDEX_MAP
+    return Rule.ELEMENTWISE_INTO_ANY

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from vfuse.fusion.rules import Rule
 from vfuse.ir import Graph, Kind
 
 
@@ -52,15 +53,14 @@ class Group:
 class Decision:
     """One candidate merge the planner considered (producer group into consumer group).
 
-    rule: the legality rule that allowed or forbade it (e.g. "elementwise-into-any",
-        "two-contractions", "would-create-cycle", "register-budget").
+    rule: the rule that allowed or forbade it (`fusion.rules.Rule`: its name and meaning).
     gain_s: predicted time saved (t(A) + t(B) - t(A u B)); None when legality rejected it first.
     """
 
     producer: tuple[str, ...]
     consumer: tuple[str, ...]
     accepted: bool
-    rule: str
+    rule: Rule
     reason: str
     gain_s: float | None = None
     horizontal: bool = False

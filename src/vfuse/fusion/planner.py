@@ -25,6 +25,7 @@ from vfuse.fusion.forms import POINTWISE_KINDS, Illegal
 from vfuse.fusion.groups import Kernel, KernelTable
 from vfuse.fusion.legality import Budgets, allowing_rule
 from vfuse.fusion.plan import Decision, FusionPlan, Group
+from vfuse.fusion.rules import Rule
 from vfuse.ir import Graph, Kind, Op
 from vfuse.targets import Target
 
@@ -42,7 +43,7 @@ class _Option:
     producer: int
     consumers: tuple[int, ...]
     merged: tuple[Kernel, ...]
-    rule: str
+    rule: Rule
     recompute: bool
 
 
@@ -134,7 +135,7 @@ class _Planner:
                 self.best[p.id] = (self._seq, opt)
                 heapq.heappush(self.queue, (-opt.gain, self._seq, p.id))
                 return
-            self._reject(p, c, "would-create-cycle", CYCLE_REASON)
+            self._reject(p, c, Rule.WOULD_CREATE_CYCLE, CYCLE_REASON)
         self.best.pop(p.id, None)
 
     def _build(self, p: Kernel, c: Kernel, recompute: bool) -> Kernel | Illegal:
@@ -151,7 +152,7 @@ class _Planner:
             return None
         gain = p.cost.time_s + c.cost.time_s - k.cost.time_s
         if gain <= 0:
-            self._reject(p, c, "unprofitable", self._figures(p, (c,), (k,)), gain)
+            self._reject(p, c, Rule.UNPROFITABLE, self._figures(p, (c,), (k,)), gain)
             return None
         return _Option(gain, p.id, (c.id,), (k,), allowing_rule(p.summary, c.summary, k.form), False)
 
@@ -172,20 +173,20 @@ class _Planner:
         gain = p.cost.time_s + sum(c.cost.time_s for c in cs) - sum(k.cost.time_s for k in merged)
         if gain <= 0:
             for c in cs:
-                self._reject(p, c, "recompute-unprofitable", self._figures(p, cs, tuple(merged)), gain)
+                self._reject(p, c, Rule.RECOMPUTE_UNPROFITABLE, self._figures(p, cs, tuple(merged)), gain)
             return None
-        return _Option(gain, p.id, tuple(consumers), tuple(merged), "recompute-into-consumers", True)
+        return _Option(gain, p.id, tuple(consumers), tuple(merged), Rule.RECOMPUTE_INTO_CONSUMERS, True)
 
-    def _recompute_blocker(self, p: Kernel) -> tuple[str, str] | None:
+    def _recompute_blocker(self, p: Kernel) -> tuple[Rule, str] | None:
         """Why `p` may not be duplicated into its consumers, or None."""
         g = self.table.graph
         if p.summary.top not in POINTWISE_KINDS:
-            return "recompute-too-expensive", f"only pointwise producers are recomputed, this is {p.form.label}"
+            return Rule.RECOMPUTE_TOO_EXPENSIVE, f"only pointwise producers are recomputed, this is {p.form.label}"
         flops = sum(p.summary.pe.values())
         if flops > RECOMPUTE_MAX_FLOPS_PER_ELEMENT:
-            return "recompute-too-expensive", f"{flops:g} flops/element > {RECOMPUTE_MAX_FLOPS_PER_ELEMENT:g}"
+            return Rule.RECOMPUTE_TOO_EXPENSIVE, f"{flops:g} flops/element > {RECOMPUTE_MAX_FLOPS_PER_ELEMENT:g}"
         if any(g.is_output(n) for n in p.names):
-            return "recompute-graph-output", "a graph output is written by exactly one kernel"
+            return Rule.RECOMPUTE_GRAPH_OUTPUT, "a graph output is written by exactly one kernel"
         return None
 
     @staticmethod
@@ -209,7 +210,7 @@ class _Planner:
             ahead = t.forward(p, cs[0])
             if ahead is None:
                 # A merge elsewhere has since put a kernel on a path from P to C: look again.
-                self._reject(p, cs[0], "would-create-cycle", CYCLE_REASON)
+                self._reject(p, cs[0], Rule.WOULD_CREATE_CYCLE, CYCLE_REASON)
                 self.score(p)
                 return
             new = [self._apply_merge(p, cs[0], opt, ahead)]
@@ -256,7 +257,7 @@ class _Planner:
             self._names[k.id] = tuple(self.table.ordered(k.names))
         return self._names[k.id]
 
-    def _reject(self, p: Kernel, c: Kernel, rule: str, reason: str, gain: float | None = None) -> None:
+    def _reject(self, p: Kernel, c: Kernel, rule: Rule, reason: str, gain: float | None = None) -> None:
         key = (p.id, c.id, rule)
         if key in self._logged:
             return

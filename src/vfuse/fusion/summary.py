@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from vfuse.fusion.cost import Figures, Pressure, cost_from, register_budget, registers, ws_budget
 from vfuse.fusion.forms import CONTRACTION_LABELS, LAYOUT_OPS, Form, Illegal, numel_of, per_element_flops, reduce_axes
 from vfuse.fusion.plan import Cost
+from vfuse.fusion.rules import Rule
 from vfuse.ir import Graph, Kind, Node, TensorType, opdef
 from vfuse.ir.shapes import ShapeError, broadcast, numel
 from vfuse.targets import Target
@@ -175,29 +176,29 @@ def _crossing(p: Summary, c: Summary, passed: frozenset[str], sig: ReduceSig, fa
 def quick_illegal(p: Summary, c: Summary) -> Illegal | None:
     """The kind rules that need no combined summary (most rejected pairs stop here)."""
     if p.opaque or c.opaque:
-        return Illegal("opaque-alone", "a torch fallback runs alone (with its get_items)")
+        return Illegal(Rule.OPAQUE_ALONE, "a torch fallback runs alone (with its get_items)")
     if p.contractions and c.contractions:
-        return Illegal("two-contractions", "at most one contraction per kernel")
+        return Illegal(Rule.TWO_CONTRACTIONS, "at most one contraction per kernel")
     if (p.contractions and c.reduces) or (p.reduces and c.contractions):
-        return Illegal("contraction-with-reduction", "a contraction kernel takes only a pointwise epilogue")
+        return Illegal(Rule.CONTRACTION_WITH_REDUCTION, "a contraction kernel takes only a pointwise epilogue")
     return None
 
 
 def form_of(s: Summary, p: Summary, c: Summary, facts: Mapping[str, Facts]) -> Form | Illegal | None:
     """The kernel form of a combined summary; None when it needs the exact (node-level) check."""
     if s.opaque:
-        return Illegal("opaque-alone", "a torch fallback runs alone (with its get_items)")
+        return Illegal(Rule.OPAQUE_ALONE, "a torch fallback runs alone (with its get_items)")
     if s.contractions > 1:
-        return Illegal("two-contractions", "at most one contraction per kernel")
+        return Illegal(Rule.TWO_CONTRACTIONS, "at most one contraction per kernel")
     if s.contractions and s.reduces:
-        return Illegal("contraction-with-reduction", "a contraction kernel takes only a pointwise epilogue")
+        return Illegal(Rule.CONTRACTION_WITH_REDUCTION, "a contraction kernel takes only a pointwise epilogue")
     if s.contractions:
         return _epilogue_form(s, p, c, facts)
     if s.sig:
         return _row_form(s, p, c)
     sizes = {facts[o].numel for o in s.outputs}
     if len(sizes) > 1:
-        return Illegal("pointwise-outputs-differ", f"outputs of one pointwise kernel differ in size {sorted(sizes)}")
+        return Illegal(Rule.POINTWISE_OUTPUTS_DIFFER, f"outputs of one pointwise kernel differ in size {sorted(sizes)}")
     domain = sizes.pop() if sizes else max(numel(shape) for shape in s.pe)
     return Form("view" if s.layout_only else "pointwise", s.top, domain, 0, {})
 
@@ -209,16 +210,16 @@ def _epilogue_form(s: Summary, p: Summary, c: Summary, facts: Mapping[str, Facts
         return None
     out = s.out_numel
     if any(numel(shape) > out for shape in c.pe):
-        return Illegal("epilogue-space-mismatch", f"a consumer value is larger than the output ({out} elements)")
+        return Illegal(Rule.EPILOGUE_SPACE_MISMATCH, f"a consumer value is larger than the output ({out} elements)")
     if any(facts[o].numel != out for o in s.outputs):
-        return Illegal("epilogue-space-mismatch", f"a written value is not in the output space ({out} elements)")
+        return Illegal(Rule.EPILOGUE_SPACE_MISMATCH, f"a written value is not in the output space ({out} elements)")
     return Form(s.label, Kind.CONTRACTION, out, 0, {})
 
 
 def _row_form(s: Summary, p: Summary, c: Summary) -> Form | Illegal:
     assert s.sig is not None
     if p.sig and c.sig and p.sig != c.sig:
-        rule = "reduce-shapes-differ" if p.sig[0] != c.sig[0] else "reduce-axes-differ"
+        rule = Rule.REDUCE_SHAPES_DIFFER if p.sig[0] != c.sig[0] else Rule.REDUCE_AXES_DIFFER
         return Illegal(rule, f"reductions of {p.sig[0]} over {p.sig[1]} and of {c.sig[0]} over {c.sig[1]}")
     full_shape, _, rows = s.sig
     full = numel(full_shape)
@@ -226,7 +227,7 @@ def _row_form(s: Summary, p: Summary, c: Summary) -> Form | Illegal:
         n = numel(shape)
         if n not in (full, rows) and not _fits(shape, full_shape):
             why = f"a {shape} value is neither in the row space {full_shape} nor reduced"
-            return Illegal("row-space-mismatch", why)
+            return Illegal(Rule.ROW_SPACE_MISMATCH, why)
     label = "row" if s.pe else "reduction"
     return Form(label, Kind.REDUCE, full, rows, {})
 

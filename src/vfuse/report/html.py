@@ -220,7 +220,7 @@ def _decision_row_html(i: int, d: Decision, extra: list[str]) -> str:
         f'<span class="{"ok" if d.accepted else "no"}">{verdict}</span>',
         html.escape(fmt_names(d.producer)),
         html.escape(fmt_names(d.consumer)),
-        html.escape(d.rule),
+        f'<td title="{html.escape(d.rule.meaning)}">{html.escape(d.rule.value)}</td>',
         _num("-" if d.gain_s is None else fmt_time(d.gain_s)),
         html.escape(d.reason),
         *(html.escape(str(getattr(d, f))) for f in extra),
@@ -268,6 +268,7 @@ def _group_data(g: KernelRow) -> dict[str, Any]:
 def _decision_data(d: Decision) -> dict[str, Any]:
     data = {f.name: getattr(d, f.name) for f in dataclasses.fields(d)}
     data["gain"] = "-" if d.gain_s is None else fmt_time(d.gain_s)
+    data["rule"], data["meaning"] = d.rule.value, d.rule.meaning
     return data
 
 

@@ -95,7 +95,7 @@ def decision_table(report: FusionReport) -> Table | Text:
     t.add_column("gain", justify="right", no_wrap=True)
     t.add_column("rule / reason", ratio=1)  # the prose takes the width that is left
     for i, d in enumerate(report.decisions):
-        why = Text(d.rule, style="bold")
+        why = Text(d.rule.value, style="bold")
         if d.reason:
             why.append("\n" + d.reason)
         t.add_row(
