@@ -11,12 +11,10 @@ from tests.fusion.fusion_patterns import FIXED_CPU, check_plan, labels
 from torch.fx.experimental.proxy_tensor import make_fx
 
 from vfuse.context import Context
+from vfuse.frontend import decompositions, lower
 from vfuse.fusion import lower_bound_bytes, plan_fusion
 from vfuse.ir import Graph
 from vfuse.targets import get_target
-
-lower = pytest.importorskip("vfuse.frontend.lower")
-decompositions = pytest.importorskip("vfuse.frontend.decompositions")
 
 
 def _lower(fn: Callable[..., torch.Tensor], *inputs: torch.Tensor) -> Graph:

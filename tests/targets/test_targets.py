@@ -91,10 +91,8 @@ def test_implausible_measurement_is_cached_for_a_while(tmp_path: Path, monkeypat
     assert "remeasure_after" not in json.loads(path.read_text())
 
 
-def test_real_measurement_is_brief_and_plausible() -> None:
-    t0 = time.perf_counter()
+def test_real_measurement_is_plausible() -> None:
     target, _ = cpu.measure(cpu.detect())
-    assert time.perf_counter() - t0 < 1.0
     assert target.kind == "cpu" and target.cores == len(os.sched_getaffinity(0))
     assert 1e9 <= target.dram_bw <= target.cache_bw
     assert 0 < target.peak_f32 <= 1.2 * cpu.theoretical_f32(cpu.detect())

@@ -146,7 +146,8 @@ def test_batched_weight_broadcast(lib2, call) -> None:
 
 def test_shares_a_tu_with_the_pointwise_prelude(build, call) -> None:
     """The codegen TU starts with vfuse.codegen.cpp.prelude.PRELUDE; our kernels must not clash."""
-    prelude = pytest.importorskip("vfuse.codegen.cpp.prelude")
+    from vfuse.codegen.cpp import prelude
+
     spec = GemmSpec("with_prelude", 23, 40, 31, trans_b=True)
     epi = Epilogue("erf_std", E.bias().args, ("v += bias[j];", "v = 0.5f * v * (1.0f + std::erf(v * 0.70710678f));"))
     lib = build(prelude.PRELUDE + "\n" + render_gemm(spec, epi) + render_gemm(GemmSpec("again", 3, 4, 5), E.none()))
