@@ -25,9 +25,8 @@ LANES = 64  # 4 AVX-512 vectors of fp32: 4 independent chains hide the add laten
 
 def use_lanes(p: Pass, vec: Loop, tracks_nan: Callable[[Reduce], bool]) -> bool:
     """Lanes pay off only while g++ unrolls the lane loop completely, which keeps the lanes
-    in registers: rows of 2 to 4 x LANES elements (measured on Zen 5: LayerNorm 8192x256 0.18
-    -> 0.14 ms). Longer rows keep the lane array in memory and got slower (LayerNorm and
-    softmax 8192x1024: 1.45 -> 2.2 ms), as did NaN-tracking max/min (an int array beside)."""
+    in registers: rows of 2 to 4 x LANES elements. Longer rows keep the lane array in memory
+    and got slower, as did NaN-tracking max/min (docs/perf-log.md)."""
     return 2 * LANES <= vec.size <= 4 * LANES and not any(tracks_nan(r) for r in p.reduces)
 
 
@@ -51,8 +50,7 @@ def render_lanes(w: KernelWriter, p: Pass, vec: Loop, into: str) -> None:
 def _fold(w: KernelWriter, p: Pass) -> None:
     """Fold the lanes into lane 0 pairwise. An OpenMP SIMD reduction here made g++ add the
     last vector's 16 lanes one after another (a ~50-cycle chain per row and pass); the
-    halving steps are vector adds and a few shuffles (LayerNorm 8192x256, 1 thread: 226 ->
-    200 us)."""
+    halving steps are vector adds and a few shuffles."""
     fold_halving(w, p.reduces, "_ln", LANES)
 
 

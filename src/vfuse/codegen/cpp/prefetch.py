@@ -6,20 +6,8 @@ pass (GELU, SiLU, the normalization). The hardware prefetcher follows demand mis
 4 KiB row is one page, whose stream it has to pick up anew, so the next row's first pass
 waited on memory instead of overlapping the current row's arithmetic. Issuing one prefetch
 per cache line of the row DISTANCE_BYTES ahead, spread over the passes (a share before
-each), hands those misses to the memory system while the passes compute.
-
-Measured (Zen 5, 2 threads, kernels alone on 8192x1024, interleaved with a copy of the same
-bytes, ms): it is what lets the first pass run several accumulator chains (`strips.py`):
-without prefetch those made ln_gelu 1.4x slower (1.92 against 1.34: the faster first pass
-only piled up demand misses). Distance, ln_gelu / rms_silu: 1 row 1.35 / 1.38, 2 rows 1.29 /
-1.32, 3 rows 1.33 / 1.28, 4 rows 1.38 / 1.37, 6 rows 1.60 / 1.49. Prefetching into L2 only
-instead of L1: 1.46 against 1.41 (6 rows); prefetching the output rows for writing as well
-lost (ln_gelu 0.98 -> 1.04-1.06 ms, softmax 1.13 -> 1.23 on a fast-memory run). Softmax,
-whose max pass keeps one chain: 6 rows ahead lost (1.68 -> 1.87), 3 rows ahead 1.17 -> 1.13
-on a fast-memory run and no change on a slow one (1.58). Those figures had the whole row's
-prefetches before the last pass; a share before each pass then gave softmax 1.60 -> 1.31,
-ln_gelu 1.42 -> 1.37, rms_silu 1.35 -> 1.34 (and 4096 rows: 0.60 -> 0.47, 0.60 -> 0.55,
-0.59 -> 0.56).
+each), hands those misses to the memory system while the passes compute. It is also what
+lets a first pass run several accumulator chains (`strips.py`). Measurements: docs/perf-log.md.
 """
 
 from __future__ import annotations
@@ -35,9 +23,9 @@ if TYPE_CHECKING:
     from vfuse.codegen.cpp.render import KernelWriter
 
 LINE = 64  # bytes per cache line: one prefetch each
-DISTANCE_BYTES = 12 * 1024  # how far ahead: 3 rows of 4 KiB (1, 2, 3, 4, 6 rows measured: 2-3 best)
+DISTANCE_BYTES = 12 * 1024  # how far ahead: 2-3 rows of 4 KiB measured best
 MAX_DISTANCE = 8  # rows
-LOCALITY = 3  # __builtin_prefetch's hint: into L1 (prefetcht0); prefetchnta (0) measured the same
+LOCALITY = 3  # __builtin_prefetch's hint: into L1 (prefetcht0)
 MIN_ROW_BYTES = 2048  # shorter rows go through row groups (rowgroups.py), whose prefetch lost
 
 
@@ -83,8 +71,7 @@ def _itemsize(s: Load) -> int:
 def render_prefetch(w: KernelWriter, pf: RowPrefetch, part: int, parts: int) -> None:
     """Prefetch part `part` of `parts` of row `i + distance` (the last row for the last few)
     of every planned buffer: one part before each pass, so a few dozen prefetches at a time
-    rather than a whole row's (which stalled the pass behind them on the core's miss
-    buffers: softmax 1.60 -> 1.31 ms, ln_gelu 1.42 -> 1.37 against all before the last pass)."""
+    rather than a whole row's (which stalled the pass behind them on the core's miss buffers)."""
     (lp,) = w.k.outer
     (vec,) = w.k.inner
     row = w.names[lp.var]

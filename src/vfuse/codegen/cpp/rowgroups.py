@@ -4,17 +4,10 @@ A row kernel walks a row in several dependent passes (LayerNorm: mean, variance,
 on a 1 KiB row each pass is a short chain of L3 loads, dependent adds and a horizontal sum
 whose result the next pass waits for, so one row at a time leaves the core mostly idle.
 Running pass 1 for ROW_GROUP consecutive rows, then pass 2 for the same rows, and so on,
-hands the out-of-order core ROW_GROUP independent chains per pass (measured on Zen 5,
-LayerNorm 8192x256 on 2 threads: 136 -> 108 us; a row-at-a-time software prefetch or
-interleaving the rows inside one pass gained less). The per-row scalars a pass produces
-(`before` values, reduction results) are kept in small arrays between passes, constants are
-defined once per group; every row's arithmetic, and so its rounding, is unchanged.
-
-Tried and not kept (LayerNorm 8192x256, 2 threads, against ~92 us for this walk): a
-hand-written AVX-512 row kept in 16 registers (one L3 read, two-pass statistics from
-registers) ran 94 us, with shifted one-pass statistics 92 us: the re-reads from L1 cost
-nothing here. Software prefetch of the rows two groups ahead gained 3 % on one thread and
-lost 5 % on two; unrolling the group loops, 2 or 8 rows per group and streaming stores lost.
+hands the out-of-order core ROW_GROUP independent chains per pass. The per-row scalars a pass
+produces (`before` values, reduction results) are kept in small arrays between passes,
+constants are defined once per group; every row's arithmetic, and so its rounding, is
+unchanged. Measurements, and what was tried and not kept: docs/perf-log.md.
 """
 
 from __future__ import annotations
@@ -30,7 +23,7 @@ from vfuse.schedule.kernel import Const, Kernel, RandKey, Store
 if TYPE_CHECKING:
     from vfuse.codegen.cpp.render import KernelWriter
 
-ROW_GROUP = 4  # 2 rows gained less, 8 no more (LayerNorm 8192x256)
+ROW_GROUP = 4  # rows per group: enough independent chains to hide a pass's latency
 
 
 def use_row_groups(k: Kernel) -> bool:

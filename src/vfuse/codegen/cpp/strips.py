@@ -13,13 +13,10 @@ instead of g++'s serial horizontal sum. Elements past the last whole step go thr
 plain SIMD loop into the block's accumulator. Sums stay blocked by BLOCK elements
 (render.py); only their order inside a block changes.
 
-Measured (Zen 5, one thread, rows in L2, ns per 1024-wide row): LayerNorm's two statistics
-passes 146 -> 119 with GELU's pass unchanged; ln_gelu 309 -> 267 together with row
-prefetch; rms_silu's sum of squares 335 -> 290. A first pass waits on memory: with several
-chains and no software prefetch it got 1.4x slower from DRAM (the faster loop only piled up
-demand misses), so a first pass takes strips only where the kernel prefetches its rows
-(`prefetch.py`). Bodies with other than CHEAP ops are bound by their own instructions: one
-chain each, which still saves the serial horizontal sum (softmax's exp-sum pass 253 -> 248).
+A first pass waits on memory, so it takes several chains only where the kernel prefetches its
+rows (`prefetch.py`); without, the faster loop only piles up demand misses. Bodies with other
+than CHEAP ops are bound by their own instructions: one chain each, which still saves the
+serial horizontal sum. Measurements: docs/perf-log.md.
 """
 
 from __future__ import annotations

@@ -58,9 +58,8 @@ def render_microkernel(mr: int, nr: int) -> str:
     params = "long kc, const float* __restrict a, const float* __restrict b, float* __restrict t"
     # Why noinline: inlined into the driver, the micro-kernel shares one register allocation
     # with the writeback, whose epilogue constants (GELU, quantize) GCC hoists into vector
-    # registers; the 32 zmm accumulators then spill to the stack inside the K loop. Measured
-    # (1 thread): qlinear 2048x1024x4096 kernel 88 -> 83 ms; fp32 linear+GELU 8192x64x4096
-    # 26.3 -> 24.7 ms; neutral on conv and K = 1024 fp32. One call per MR x NR x KC tile.
+    # registers; the 32 zmm accumulators then spill to the stack inside the K loop (figures in
+    # docs/perf-log.md). One call per MR x NR x KC tile.
     sig = f"__attribute__((noinline)) static void {name}({params})"
     return (
         f"#ifndef {guard}\n#define {guard}\n"
