@@ -97,3 +97,14 @@ def test_real_measurement_is_plausible() -> None:
     assert 1e9 <= target.dram_bw <= target.cache_bw
     assert 0 < target.peak_f32 <= 1.2 * cpu.theoretical_f32(cpu.detect())
     assert 1e-7 <= target.launch_s <= 5e-5
+
+
+def test_measurements_are_kept_only_in_a_private_directory(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    calls = _count_measurements(monkeypatch)
+    get_target("cpu", tmp_path / "new" / "cache")
+    assert (tmp_path / "new").stat().st_mode & 0o777 == 0o700 and len(calls) == 1
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    shared.chmod(0o777)
+    (shared / "target_cpu.json").write_text((tmp_path / "new" / "cache" / "target_cpu.json").read_text())
+    assert get_target("cpu", shared).launch_s == 2e-6 and len(calls) == 2  # a planted result is not read

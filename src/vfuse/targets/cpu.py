@@ -8,9 +8,11 @@ another machine is not trusted.
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import os
+import platform
 import tempfile
 import time
 from collections.abc import Callable
@@ -19,6 +21,7 @@ from pathlib import Path
 
 import torch
 
+from vfuse.cachedir import dir_problem, make_private_dir
 from vfuse.targets.target import Target
 
 CACHE_VERSION = 1
@@ -51,22 +54,50 @@ class CpuFacts:
         return f"{self.model}|{self.cores}|{self.simd_lanes}|{self.l1d}|{self.l2}|{self.l3}"
 
 
-def _cpuinfo() -> tuple[str, frozenset[str], float]:
-    model, flags, mhz = "unknown", frozenset[str](), 2500.0
+def _first_cpu() -> dict[str, str]:
+    """The fields of the first processor in /proc/cpuinfo ({} without it). Reads only that block:
+    the kernel generates the file as it is read, one block per CPU."""
+    fields: dict[str, str] = {}
     try:
-        text = Path("/proc/cpuinfo").read_text()
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if not line.strip():
+                    if fields:
+                        break
+                    continue
+                key, _, value = line.partition(":")
+                fields.setdefault(key.strip(), value.strip())
     except OSError:
-        return model, flags, mhz / 1000
-    for line in text.splitlines():
-        key, _, value = line.partition(":")
-        key = key.strip()
-        if key == "model name" and model == "unknown":
-            model = value.strip()
-        elif key == "flags" and not flags:
-            flags = frozenset(value.split())
-        elif key == "cpu MHz" and mhz == 2500.0:
-            mhz = float(value)
-    return model, flags, mhz / 1000
+        pass
+    return fields
+
+
+def _cpuinfo() -> tuple[str, frozenset[str], float]:
+    cpu = _first_cpu()
+    try:
+        mhz = float(cpu.get("cpu MHz", "2500"))
+    except ValueError:
+        mhz = 2500.0
+    return cpu.get("model name", "unknown"), frozenset(cpu.get("flags", "").split()), mhz / 1000
+
+
+# The /proc/cpuinfo fields that tell what code -march=native emits (x86: model and ISA flags; Arm:
+# implementer, part and features; RISC-V: isa); clock, core ids and bogomips vary and are left out.
+ISA_FIELDS = ("vendor_id", "cpu family", "model", "model name", "flags", "CPU implementer", "CPU architecture")
+ISA_FIELDS += ("CPU variant", "CPU part", "Features", "isa", "uarch")
+
+
+def isa_of(cpu: dict[str, str]) -> str:
+    """The instruction-set fingerprint of one /proc/cpuinfo block (see isa_fingerprint)."""
+    parts = [f"{k}={cpu[k]}" for k in ISA_FIELDS if k in cpu] or [platform.processor()]  # no /proc: a weak guess
+    return "|".join([platform.machine(), *parts])
+
+
+@functools.cache
+def isa_fingerprint() -> str:
+    """This machine's CPU model and instruction-set flags, for keys of code compiled for it:
+    a library built with -march=native for another CPU can die of SIGILL here. Read once per process."""
+    return isa_of(_first_cpu())
 
 
 def _parse_size(text: str) -> int:
@@ -213,7 +244,7 @@ def _read_cache(path: Path, facts: CpuFacts) -> tuple[Target, float] | None:
 
 def _write_cache(path: Path, facts: CpuFacts, target: Target, estimated: list[str]) -> None:
     """Atomic write (temp file + os.replace): readers never see half a file."""
-    path.parent.mkdir(parents=True, exist_ok=True)
+    make_private_dir(path.parent)
     payload: dict[str, object] = {"version": CACHE_VERSION, "fingerprint": facts.fingerprint()}
     if estimated:
         payload |= {"estimated": estimated, "remeasure_after": time.time() + ESTIMATE_TTL_S}
@@ -231,12 +262,24 @@ def _write_cache(path: Path, facts: CpuFacts, target: Target, estimated: list[st
 def cpu_target(cache_dir: Path, remeasure: bool = False) -> Target:
     facts = detect()
     path = cache_dir / "target_cpu.json"
-    cached = None if remeasure else _read_cache(path, facts)
+    trusted = _trusted(cache_dir)
+    cached = None if remeasure or not trusted else _read_cache(path, facts)
     if cached is not None and time.time() < cached[1]:
         return cached[0]
     target, bad = measure(facts)
     try:
-        _write_cache(path, facts, target, bad)
+        if trusted:
+            _write_cache(path, facts, target, bad)
     except OSError:
         pass  # a read-only cache dir costs a re-measurement next time, nothing more
     return target
+
+
+def _trusted(cache_dir: Path) -> bool:
+    """Whether `cache_dir` (created 0700 when missing) is this user's alone; the kernel cache
+    warns about one that is not, this only stops reading and writing measurements there."""
+    try:
+        make_private_dir(cache_dir)
+    except OSError:
+        return False
+    return dir_problem(cache_dir) is None

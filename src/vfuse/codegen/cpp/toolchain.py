@@ -1,15 +1,19 @@
 """Compile a translation unit to a shared library, cached on disk by content hash.
 
-Key: sha256 of (source, compiler path and version, flags). The .so is compiled to a unique
-temporary name in the cache directory and moved into place with os.replace (atomic on POSIX),
-then a sidecar `<key>.ok` holding the sha256 of the .so bytes is written the same way. A .so
-without a matching sidecar (half-written, truncated, corrupted) is rebuilt; a .so that
-dlopen rejects is rebuilt once. An exclusive fcntl lock per key makes concurrent compiles of
-the same graph (several processes) build it once.
+Key: sha256 of (source, compiler path and version, flags, this CPU's model and ISA flags: the
+library is built with -march=native). The .so is compiled to a unique temporary name in the cache
+directory and moved into place with os.replace (atomic on POSIX), then a marker naming the key,
+size and sha256 is written last (`cache.py`); a library is loaded only after it was checked
+against its marker right before dlopen, so a half-written, truncated, planted or misnamed one is
+rebuilt, and one that dlopen rejects is rebuilt once. An exclusive fcntl lock per key makes
+concurrent compiles of the same graph (several processes) build it once. A cache directory that
+is unsafe (another owner, writable by others) or read-only is not written; kernels then go to a
+private temporary directory, with a CacheDirWarning (`vfuse.cachedir`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import fcntl
 import functools
@@ -21,7 +25,10 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from vfuse.cachedir import private_dir, usable_dir, warn_unused
+from vfuse.codegen.cpp.cache import atomic_write, entry, open_lock, publish, sweep_once, validated
 from vfuse.errors import VfuseCompileError, VfuseError
+from vfuse.targets.cpu import isa_fingerprint
 
 FLAGS = (
     "-O3",
@@ -79,61 +86,61 @@ def _version(path: str, identity: tuple[int, int, int, int]) -> str:
 
 def cache_key(source: str, tc: Toolchain) -> str:
     h = hashlib.sha256()
-    for part in (source, tc.cxx, tc.version, *tc.flags, *tc.libs):
+    for part in (source, tc.cxx, tc.version, *tc.flags, *tc.libs, isa_fingerprint()):
         h.update(part.encode())
         h.update(b"\0")
     return h.hexdigest()[:32]
 
 
-def _digest(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()
-
-
-def _valid(so: Path, marker: Path) -> bool:
-    try:
-        return marker.read_text().strip() == _digest(so)
-    except OSError:
-        return False
-
-
-def _atomic_write(path: Path, text: str) -> None:
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
-    with os.fdopen(fd, "w") as f:
-        f.write(text)
-    os.replace(tmp, path)
-
-
-def _compile(source: str, so: Path, tc: Toolchain) -> None:
+def _compile(source: str, so: Path, tc: Toolchain) -> Path:
+    """Compile `source` (written next to `so` as .cpp) into a new temp file; its path."""
     cpp = so.with_suffix(".cpp")
-    _atomic_write(cpp, source)
+    atomic_write(cpp, source)
     fd, tmp = tempfile.mkstemp(dir=so.parent, prefix=so.stem, suffix=".so.tmp")
     os.close(fd)
     cmd = [tc.cxx, *tc.flags, str(cpp), "-o", tmp, *tc.libs]
     try:
-        res = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
-    except OSError as e:
+        try:
+            res = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+        except OSError as e:
+            raise CompilerNotFound(f"cannot run {tc.cxx}: {e}") from e
+        if res.returncode != 0:
+            first = next((line for line in res.stderr.splitlines() if "error" in line), "")
+            raise CompileError(f"{tc.cxx} failed on {cpp}: {first}\n{res.stderr[-4000:]}")
+    except BaseException:  # a timeout or an interrupt too: no temp file left behind
         os.unlink(tmp)
-        raise CompilerNotFound(f"cannot run {tc.cxx}: {e}") from e
-    if res.returncode != 0:
-        os.unlink(tmp)
-        first = next((line for line in res.stderr.splitlines() if "error" in line), "")
-        raise CompileError(f"{tc.cxx} failed on {cpp}: {first}\n{res.stderr[-4000:]}")
-    os.replace(tmp, so)
+        raise
+    return Path(tmp)
+
+
+def _build_locked(source: str, cache_dir: Path, key: str, tc: Toolchain) -> Path:
+    so, marker = entry(cache_dir, key)
+    sweep_once(str(cache_dir))
+    lock = open_lock(cache_dir / f"vf_{key}.lock")
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not validated(so, marker, key):  # another process may have built it meanwhile
+            publish(_compile(source, so, tc), so, marker, key)
+    finally:
+        os.close(lock)
+    return so
 
 
 def build_library(source: str, cache_dir: Path, tc: Toolchain) -> Path:
-    """Path of a valid .so for `source`, compiling it unless the cache has it."""
-    cache_dir.mkdir(parents=True, exist_ok=True)
+    """Path of a valid .so for `source`, compiling it unless the cache has it. An unsafe
+    `cache_dir` is not used, and one that cannot be written is only read: the library is then
+    built in a private directory of this process (both with a CacheDirWarning)."""
     key = cache_key(source, tc)
-    so, marker = cache_dir / f"vf_{key}.so", cache_dir / f"vf_{key}.ok"
-    if so.exists() and _valid(so, marker):
-        return so
-    with open(cache_dir / f"vf_{key}.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        if not (so.exists() and _valid(so, marker)):  # another process may have built it meanwhile
-            _compile(source, so, tc)
-            _atomic_write(marker, _digest(so))
-    return so
+    home = usable_dir(cache_dir)
+    if home is not None:
+        so, marker = entry(home, key)
+        if validated(so, marker, key):
+            return so
+        try:
+            return _build_locked(source, home, key, tc)
+        except OSError as e:  # compiler failures are not OSErrors: this is the directory
+            warn_unused(cache_dir, f"cannot be written ({e})")
+    return _build_locked(source, private_dir(), key, tc)
 
 
 def load_library(source: str, cache_dir: Path, tc: Toolchain) -> ctypes.CDLL:
@@ -142,6 +149,7 @@ def load_library(source: str, cache_dir: Path, tc: Toolchain) -> ctypes.CDLL:
     try:
         return ctypes.CDLL(str(so))
     except OSError:
-        so.with_suffix(".ok").unlink(missing_ok=True)
+        with contextlib.suppress(OSError):  # a read-only directory: the retry then fails the same way
+            so.with_suffix(".ok").unlink(missing_ok=True)
         so = build_library(source, cache_dir, tc)
         return ctypes.CDLL(str(so))

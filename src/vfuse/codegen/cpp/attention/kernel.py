@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import ctypes
 import math
+import os
 import tempfile
 from pathlib import Path
 
@@ -22,7 +23,8 @@ _ARGTYPES = [_PTR] * 5 + [_I64] * 5 + [_F32] + [_I64] * 5
 
 
 def default_cache_dir() -> Path:
-    return Path(tempfile.gettempdir()) / "vfuse-attention"
+    # One per user: the kernel cache refuses a directory another user owns (vfuse.cachedir).
+    return Path(tempfile.gettempdir()) / f"vfuse-attention-{os.getuid()}"
 
 
 class FlashAttentionKernel:
