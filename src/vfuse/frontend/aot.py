@@ -1,8 +1,12 @@
 """`vfuse.compile(fn, example_inputs)`: ahead-of-time compilation through torch.export.
 
-Export gives one ATen graph with parameters and buffers lifted to inputs; we bind those to
-the module's live tensors at call time (so later weight updates are seen), apply buffer
-mutations (BatchNorm running stats) after each call, and rebuild the user's output structure.
+Export gives one functional ATen graph with parameters and buffers lifted to inputs and every
+in-place update turned into an extra output. We bind the lifted inputs to the module's live
+tensors at call time (so later weight updates are seen), copy the updates back into the
+user's inputs, parameters and buffers after each call (as the graph signature lists them),
+and rebuild the user's output structure. A call that needs gradients (grad mode on and an
+input or parameter that requires grad) runs the same graph through AOTAutograd, vfuse
+compiling its forward and backward, so a loss that mixes our outputs backpropagates correctly.
 """
 
 from __future__ import annotations
@@ -17,8 +21,12 @@ from torch.export import ExportedProgram
 from torch.export.graph_signature import InputKind, OutputKind
 
 from vfuse.context import Context, Options
-from vfuse.errors import VfuseInputError
+from vfuse.errors import VfuseCompileError, VfuseInputError
+from vfuse.frontend.devices import foreign_device
 from vfuse.runtime.compiled import CompiledGraph
+
+_PLAIN = (torch.Tensor, torch.nn.Parameter)  # pytree leaves: such arguments need no flattening
+_STATE_UPDATES = (OutputKind.BUFFER_MUTATION, OutputKind.PARAMETER_MUTATION)
 
 
 class _AsModule(torch.nn.Module):
@@ -36,26 +44,73 @@ def export(fn: Callable, example_inputs: Sequence[Any]) -> ExportedProgram:
     from vfuse.frontend.decompositions import decomposition_table
 
     module = fn if isinstance(fn, torch.nn.Module) else _AsModule(fn)
+    examples = _unaliased(module, example_inputs)
     with warnings.catch_warnings():
         # torch.export's own pytree deprecation notice, not actionable by our users.
         warnings.filterwarnings("ignore", category=FutureWarning, message=".*LeafSpec")
-        return torch.export.export(module, tuple(example_inputs)).run_decompositions(decomposition_table())
+        return torch.export.export(module, examples).run_decompositions(decomposition_table())
+
+
+def _unaliased(module: torch.nn.Module, example_inputs: Sequence[Any]) -> tuple[Any, ...]:
+    """The examples with each tensor that shares memory with an earlier one (or with a
+    parameter or buffer) copied: export would otherwise compile `f(t, t)` as reading one input
+    twice, and a later call `f(a, b)` would ignore `a`."""
+    seen = {_address(t) for t in (*module.parameters(), *module.buffers())}
+
+    def fresh(x: Any) -> Any:
+        if isinstance(x, torch.Tensor):
+            if _address(x) in seen:
+                with torch.no_grad():
+                    x = x.clone()
+            seen.add(_address(x))
+        return x
+
+    return tuple(pytree.tree_map(fresh, list(example_inputs)))
+
+
+def _address(t: torch.Tensor) -> int:
+    """Where a tensor's memory lives; the object itself for tensors without any (meta, empty)."""
+    return t.untyped_storage().data_ptr() or id(t)
 
 
 class AotCompiled:
-    """The callable returned by vfuse.compile: same outputs (and structure) as the original."""
+    """The callable returned by vfuse.compile: same outputs (and structure) as the original,
+    and the same in-place updates of its inputs, parameters and buffers."""
 
-    def __init__(self, program: ExportedProgram, compiled: CompiledGraph, frozen: frozenset[int] = frozenset()) -> None:
+    def __init__(
+        self,
+        program: ExportedProgram,
+        compiled: CompiledGraph,
+        frozen: frozenset[int] = frozenset(),
+        options: dict[str, Any] | None = None,
+    ) -> None:
         self.program = program
         self.compiled = compiled
+        self.autograd_backend: Any = None  # the VfuseBackend of calls that need gradients
+        self._options = dict(options or {})
+        self._autograd: Callable | None = None
         sig = program.graph_signature
+        # Lifted parameters, buffers and constants by input position (None: a user input).
+        self._all_lifted = [_lifted_tensor(program, spec) for spec in sig.input_specs]
         # Frozen parameters are compiled in as constants and no longer passed.
         specs = [spec for i, spec in enumerate(sig.input_specs) if i not in frozen]
-        self._lifted = [_lifted_tensor(program, spec) for spec in specs]
-        self._mutations = [
-            (i, spec.target) for i, spec in enumerate(sig.output_specs) if spec.kind == OutputKind.BUFFER_MUTATION
+        self._lifted = [t for i, t in enumerate(self._all_lifted) if i not in frozen]
+        self._state = [t for t in self._all_lifted if t is not None]
+        users = [spec.arg.name for spec in sig.input_specs if spec.kind == InputKind.USER_INPUT]
+        outs = sig.output_specs
+        updated = [(i, s) for i, s in enumerate(outs) if s.kind in _STATE_UPDATES]
+        self._state_updates = [(i, _state_tensor(program, s.target)) for i, s in updated]
+        self._state_labels = [f"{s.kind.name.split('_')[0].lower()} '{s.target}'" for _, s in updated]
+        self._input_updates = [
+            (i, users.index(s.target)) for i, s in enumerate(outs) if s.kind == OutputKind.USER_INPUT_MUTATION
         ]
-        self._user_out = [i for i, spec in enumerate(sig.output_specs) if spec.kind == OutputKind.USER_OUTPUT]
+        self._user_out = [i for i, spec in enumerate(outs) if spec.kind == OutputKind.USER_OUTPUT]
+        # Read once: each read of `program.call_spec` builds a new class (half a millisecond).
+        self._in_spec = program.call_spec.in_spec
+        self._out_spec = program.call_spec.out_spec
+        self._single_out = self._out_spec.is_leaf()
+        self._plain_in = self._in_spec == pytree.tree_structure((tuple(users), {}))
+        self._users = len(users)
         compiled.input_labels = _labels(specs)
 
     @property
@@ -67,17 +122,73 @@ class AotCompiled:
         return self.compiled.stats
 
     def __call__(self, *args: Any) -> Any:
+        flat = self._flatten(args)
+        inputs = flat if len(self._lifted) == self._users else _bind(flat, self._lifted)
+        self.compiled.check_inputs(inputs)
+        if self._state_updates or self._input_updates:
+            self._check_unaliased(flat)
+        if torch.is_grad_enabled() and self._needs_grad(flat):
+            outs = self._run_autograd(flat)
+        else:
+            outs = self.compiled.run_unchecked(inputs)
+        if self._state_updates or self._input_updates:
+            self._apply_updates(outs, flat)
+        if self._single_out:
+            return outs[self._user_out[0]]
+        return pytree.tree_unflatten([outs[i] for i in self._user_out], self._out_spec)
+
+    def _flatten(self, args: tuple[Any, ...]) -> Sequence[Any]:
+        if self._plain_in and len(args) == self._users and all(type(a) in _PLAIN for a in args):
+            return args
         flat, spec = pytree.tree_flatten((args, {}))
-        if spec != self.program.call_spec.in_spec:
+        if spec != self._in_spec:
+            raise VfuseInputError(f"inputs have structure {spec}, but the function was compiled for {self._in_spec}")
+        return flat
+
+    def _needs_grad(self, flat: Sequence[Any]) -> bool:
+        return any(isinstance(t, torch.Tensor) and t.requires_grad for t in (*flat, *self._state))
+
+    def _run_autograd(self, flat: Sequence[Any]) -> list[Any]:
+        """Forward through AOTAutograd (built on first use): outputs carry the graph's autograd
+        history, and backward runs a compiled backward graph."""
+        inputs = _bind(flat, self._all_lifted)
+        if self._autograd is None:
+            from vfuse.frontend.capture import VfuseBackend
+
+            gm = self.program.graph_module
+            self.autograd_backend = VfuseBackend(**{**self._options, "freeze": False})
+            self._autograd = self.autograd_backend(torch.fx.GraphModule(gm, gm.graph), inputs)
+        return list(self._autograd(*inputs))
+
+    def _apply_updates(self, outs: Sequence[Any], flat: Sequence[Any]) -> None:
+        """What the original did in place: buffers and parameters without autograd (as
+        BatchNorm updates its running stats), user inputs as `copy_` does in eager."""
+        with torch.no_grad():
+            for i, target in self._state_updates:
+                target.copy_(outs[i])
+        for i, k in self._input_updates:
+            flat[k].copy_(outs[i])
+
+    def _check_unaliased(self, flat: Sequence[Any]) -> None:
+        """The graph reads every input before any update: right only if no updated input or
+        updated buffer shares memory with another input."""
+        addrs = {k: _address(t) for k, t in enumerate(flat) if isinstance(t, torch.Tensor)}
+        state = [(_address(t), label) for (_, t), label in zip(self._state_updates, self._state_labels)]
+        clashes = [(k, label) for addr, label in state for k, a in addrs.items() if a == addr]
+        clashes += [
+            (k, f"input {j}") for _, k in self._input_updates for j, a in addrs.items() if j != k and a == addrs[k]
+        ]
+        if clashes:
+            k, other = clashes[0]
             raise VfuseInputError(
-                f"inputs have structure {spec}, but the function was compiled for {self.program.call_spec.in_spec}"
+                f"input {k} shares memory with {other}, and the compiled function updates one of them in place: "
+                "vfuse.compile reads all inputs before any update; pass separate tensors"
             )
-        user = iter(flat)
-        inputs = [next(user) if t is None else t for t in self._lifted]
-        outs = self.compiled(*inputs)
-        for i, target in self._mutations:
-            self.program.state_dict[target].copy_(outs[i])
-        return pytree.tree_unflatten([outs[i] for i in self._user_out], self.program.call_spec.out_spec)
+
+
+def _bind(flat: Sequence[Any], lifted: Sequence[torch.Tensor | None]) -> list[Any]:
+    user = iter(flat)
+    return [next(user) if t is None else t for t in lifted]
 
 
 def _labels(specs: Sequence[Any]) -> list[str]:
@@ -92,28 +203,34 @@ def _labels(specs: Sequence[Any]) -> list[str]:
     return labels
 
 
+def _state_tensor(program: ExportedProgram, target: str) -> torch.Tensor:
+    """A parameter or buffer by name (non-persistent buffers live among the constants)."""
+    return program.state_dict[target] if target in program.state_dict else program.constants[target]
+
+
 def _lifted_tensor(program: ExportedProgram, spec: Any) -> torch.Tensor | None:
     """The live parameter/buffer/constant behind a lifted input; None for a user input."""
     if spec.kind == InputKind.USER_INPUT:
         return None
-    if spec.kind in (InputKind.PARAMETER, InputKind.BUFFER) and spec.target in program.state_dict:
-        return program.state_dict[spec.target]
-    return program.constants[spec.target]
+    return _state_tensor(program, spec.target)
 
 
 def compile_aot(fn: Callable, example_inputs: Sequence[Any], **options: Any) -> AotCompiled:
     from vfuse.compiler import compile_fx
 
     program = export(fn, example_inputs)
+    foreign = foreign_device(program.graph_module)
+    if foreign is not None:  # kernels read CPU memory only; torch.compile runs such graphs eagerly
+        raise VfuseCompileError(f"vfuse.compile compiles CPU programs only: {foreign}")
     ctx = Context(Options.from_env(**options), graph_id="aot0")
     frozen = _freezable(program) if ctx.options.freeze else {}
-    return AotCompiled(program, compile_fx(program.graph_module, ctx, frozen), frozenset(frozen))
+    return AotCompiled(program, compile_fx(program.graph_module, ctx, frozen), frozenset(frozen), options)
 
 
 def _freezable(program: ExportedProgram) -> dict[int, torch.Tensor]:
     """Parameters, buffers and constants the graph never mutates, by input position."""
     sig = program.graph_signature
-    mutated = {spec.target for spec in sig.output_specs if spec.kind == OutputKind.BUFFER_MUTATION}
+    mutated = {spec.target for spec in sig.output_specs if spec.kind in _STATE_UPDATES}
     return {
         i: tensor
         for i, spec in enumerate(sig.input_specs)

@@ -27,6 +27,7 @@ from vfuse.compiler import compile_fx, trace_aten
 from vfuse.context import Context, Options
 from vfuse.errors import VfuseCompileError
 from vfuse.frontend.decompositions import decomposition_table
+from vfuse.frontend.devices import foreign_device
 from vfuse.frontend.direct import may_skip_wrappers, unboxed, wrappers_are_identity
 from vfuse.frontend.outputs import with_none_outputs, without_none_outputs
 from vfuse.runtime.compiled import CompiledGraph
@@ -97,6 +98,9 @@ class VfuseBackend:
         frozen = frozen or {}
         ctx = Context(self.options, graph_id=f"graph{next(self._ids)}")
         try:
+            foreign = foreign_device(gm, frozen)
+            if foreign is not None:  # no CPU bytes behind it for a kernel to read or write
+                raise VfuseCompileError(f"vfuse compiles CPU graphs only: {foreign}")
             tensor_gm, present = without_none_outputs(gm)
             # AOTAutograd calls us under its fake mode; our passes evaluate real constants.
             with unset_fake_temporarily():

@@ -14,6 +14,7 @@ from typing import Any, Protocol
 import torch
 
 from vfuse import interp
+from vfuse.errors import VfuseInputError
 from vfuse.ir import Graph, Op
 
 
@@ -67,6 +68,8 @@ class CompiledGraph:
         self.executor = executor
         self.name = name
         self._expected = [(n.attrs["index"], n.tensor_type) for n in graph.inputs]
+        # What a call compares, in torch's terms (read per call, each costs a frame otherwise).
+        self._checks = [(i, t.shape, t.dtype.torch) for i, t in self._expected]
         # How errors name each input; the AOT path relabels lifted parameters and user inputs.
         self.input_labels = [f"input {i}" for i in range(len(self._expected))]
         self.compile_s = 0.0
@@ -86,22 +89,14 @@ class CompiledGraph:
 
     def check_inputs(self, inputs: Sequence[object]) -> None:
         """Raise VfuseInputError naming the first input that differs from what was compiled for."""
-        from vfuse.errors import VfuseInputError
-
         if len(inputs) != len(self._expected):
             raise VfuseInputError(f"{self.name}: expected {len(self._expected)} inputs, got {len(inputs)}")
-        for index, want in self._expected:
+        for index, shape, dtype in self._checks:
             got = inputs[index]
-            ok = (
-                isinstance(got, torch.Tensor)
-                and tuple(got.shape) == want.shape
-                and got.dtype == want.dtype.torch
-                and got.device.type == "cpu"
-            )
-            if not ok:
-                expected = f"{want.dtype.torch}{list(want.shape)} on cpu"
+            if not (isinstance(got, torch.Tensor) and got.shape == shape and got.dtype is dtype and got.is_cpu):
                 raise VfuseInputError(
-                    f"{self.name}: {self.input_labels[index]} was compiled for {expected}, received {_describe(got)}"
+                    f"{self.name}: {self.input_labels[index]} was compiled for {dtype}{list(shape)} on cpu, "
+                    f"received {_describe(got)}"
                 )
 
     def __call__(self, *inputs: torch.Tensor) -> list[torch.Tensor]:
