@@ -22,7 +22,9 @@ import torch
 # stages themselves load lazily (to break import cycles) are named here too.
 from vfuse.codegen.cpp import contraction as _contraction  # noqa: F401  (render imports it lazily)
 from vfuse.codegen.cpp import table as _table  # noqa: F401  (render imports it lazily)
+from vfuse.codegen.cpp.toolchain import CompileError
 from vfuse.context import Context
+from vfuse.errors import VfuseCodegenError, VfuseError
 from vfuse.frontend.lower import lower
 from vfuse.fusion import format_plan, plan_fusion
 from vfuse.ir import Graph, format_graph
@@ -78,10 +80,26 @@ def make_executor(graph: Graph, fusion_plan: Any, ctx: Context, target: Target |
     try:
         return NativeExecutor(fusion_plan, target or target_of(ctx), ctx)
     except Exception as e:
+        bug = codegen_bug(e)
+        if bug and ctx.options.raise_codegen_errors:
+            raise VfuseCodegenError(f"vfuse: native code generation for {ctx.graph_id} failed: {e}") from e
         if backend == "cpp" or ctx.options.strict:
             raise
-        warnings.warn(f"vfuse: native code generation failed ({e}); using the reference executor", stacklevel=2)
-        return InterpExecutor(graph)
+        kind = "failed (a vfuse bug, please report it)" if bug else "is not available"
+        warnings.warn(
+            f"vfuse: native code for {ctx.graph_id} {kind}: {type(e).__name__}: {e}; using the reference executor",
+            stacklevel=2,
+        )
+        fallback = InterpExecutor(graph)
+        fallback.stats.native_error = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+        return fallback
+
+
+def codegen_bug(e: Exception) -> bool:
+    """Whether a failure to build native code is vfuse's own (C++ the compiler rejects, an
+    exception while scheduling or rendering) rather than the machine's (no compiler, an
+    unusable cache directory: errors raised on purpose, or the OS refusing a file)."""
+    return isinstance(e, CompileError) or not isinstance(e, VfuseError | OSError)
 
 
 def freeze(graph: Graph, values: Mapping[int, torch.Tensor] | None, ctx: Context) -> Graph:

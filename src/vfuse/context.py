@@ -16,6 +16,10 @@ class Options:
     """User-facing knobs. Environment variables give defaults; keyword arguments win.
 
     strict: raise on an internal compile failure instead of warning and running eagerly.
+    raise_codegen_errors: raise VfuseCodegenError where vfuse builds native code it cannot
+        compile (g++ rejects it, or scheduling/rendering fails): always a vfuse bug. Without it
+        the graph runs on the reference executor with a warning (env VFUSE_RAISE_CODEGEN_ERRORS;
+        the test suite sets it).
     backend: "cpp" (generated C++), "interp" (reference executor) or "auto" (cpp if a
         C++ compiler works, else interp with a warning).
     target: name of the hardware target the planner plans for ("cpu", "a100", "h100", "h200").
@@ -28,6 +32,7 @@ class Options:
     """
 
     strict: bool = False
+    raise_codegen_errors: bool = False
     backend: str = "auto"
     target: str = "cpu"
     dump_dir: Path | None = None
@@ -44,8 +49,9 @@ class Options:
             env["cache_dir"] = Path(os.environ["VFUSE_CACHE_DIR"])
         if os.environ.get("VFUSE_BACKEND"):
             env["backend"] = os.environ["VFUSE_BACKEND"]
-        if os.environ.get("VFUSE_STRICT"):
-            env["strict"] = os.environ["VFUSE_STRICT"] not in ("", "0", "false")
+        for flag in ("strict", "raise_codegen_errors"):
+            if os.environ.get(f"VFUSE_{flag.upper()}"):
+                env[flag] = os.environ[f"VFUSE_{flag.upper()}"] not in ("", "0", "false")
         env.update({k: v for k, v in overrides.items() if v is not None})
         if isinstance(env.get("dump_dir"), str):
             env["dump_dir"] = Path(env["dump_dir"])

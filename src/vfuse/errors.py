@@ -13,3 +13,8 @@ class VfuseInputError(VfuseError, TypeError):
 
 class VfuseCompileError(VfuseError, RuntimeError):
     """Compiling a graph failed (raised in strict mode; otherwise vfuse warns and runs eagerly)."""
+
+
+class VfuseCodegenError(VfuseCompileError):
+    """vfuse generated native code it could not build (a vfuse bug, not the user's): raised
+    with raise_codegen_errors (the test suite), else the graph falls back with a warning."""

@@ -53,4 +53,4 @@ def test_only_x_minus_its_own_row_max_takes_exp_nonpos() -> None:
 def test_softmax_uses_both_facts() -> None:
     graph, _ = norm_graph("softmax", 4, 1024)
     src = _row_kernel_source(graph)
-    assert "vf_exp_nonpos(" in src and src.count(" / ") == 1 and "_rcp = 1.0f / (float)" in src  # no other division
+    assert "vf_exp_nonpos(" in src and src.count(" / ") == 1 and "_rcp_1 = 1.0f / (float)" in src  # no other division

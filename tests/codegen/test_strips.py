@@ -147,5 +147,5 @@ def test_division_by_a_row_scalar_becomes_a_reciprocal_multiply() -> None:
     xs = [torch.rand(6, 1000) + 0.5, torch.rand(6, 1000) + 0.5]
     ex = check(graph, xs, _plan(graph), rtol=1e-6, atol=0)
     src = _kernel_source(ex.source)
-    assert src.count("_rcp = 1.0f / (float)") == 1 and src.count(" / ") == 2  # 1/sum and x*r/y
+    assert src.count("_rcp_1 = 1.0f / (float)") == 1 and src.count(" / ") == 2  # 1/sum and x*r/y
     torch.testing.assert_close(ex(xs)[0], xs[0] / xs[0].sum(1, keepdim=True) / xs[1], rtol=1e-6, atol=0)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 from vfuse.schedule import expr
 from vfuse.schedule.expr import Div, Lin, Mod, Var
 
@@ -65,3 +67,46 @@ def test_merge_needs_matching_strides() -> None:
 def test_render() -> None:
     e = Lin.var(VI) * 8 + Lin.var(VJ) + 3
     assert expr.render(e, {0: "i0", 1: "i1"}) == "8 * i0 + i1 + 3"
+
+
+def test_split_then_merged_reshape_is_linear_again() -> None:
+    # GroupNorm reads [2, 16, 14, 14] as [2, 4, 4, 196]: the view's loops (g, c, k) address
+    # the source at 784 g + 196 c + 14 (k // 14) + k % 14, which is 784 g + 196 c + k.
+    g, c, k = Var(0), Var(1), Var(2)
+    sizes = {0: 8, 1: 4, 2: 196}
+    flat = expr.row_major((Lin.var(g), Lin.var(c), Lin.var(k)), (8, 4, 196))
+    src = expr.unflatten(flat, (2, 16, 14, 14), sizes)
+    assert expr.row_major(src, (2, 16, 14, 14)) == flat
+    assert expr.can_merge(c, k, 196, [expr.row_major(src, (2, 16, 14, 14))])
+
+
+def test_floordiv_keeps_a_possibly_negative_remainder_whole() -> None:
+    # (14 i - j) // 14 is not i + (-j) // 14 in C++, whose division truncates toward zero.
+    e = expr.floordiv(Lin.var(VI) * 14 - Lin.var(VJ), 14, SIZES)
+    assert e == Lin(0, ((Div(Lin.var(VI) * 14 - Lin.var(VJ), 14), 1),))
+
+
+def test_reshape_chains_match_python_arithmetic() -> None:
+    # Every coordinate of a view of a view equals divmod arithmetic on the flat index, for
+    # splits, merges and regroupings of dims (primes, ones, non-divisible sizes).
+    chains = [((8, 4, 196), (2, 16, 14, 14)), ((6, 35), (3, 2, 5, 7)), ((12, 10), (8, 15)), ((5, 1, 9), (3, 15))]
+    for view, src in chains:
+        vs = [Var(i) for i in range(len(view))]
+        sizes = {i: n for i, n in enumerate(view)}
+        flat = expr.row_major(tuple(Lin.var(v) for v in vs), view)
+        coords = expr.unflatten(flat, src, sizes)
+        offset = expr.row_major(coords, src)
+        for n in range(math.prod(view)):
+            env, rest = {}, n
+            for i in reversed(range(len(view))):
+                env[i], rest = rest % view[i], rest // view[i]
+            assert _eval(offset, env) == n, (view, src, env)
+            assert [_eval(c, env) for c in coords] == list(_unravel(n, src)), (view, src, env)
+
+
+def _unravel(n: int, shape: tuple[int, ...]) -> tuple[int, ...]:
+    out = []
+    for size in reversed(shape):
+        n, r = divmod(n, size)
+        out.append(r)
+    return tuple(reversed(out))

@@ -25,7 +25,7 @@ from torch._subclasses.fake_tensor import unset_fake_temporarily
 # compile: a user's first call then waits for compilation only.
 from vfuse.compiler import compile_fx, trace_aten
 from vfuse.context import Context, Options
-from vfuse.errors import VfuseCompileError
+from vfuse.errors import VfuseCodegenError, VfuseCompileError
 from vfuse.frontend.decompositions import decomposition_table
 from vfuse.frontend.devices import foreign_device
 from vfuse.frontend.direct import may_skip_wrappers, unboxed, wrappers_are_identity
@@ -105,6 +105,8 @@ class VfuseBackend:
             # AOTAutograd calls us under its fake mode; our passes evaluate real constants.
             with unset_fake_temporarily():
                 compiled = compile_fx(tensor_gm, ctx, frozen)
+        except VfuseCodegenError:
+            raise  # a vfuse bug the caller asked to see (raise_codegen_errors)
         except Exception as e:
             if self.options.strict:
                 raise VfuseCompileError(f"vfuse could not compile {ctx.graph_id}: {describe_failure(e)}") from e
@@ -126,6 +128,7 @@ class VfuseBackend:
         return {
             "graphs": len(self.compiled),
             "eager_graphs": len(self.eager_fallbacks),
+            "reference_graphs": sum(1 for c in self.compiled if c.stats.native_error),
             "kernels": sum(c.stats.kernels for c in self.compiled),
             "fallbacks": fallbacks,
         }

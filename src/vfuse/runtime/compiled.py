@@ -28,6 +28,7 @@ class ExecStats:
     torch_calls: int = 0
     arena_bytes: int = 0
     fallbacks: Counter[str] = field(default_factory=Counter)
+    native_error: str = ""  # why native code could not be built (the graph runs on the reference)
 
 
 class Executor(Protocol):

@@ -92,7 +92,17 @@ class Lin:
 
 
 def _make(const: int, acc: Mapping[Atom, int]) -> Lin:
-    return Lin(const, tuple(sorted(((a, c) for a, c in acc.items() if c), key=lambda t: repr(t[0]))))
+    terms = {a: c for a, c in acc.items() if c}
+    for m in [a for a in terms if isinstance(a, Mod)]:
+        # d * (x // d) + x % d == x: a reshape that splits a dim and merges it back (GroupNorm's
+        # [N, C, H, W] read as [N, G, C/G, H*W]) is then linear again, and its loops can merge.
+        c, div = terms.get(m, 0), Div(m.arg, m.divisor)
+        if c and terms.get(div) == c * m.divisor:
+            del terms[m], terms[div]
+            const += c * m.arg.const
+            for a, k in m.arg.terms:
+                terms[a] = terms.get(a, 0) + c * k
+    return Lin(const, tuple(sorted(((a, c) for a, c in terms.items() if c), key=lambda t: repr(t[0]))))
 
 
 def span(e: Lin, sizes: Mapping[int, int]) -> tuple[int, int]:
@@ -126,6 +136,9 @@ def floordiv(e: Lin, d: int, sizes: Mapping[int, int]) -> Lin:
     lo, hi = span(rest, sizes)
     if 0 <= lo and hi < d:
         return _make(e.const // d, whole)
+    if 0 <= lo and (whole or e.const >= d):
+        # e = d * w + r with r >= 0: e // d = w + r // d (only for r >= 0: C++ truncates)
+        return _make(e.const // d, whole) + floordiv(rest, d, sizes)
     if len(e.terms) == 1 and e.const == 0 and isinstance(e.terms[0][0], Div) and e.terms[0][1] == 1:
         inner = e.terms[0][0]
         return floordiv(inner.arg, inner.divisor * d, sizes)

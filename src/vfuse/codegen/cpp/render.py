@@ -109,11 +109,19 @@ class KernelWriter:
         self.lines: list[str] = []
         self.depth = 1
         self.prefetch: RowPrefetch | None = None  # set by rows() where it prefetches
-        self.recips: frozenset[str] = frozenset()  # divisors of the current pass held as 1/d
+        self.recips: dict[str, str] = {}  # divisors of the current pass -> their 1/d's variable
         self.nonpos: frozenset[str] = frozenset()  # values of the current pass known <= 0 or NaN
+        self.made = 0  # helper variables named so far (`fresh`)
 
     def w(self, line: str) -> None:
         self.lines.append("  " * self.depth + line)
+
+    def fresh(self, base: str) -> str:
+        """A variable name no other line of this function declares: passes of a row share one
+        scope, so a helper named only after its IR value (t3_rcp) was declared twice when two
+        passes both needed it."""
+        self.made += 1
+        return f"{base}_{self.made}"
 
     def idx(self, e: expr.Lin) -> str:
         return expr.render(e, self.names)
@@ -148,7 +156,7 @@ class KernelWriter:
             return out
         assert isinstance(s, Compute)
         if s.op is Op.DIV and s.args[1] in self.recips:
-            return f"({s.args[0]} * {s.args[1]}_rcp)"
+            return f"({s.args[0]} * {self.recips[s.args[1]]})"
         if s.op is Op.EXP and s.args[0] in self.nonpos:
             return f"vf_exp_nonpos({s.args[0]})"
         ct = COMPUTE_TYPE[s.dtype]
@@ -276,14 +284,14 @@ class KernelWriter:
             self.nest(p, loops, serial)
         for r in p.reduces:
             self.finish(r)
-        self.recips, self.nonpos = frozenset(), frozenset()
+        self.recips, self.nonpos = {}, frozenset()
 
     def row_facts(self, p: Pass) -> None:
         """Hoist the reciprocals of `p`'s pass-invariant divisors; note its values known to
         be <= 0 (rowfacts.py)."""
-        self.recips = pass_invariant_divisors(self.k, p)
-        for d in sorted(self.recips):
-            self.w(f"const float {d}_rcp = 1.0f / (float){d};")
+        self.recips = {d: self.fresh(f"{d}_rcp") for d in sorted(pass_invariant_divisors(self.k, p))}
+        for d, name in self.recips.items():
+            self.w(f"const float {name} = 1.0f / (float){d};")
         self.nonpos = below_row_max(self.k, p)
 
     def nest(self, p: Pass, loops: list[Loop], serial: bool) -> None:
@@ -300,7 +308,7 @@ class KernelWriter:
         arg = any(r.op in (Op.ARGMAX, Op.ARGMIN) for r in p.reduces)
         vec_par = vec.parallel and not serial
         if p.reduces and not arg:
-            self.blocked(p, vec, vec_par)
+            self.blocked(p, vec, vec_par, whole_row=not rest)
         else:
             if not arg:
                 pragma = f"parallel for simd {self.parallel_clause()}" if vec_par else "simd"
@@ -310,12 +318,14 @@ class KernelWriter:
             self.close()
         self.close(len(rest))
 
-    def blocked(self, p: Pass, vec: Loop, parallel: bool) -> None:
-        """A SIMD reduction loop in blocks of BLOCK elements whose partials are then combined."""
-        if not parallel and vec.size <= BLOCK and use_lanes(p, vec, self.tracks_nan):
-            # One block: the folded lanes are the row's result. Combining them into the
-            # identity (twice: block, then row) put two dependent adds on every row's chain
-            # (LayerNorm 8192x256, 1 thread: -5 %); only the sign of a zero sum can differ.
+    def blocked(self, p: Pass, vec: Loop, parallel: bool, whole_row: bool) -> None:
+        """A SIMD reduction loop in blocks of BLOCK elements whose partials are then combined.
+        `whole_row`: `vec` is the pass's only loop (no other reduced loop encloses it)."""
+        if whole_row and not parallel and vec.size <= BLOCK and use_lanes(p, vec, self.tracks_nan):
+            # One block that is the whole row: the folded lanes are the row's result. Combining
+            # them into the identity (twice: block, then row) put two dependent adds on every
+            # row's chain (LayerNorm 8192x256, 1 thread: -5 %); only the sign of a zero sum can
+            # differ. Inside another reduced loop the lanes are one partial among several.
             self.w("{")
             self.depth += 1
             self.w(f"const int64_t rb = 0, re = {vec.size};")
@@ -434,8 +444,9 @@ class StatementWriter(KernelWriter):
         self.dtypes = {}
         self.lines = []
         self.depth = 0
-        self.recips = frozenset()
+        self.recips = {}
         self.nonpos = frozenset()
+        self.made = 0
 
 
 def render_kernel(kernel: Kernel, program: Program) -> str:
