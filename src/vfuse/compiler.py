@@ -128,14 +128,19 @@ def compile_fx(
 
 def trace_aten(fn: Any, example_inputs: Sequence[Any]) -> torch.fx.GraphModule:
     """Trace a callable on concrete inputs to a functional ATen graph with our decompositions
-    (no Dynamo). Functionalized, because decompositions may emit in-place ops the IR has not."""
+    (no Dynamo). Functionalized, because decompositions may emit in-place ops the IR has not.
+    Dead nodes are dropped: make_fx keeps a getitem of every result of a multi-output op, also
+    of the Nones that e.g. convolution_backward returns for gradients it was not asked for."""
     from torch.fx.experimental.proxy_tensor import make_fx
 
     from vfuse.frontend.decompositions import decomposition_table
 
     functional = torch.func.functionalize(fn, remove="mutations_and_views")
     table = decomposition_table(include_cia=False)  # make_fx decomposes CIA ops itself
-    return make_fx(functional, decomposition_table=table, tracing_mode="fake")(*example_inputs)
+    gm = make_fx(functional, decomposition_table=table, tracing_mode="fake")(*example_inputs)
+    gm.graph.eliminate_dead_code()
+    gm.recompile()
+    return gm
 
 
 def to_ir(fn: Any, example_inputs: Sequence[Any], ctx: Context) -> Graph:

@@ -29,7 +29,7 @@ from vfuse.errors import VfuseCodegenError, VfuseCompileError
 from vfuse.frontend.decompositions import decomposition_table
 from vfuse.frontend.devices import foreign_device
 from vfuse.frontend.direct import may_skip_wrappers, unboxed, wrappers_are_identity
-from vfuse.frontend.outputs import with_none_outputs, without_none_outputs
+from vfuse.frontend.outputs import all_computed, with_none_outputs, without_none_outputs
 from vfuse.runtime.compiled import CompiledGraph
 
 
@@ -134,18 +134,17 @@ class VfuseBackend:
         }
 
 
-def _calling_convention(
-    compiled: CompiledGraph, frozen: dict[int, torch.Tensor], present: tuple[bool, ...]
-) -> Callable:
+def _calling_convention(compiled: CompiledGraph, frozen: dict[int, torch.Tensor], present: tuple[Any, ...]) -> Callable:
     """The callable AOTAutograd gets, in its boxed convention (one list argument, so AOTAutograd
     adds no unboxing frame): drops frozen parameters, runs without input checks (Dynamo's
-    guards have checked every input's shape, dtype and device), and restores the None outputs
-    of backward graphs. Built once, binding the executor directly in the common case."""
+    guards have checked every input's shape, dtype and device), and restores the constant outputs
+    (backward graphs' Nones, the sizes a specialized forward saves). Built once, binding the
+    executor directly in the common case."""
     run = compiled.unchecked_runner
     if frozen:
         keep = [i for i in range(len(frozen) + len(compiled.graph.inputs)) if i not in frozen]
         run = functools.partial(_select, run, keep)
-    if not all(present):
+    if not all_computed(present):
         run = functools.partial(_with_nones, run, present)
 
     def call(args: list) -> list:
@@ -159,7 +158,7 @@ def _select(run: Callable[[list], list], keep: list[int], args: list) -> list:
     return run([args[i] for i in keep])
 
 
-def _with_nones(run: Callable[[list], list], present: tuple[bool, ...], args: list) -> list:
+def _with_nones(run: Callable[[list], list], present: tuple[Any, ...], args: list) -> list:
     return with_none_outputs(run(args), present)
 
 
