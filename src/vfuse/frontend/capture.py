@@ -30,6 +30,7 @@ from vfuse.frontend.decompositions import decomposition_table
 from vfuse.frontend.devices import foreign_device
 from vfuse.frontend.direct import may_skip_wrappers, unboxed, wrappers_are_identity
 from vfuse.frontend.outputs import all_computed, with_none_outputs, without_none_outputs
+from vfuse.frontend.specialize import FixedGraphs
 from vfuse.runtime.compiled import CompiledGraph
 
 
@@ -51,6 +52,8 @@ class VfuseBackend:
         self.options = Options.from_env(**options)
         self.compiled: list[CompiledGraph] = []
         self.eager_fallbacks: list[str] = []
+        self.fixed = FixedGraphs()  # what a graph with symbolic sizes may reuse
+        self.reused = 0  # graphs with symbolic sizes that reused one of those instead of compiling
         self._ids = itertools.count()
 
     def __call__(self, gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> Callable:
@@ -91,7 +94,9 @@ class VfuseBackend:
         frozen = frozen or {}
         if not all(i < len(example_inputs) and example_inputs[i].shape == t.shape for i, t in frozen.items()):
             frozen = {}  # AOTAutograd reordered inputs: compile without freezing rather than guess
-        return self.compile_static(gm, frozen)
+        fn = self.compile_static(gm, frozen)
+        self.fixed.add(gm, example_inputs, fn, frozen, self.options)
+        return fn
 
     def compile_static(self, gm: torch.fx.GraphModule, frozen: dict[int, torch.Tensor] | None = None) -> Callable:
         """Compile one graph of fixed shapes; returns a boxed callable (it takes one list)."""
@@ -130,6 +135,7 @@ class VfuseBackend:
             "eager_graphs": len(self.eager_fallbacks),
             "reference_graphs": sum(1 for c in self.compiled if c.stats.native_error),
             "kernels": sum(c.stats.kernels for c in self.compiled),
+            "reused_graphs": self.reused,
             "fallbacks": fallbacks,
         }
 
@@ -186,8 +192,14 @@ class _Specializing:
         key = tuple((tuple(a.shape), a.dtype, a.device) if isinstance(a, torch.Tensor) else a for a in args)
         fn = self.cache.get(key)
         if fn is None:
-            fn = self.cache[key] = self._compile(args)
+            # A shape compiled before the sizes became symbolic is not compiled again.
+            fn = self.cache[key] = self._reuse(args) or self._compile(args)
         return fn([a for a in args if isinstance(a, torch.Tensor)])  # boxed: see compile_static
+
+    def _reuse(self, args: Sequence[Any]) -> Callable | None:
+        fn = self.backend.fixed.find(self.gm, args, self.backend.options)
+        self.backend.reused += fn is not None
+        return fn
 
     def _compile(self, args: Sequence[Any]) -> Callable:
         """Trace the graph again with the sizes (the non-tensor arguments) burnt in as constants."""
@@ -204,4 +216,12 @@ class _Specializing:
 
 def vfuse_backend(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> Callable:
     """The function behind `backend="vfuse"` (registered as a torch_dynamo_backends entry point)."""
-    return VfuseBackend()(gm, example_inputs)
+    backend = VfuseBackend()
+    backend.fixed = _SHARED_FIXED
+    return backend(gm, example_inputs)
+
+
+# `backend="vfuse"` makes a backend per graph, so what a later graph with symbolic sizes of the
+# same frame may reuse is kept here. Not compiler state: entries are weak (they live as long as
+# Dynamo holds their compiled callables) and are reused only for an exact match.
+_SHARED_FIXED = FixedGraphs()
