@@ -141,3 +141,21 @@ def test_pool_keys_and_dtypes_are_independent() -> None:
     del a
     again = pool.get("a", (3,), torch.float32)
     assert again.data_ptr() == ptr and pool.get("b", (0, 4), torch.int64).shape == (0, 4)
+
+
+def test_through_torch_compile_outputs_do_not_leak() -> None:
+    torch._dynamo.reset()
+    c = torch.compile(lambda x: torch.sigmoid(x) * 3, backend="vfuse")
+    x = torch.randn(SHAPE)
+    with torch.no_grad():
+        c(x).t_()
+        c(x).resize_(3)
+        out = c(x)
+    assert out.shape == SHAPE and out.stride() == (SHAPE[1], 1)
+    torch.testing.assert_close(out, torch.sigmoid(x) * 3)
+    storage = out.untyped_storage()
+    kept = out.clone()
+    del out
+    with torch.no_grad():
+        torch.testing.assert_close(c(-x), torch.sigmoid(-x) * 3)
+    assert torch.equal(torch.empty(0).set_(storage, 0, SHAPE), kept)
