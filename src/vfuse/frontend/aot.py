@@ -69,8 +69,12 @@ def _unaliased(module: torch.nn.Module, example_inputs: Sequence[Any]) -> tuple[
 
 
 def _address(t: torch.Tensor) -> int:
-    """Where a tensor's memory lives; the object itself for tensors without any (meta, empty)."""
-    return t.untyped_storage().data_ptr() or id(t)
+    """Where a tensor's memory lives; the object itself for tensors without any (meta, empty,
+    sparse)."""
+    try:
+        return t.untyped_storage().data_ptr() or id(t)
+    except (RuntimeError, NotImplementedError):  # layouts without one storage
+        return id(t)
 
 
 class AotCompiled:
