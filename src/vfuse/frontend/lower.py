@@ -18,8 +18,8 @@ import torch.utils._pytree as pytree
 from vfuse.context import Context
 from vfuse.frontend.emitter import Emitter, OpaqueTuple, tensor_type_of
 from vfuse.frontend.errors import Fallback, LoweringError
-from vfuse.frontend.opaque import emit_opaque
 from vfuse.frontend.lowerings import lowering_for
+from vfuse.frontend.opaque import emit_opaque
 from vfuse.ir import ConstValue, Graph, Op
 
 
