@@ -18,3 +18,13 @@ class VfuseCompileError(VfuseError, RuntimeError):
 class VfuseCodegenError(VfuseCompileError):
     """vfuse generated native code it could not build (a vfuse bug, not the user's): raised
     with raise_codegen_errors (the test suite), else the graph falls back with a warning."""
+
+
+class VfuseIndexError(VfuseError, IndexError, RuntimeError):
+    """A gather read an index out of range. Eager torch raises IndexError (or RuntimeError for
+    index_select on other dims than 0): this is both, so either handler catches it."""
+
+
+class VfuseZeroDivisionError(VfuseError, ZeroDivisionError, RuntimeError):
+    """Integer division or remainder by zero. Eager torch raises RuntimeError('ZeroDivisionError'):
+    this is a ZeroDivisionError and a RuntimeError, so either handler catches it."""

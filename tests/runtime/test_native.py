@@ -159,7 +159,7 @@ def test_stats_and_source() -> None:
     graph, _ = _opaque_graph()
     ex = executor(graph)
     assert ex.stats.backend == "cpp" and ex.stats.kernels == 2
-    assert 'extern "C" void vf_seg0' in ex.source and "#pragma omp" in ex.source
+    assert 'extern "C" int vf_seg0' in ex.source and "#pragma omp" in ex.source
 
 
 def test_node_recomputed_in_two_groups() -> None:

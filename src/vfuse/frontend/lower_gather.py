@@ -2,7 +2,9 @@
 as_strided all become EMBEDDING (row gather) on a suitably reshaped table.
 
 EMBEDDING gathers rows of a 2-D table, so the gathered dim is moved to the front and the rest
-flattened into the row; the result is reshaped (and permuted) back.
+flattened into the row; the result is reshaped (and permuted) back. Its `bounds` say what eager
+does with an index out of range: x[idx] lets negative ones count from the end, embedding and
+index_select raise for them too; as_strided's offsets are in range by construction.
 """
 
 from __future__ import annotations
@@ -18,12 +20,13 @@ from vfuse.frontend.errors import Fallback, LoweringError
 from vfuse.frontend.lower_layout import permute, reshape
 from vfuse.frontend.registry import lowers
 from vfuse.ir import DType, Op
+from vfuse.ir.defs.layout import IndexBounds
 from vfuse.ir.shapes import normalize_dim
 
 aten = torch.ops.aten
 
 
-def gather_rows(em: Emitter, x: str, dim: int, idx: str) -> str:
+def gather_rows(em: Emitter, x: str, dim: int, idx: str, bounds: IndexBounds) -> str:
     """out[..., i, ...] = x[..., idx[i], ...] along `dim` (idx of any shape replaces that dim)."""
     t = em.ttype(x)
     if em.ttype(idx).dtype not in (DType.I32, DType.I64):
@@ -33,7 +36,7 @@ def gather_rows(em: Emitter, x: str, dim: int, idx: str) -> str:
     rest = tuple(t.shape[d] for d in order[1:])
     table = reshape(em, permute(em, x, order), (t.shape[dim], math.prod(rest)))
     ishape = em.ttype(idx).shape
-    out = reshape(em, em.emit(Op.EMBEDDING, (table, idx)), ishape + rest)
+    out = reshape(em, em.emit(Op.EMBEDDING, (table, idx), bounds=bounds, dim=dim), ishape + rest)
     # out is (index dims..., dims before `dim`..., dims after `dim`...): put the index dims at `dim`.
     k = len(ishape)
     return permute(em, out, [*range(k, k + dim), *range(k), *range(k + dim, k + len(rest))])
@@ -45,7 +48,7 @@ def lower_embedding(em: Emitter, node: torch.fx.Node) -> str:
     table, idx = em.value(a["weight"]), em.value(a["indices"])
     if em.ttype(idx).dtype not in (DType.I32, DType.I64):
         raise Fallback("embedding indices must be int32 or int64")
-    return em.emit(Op.EMBEDDING, (table, idx))
+    return em.emit(Op.EMBEDDING, (table, idx), bounds=IndexBounds.CHECK, dim=0)
 
 
 @lowers(aten.as_strided.default, aten.as_strided_copy.default)
@@ -74,14 +77,14 @@ def lower_as_strided(em: Emitter, node: torch.fx.Node) -> str:
     if em.ttype(index).shape != tuple(size):
         index = em.emit(Op.EXPAND, (reshape(em, index, (1,) * len(size)) if not em.ttype(index).shape else index,),
                         shape=tuple(size))  # fmt: skip
-    rows = em.emit(Op.EMBEDDING, (reshape(em, x, (numel, 1)), index))
+    rows = em.emit(Op.EMBEDDING, (reshape(em, x, (numel, 1)), index), bounds=IndexBounds.TRUSTED, dim=0)
     return reshape(em, rows, tuple(size))
 
 
 @lowers(aten.index_select.default)
 def lower_index_select(em: Emitter, node: torch.fx.Node) -> str:
     a = bind(node)
-    return gather_rows(em, em.value(a["self"]), a["dim"], em.value(a["index"]))
+    return gather_rows(em, em.value(a["self"]), a["dim"], em.value(a["index"]), IndexBounds.CHECK)
 
 
 @lowers(aten.index.Tensor)
@@ -91,4 +94,4 @@ def lower_index(em: Emitter, node: torch.fx.Node) -> str:
     indices = list(a["indices"])
     if len(indices) != 1 or indices[0] is None:
         raise Fallback("advanced indexing other than x[int_tensor]")
-    return gather_rows(em, em.value(a["self"]), 0, em.value(indices[0]))
+    return gather_rows(em, em.value(a["self"]), 0, em.value(indices[0]), IndexBounds.WRAP)

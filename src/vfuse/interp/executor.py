@@ -11,6 +11,7 @@ from typing import Any
 
 import torch
 
+from vfuse.errors import VfuseError, VfuseIndexError, VfuseZeroDivisionError
 from vfuse.ir import Graph, Node, Op, TensorType, opdef
 
 
@@ -18,13 +19,25 @@ class ExecutionError(RuntimeError):
     """A node failed while running; the message names the node, its op and its FX origin."""
 
 
+def _where(node: Node) -> str:
+    origin = f" from FX node '{node.origin}'" if node.origin else ""
+    return f"%{node.name} = {node.op.value}(...){origin}"
+
+
+def located(node: Node, fault: VfuseIndexError | VfuseZeroDivisionError) -> VfuseError:
+    """`fault` (what eager torch raises too: an index out of range, an integer division by
+    zero) as the same exception type, its message naming the node; native kernels say the same."""
+    return type(fault)(f"{_where(node)}: {fault}")
+
+
 def run_node(node: Node, args: Sequence[Any]) -> Any:
     """Evaluate one non-INPUT node on already computed argument values."""
     try:
         out = opdef(node.op).ref(*args, node.attrs)
+    except (VfuseIndexError, VfuseZeroDivisionError) as e:
+        raise located(node, e) from None
     except Exception as e:
-        origin = f" from FX node '{node.origin}'" if node.origin else ""
-        raise ExecutionError(f"%{node.name} = {node.op.value}(...){origin} failed: {e}") from e
+        raise ExecutionError(f"{_where(node)} failed: {e}") from e
     if isinstance(node.type, TensorType) and isinstance(out, torch.Tensor):
         # The reference may return views or promote; the IR type is the contract.
         want = node.type.dtype.torch

@@ -20,9 +20,12 @@ import torch
 
 from vfuse import interp
 from vfuse.codegen.cpp import find_toolchain, load_library, render
+from vfuse.codegen.cpp.faults import CODES, FAULT_BYTES, fault_offset
 from vfuse.context import Context
 from vfuse.fusion.plan import FusionPlan
 from vfuse.ir import Kind, Op
+from vfuse.ir.defs.layout import index_out_of_bounds
+from vfuse.ir.defs.pointwise import integer_division_by_zero
 from vfuse.runtime.callplan import CallPlan, make_call_plan
 from vfuse.runtime.compiled import ExecStats
 from vfuse.runtime.pool import OutputPool
@@ -110,15 +113,16 @@ class NativeExecutor:
         for seg in self.program.segments:
             fn = getattr(lib, seg.name)
             fn.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int]
-            fn.restype = None
+            fn.restype = ctypes.c_int  # 0, or the code of a fault (codegen/cpp/faults.py)
             entries[seg.name] = fn
             bare = lib[seg.name]  # a separate function object: indexing does not cache
-            bare.restype = None
+            bare.restype = ctypes.c_int
             raw.append(bare)
         return entries, raw
 
     def _allocate(self) -> None:
-        self._arena = torch.empty(self.program.memory.size + ARENA_ALIGN, dtype=torch.uint8)
+        # Past the intermediates, the fault record kernels report errors in (faults.py).
+        self._arena = torch.empty(fault_offset(self.program) + FAULT_BYTES + ARENA_ALIGN, dtype=torch.uint8)
         self._arena_off = -self._arena.data_ptr() % ARENA_ALIGN
         self._seeds = torch.zeros(max(len(self.program.seeds), 1), dtype=torch.int64)
         self._constants = {
@@ -162,7 +166,8 @@ class NativeExecutor:
         for step in self.program.steps:
             if isinstance(step, Segment):
                 self._bind(step, env)
-                self._entries[step.name](self._ptrs, arena, self._seeds.data_ptr(), nt)
+                if self._entries[step.name](self._ptrs, arena, self._seeds.data_ptr(), nt):
+                    raise self._fault()
             else:
                 self._run_torch(step, env)
         return [self._result(o, env) for o in self.graph.outputs]
@@ -185,8 +190,19 @@ class NativeExecutor:
             self._draw_seeds({})
         self._threads_arg.value = torch.get_num_threads()
         for entry in self._raw_entries:
-            entry(ptrs, self._arena_arg, self._seeds_arg, self._threads_arg)
+            if entry(ptrs, self._arena_arg, self._seeds_arg, self._threads_arg):
+                raise self._fault()
         return [outs[k] for k in plan.results]
+
+    def _fault(self) -> Exception:
+        """The exception eager torch raises for the fault a kernel recorded, naming its node."""
+        assert self._arena is not None
+        at = self._arena_off + fault_offset(self.program)
+        code, name_at, value, bound = self._arena[at : at + FAULT_BYTES].view(torch.int64).tolist()
+        node = self.graph[ctypes.string_at(name_at).decode()]
+        if CODES.get(code) == "index":
+            return interp.located(node, index_out_of_bounds(value, node.attrs.get("dim", 0), bound))
+        return interp.located(node, integer_division_by_zero())
 
     def _draw_seeds(self, env: dict[str, Any]) -> None:
         """One fresh seed per RNG_SEED node, drawn in graph order: the reference executor's draws."""

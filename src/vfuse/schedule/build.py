@@ -9,8 +9,11 @@ native segment (one `extern "C"` call).
 
 from __future__ import annotations
 
+import dataclasses
+
 from vfuse.fusion.plan import FusionPlan, Group
 from vfuse.ir import DType, Graph, Kind, Op
+from vfuse.ir.defs.layout import IndexBounds, index_bounds
 from vfuse.ir.shapes import numel
 from vfuse.ir.shapes import reduce as reduced_shape
 from vfuse.schedule import expr
@@ -29,7 +32,7 @@ from vfuse.schedule.kernel import (
     Store,
     TorchStep,
 )
-from vfuse.schedule.lower import Lowerer, RowSpace, Unsupported, reduce_axes
+from vfuse.schedule.lower import Lowerer, RowSpace, Unsupported, index_buffer, reduce_axes
 from vfuse.schedule.memory import plan_memory
 from vfuse.schedule.nest import make_kernel, with_streaming
 from vfuse.schedule.table import with_table
@@ -53,8 +56,13 @@ def _pointwise_kernels(
         stores = [_store(lw, o, coords) for o in outs]
         loops = [Loop(d, n) for d, n in enumerate(shape)]
         bufs = tuple(sorted(lw.loaded | set(outs)))
-        kernels.append(make_kernel(f"{name}_{k}" if k else name, group, label, lw.stmts, stores, [], loops, bufs))
+        kernel = make_kernel(f"{name}_{k}" if k else name, group, label, lw.stmts, stores, [], loops, bufs)
+        kernels.append(_with_checks(kernel, lw))
     return kernels
+
+
+def _with_checks(k: Kernel, lw: Lowerer) -> Kernel:
+    return dataclasses.replace(k, checks=tuple(dict.fromkeys(lw.checks))) if lw.checks else k
 
 
 def _store(lw: Lowerer, out: str, coords: tuple[Lin, ...]) -> Store:
@@ -82,7 +90,8 @@ def _row_kernels(graph: Graph, group: int, label: str, nodes: set[str], name: st
     outer = [Loop(d, n) for d, n in enumerate(src) if d not in axes]
     inner = [Loop(d, n) for d, n in enumerate(src) if d in axes]
     bufs = tuple(sorted(lw.loaded | {st.buf for st in stores}))
-    kernels = [make_kernel(name, group, label, lw.stmts, stores, outer, inner, bufs)] if stores else []
+    kernel = make_kernel(name, group, label, lw.stmts, stores, outer, inner, bufs) if stores else None
+    kernels = [_with_checks(kernel, lw)] if kernel else []
     return kernels + _pointwise_kernels(graph, group, label, nodes, f"{name}_x", others)
 
 
@@ -146,6 +155,11 @@ def group_steps(graph: Graph, g: Group, caches: Caches = DEFAULT_CACHES) -> list
     if not outs:
         return out
     try:
+        # Computed gather indices are stored first: the gather's kernel checks a buffer's values.
+        if idx := _computed_indices(graph, [n for n in g.nodes if n in nodes]):
+            pre = _pointwise_kernels(graph, g.id, g.label, nodes, f"{name}_ix", idx)
+            nodes, outs = nodes - set(idx), [o for o in outs if o not in idx]
+            out += pre
         if any(graph[n].kind is Kind.REDUCE for n in nodes):
             out += _reduction_kernels(graph, g, nodes, name, outs)
         else:
@@ -154,6 +168,19 @@ def group_steps(graph: Graph, g: Group, caches: Caches = DEFAULT_CACHES) -> list
         ordered = tuple(n for n in g.nodes if n in nodes)
         out.append(TorchStep(g.id, g.label, ordered, f"fallback: {e}"))
     return out
+
+
+def _computed_indices(graph: Graph, nodes: list[str]) -> list[str]:
+    """Indices of checked gathers in `nodes` that a kernel of `nodes` would compute itself."""
+    inside = set(nodes)
+    out = [
+        graph[n].inputs[1]
+        for n in nodes
+        if graph[n].op is Op.EMBEDDING
+        and index_bounds(graph[n].attrs) is not IndexBounds.TRUSTED
+        and index_buffer(graph, inside, graph[n].inputs[1]) is None
+    ]
+    return list(dict.fromkeys(out))
 
 
 def _reduction_kernels(graph: Graph, g: Group, nodes: set[str], name: str, outs: list[str]) -> list[Kernel]:

@@ -50,9 +50,11 @@ class ContractionPlan:
 
 
 class _EpilogueLowerer(Lowerer):
-    """Variables get their own prefix: they live inside the templates' loops next to their names."""
+    """Variables get their own prefix: they live inside the templates' loops next to their names.
+    The templates have no fault record: checked gathers and integer division stay outside."""
 
     prefix = "ev"
+    faults = False
 
     def fresh(self) -> str:
         self._count += 1

@@ -171,6 +171,17 @@ class Pass:
 
 
 @dataclass(frozen=True)
+class IndexCheck:
+    """A gather's whole index buffer, checked before the kernel's loops (codegen/cpp/faults.py):
+    every index in [0, rows), or [-rows, rows) where negative ones wrap."""
+
+    buf: str
+    rows: int
+    wrap: bool
+    node: str  # the EMBEDDING node an out-of-range index is reported for
+
+
+@dataclass(frozen=True)
 class Kernel:
     """One generated function. Pointwise: `outer` is the whole nest and `passes` has one pass
     whose body is the loop body. Row: `outer` are the row loops (parallel), `inner` the
@@ -190,6 +201,7 @@ class Kernel:
     tile: int = 0  # column kernel: reduce this many adjacent columns (last outer loop) at once
     stream: bool = False  # stores bypass the caches (outputs larger than the LLC): see nest.with_streaming
     table: str = ""  # the one byte-wide load the stores depend on: a lookup-table kernel (table.py)
+    checks: tuple[IndexCheck, ...] = ()  # gather index buffers checked before the loops
 
     @property
     def is_row(self) -> bool:

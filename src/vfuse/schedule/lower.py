@@ -13,10 +13,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from vfuse.ir import Graph, Kind, Node, Op
+from vfuse.ir import Attrs, DType, Graph, Kind, Node, Op
+from vfuse.ir.defs.layout import IndexBounds, index_bounds
+from vfuse.ir.defs.pointwise import INT_DIVISION
 from vfuse.schedule import expr
 from vfuse.schedule.expr import Lin, Var
-from vfuse.schedule.kernel import Compute, Const, Iota, Load, Rand, RandKey, Reduce, Select, Stmt
+from vfuse.schedule.kernel import Compute, Const, IndexCheck, Iota, Load, Rand, RandKey, Reduce, Select, Stmt
 
 Coords = tuple[Lin, ...]
 
@@ -58,7 +60,11 @@ def broadcast_coords(coords: Coords, in_shape: tuple[int, ...], out_shape: tuple
 
 
 class Lowerer:
-    """Emits statements for one kernel; `sizes` holds the extent of every loop variable."""
+    """Emits statements for one kernel; `sizes` holds the extent of every loop variable.
+    `faults`: the kernel can report faults (a gather's index out of range, an integer division
+    by zero) to the runtime; contraction templates cannot, so their lowerers refuse those ops."""
+
+    faults = True
 
     def __init__(self, graph: Graph, internal: set[str], sizes: dict[int, int], row: RowSpace | None) -> None:
         self.graph = graph
@@ -67,6 +73,7 @@ class Lowerer:
         self.row = row
         self.stmts: list[Stmt] = []
         self.loaded: set[str] = set()  # values read from memory
+        self.checks: list[IndexCheck] = []  # checked whether or not a statement reads the row
         self._memo: dict[tuple[str, Coords], str] = {}
         self._count = 0
 
@@ -116,7 +123,12 @@ class Lowerer:
             it = self.graph[i].tensor_type
             args.append(self.value(i, broadcast_coords(coords, it.shape, t.shape)))
             dtypes.append(it.dtype)
-        return self.emit(Compute(self.fresh(), t.dtype, node.op, tuple(args), tuple(dtypes), node.attrs))
+        attrs = node.attrs
+        if node.op in INT_DIVISION and not t.dtype.is_float:
+            if not self.faults:
+                raise Unsupported(f"%{node.name}: integer division (reports division by zero) in a template")
+            attrs = attrs.replace(node=node.name)  # names the node when it divides by zero
+        return self.emit(Compute(self.fresh(), t.dtype, node.op, tuple(args), tuple(dtypes), attrs))
 
     def _reduce(self, node: Node, coords: Coords) -> str:
         axes, keepdim = reduce_axes(node)
@@ -183,9 +195,31 @@ def _cat(lw: Lowerer, node: Node, coords: Coords) -> str:
     return lw.emit(Select(lw.fresh(), t.dtype, coords[dim], tuple(bounds[:-1]), tuple(args)))
 
 
+def index_buffer(graph: Graph, internal: set[str], idx: str) -> str | None:
+    """The buffer a kernel of `internal` reads the gather index `idx` from, through in-kernel
+    views that keep its set of values (reshape, permute, expand); None when it computes `idx`."""
+    while idx in internal and graph[idx].op in (Op.RESHAPE, Op.PERMUTE, Op.EXPAND):
+        idx = graph[idx].inputs[0]
+    return idx if idx not in internal or graph[idx].kind is Kind.SOURCE else None
+
+
 def _embedding(lw: Lowerer, node: Node, coords: Coords) -> str:
+    """A row read at a loaded index. A checked gather's kernel checks the whole index buffer
+    before its loops (`Kernel.checks`: also where no statement reads the row, e.g. a table of
+    one row), so here negative indices only wrap where the gather wraps."""
     table, idx = node.inputs
     row = lw.value(idx, coords[:-1])
+    bounds = index_bounds(node.attrs)
+    if bounds is not IndexBounds.TRUSTED:
+        buf = index_buffer(lw.graph, lw.internal, idx)
+        if buf is None or not lw.faults:
+            raise Unsupported(f"%{node.name}: gather index %{idx} is not checked in one pass over a buffer")
+        rows = lw.graph[table].tensor_type.shape[0]
+        lw.loaded.add(buf)
+        lw.checks.append(IndexCheck(buf, rows, bounds is IndexBounds.WRAP, node.name))
+        if bounds is IndexBounds.WRAP:
+            dtype = lw.graph[idx].tensor_type.dtype
+            row = lw.emit(Compute(lw.fresh(), DType.I64, Op.EMBEDDING, (row,), (dtype,), Attrs.of(rows=rows)))
     return lw.value(table, (Lin(0, ((expr.Dyn(row), 1),)), coords[-1]))
 
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 
 from vfuse.ir import DType
+from vfuse.ir.defs.pointwise import INT_DIVISION
 from vfuse.schedule import expr
 from vfuse.schedule.kernel import Compute, Const, Kernel, Load, Store, stmt_index
 
@@ -40,6 +41,17 @@ def with_table(k: Kernel) -> Kernel:
     # A data-dependent index (a gather) reads at positions the table cannot know.
     if any(expr.dyn_names(e) for s in stmts for e in stmt_index(s)):
         return k
-    if sum(isinstance(s, Compute) for s in stmts) < MIN_OPS:
+    if sum(isinstance(s, Compute) for s in stmts) < MIN_OPS or _may_divide_by_zero(stmts):
         return k
     return dataclasses.replace(k, table=loads[0].var)
+
+
+def _may_divide_by_zero(stmts: tuple) -> bool:
+    """An integer division whose divisor is not a nonzero constant: the table is filled for all
+    256 byte values, also those the input never holds, so it could divide by zero where the
+    plain loop does not (and the fill has no fault record)."""
+    consts = {s.var: s.value for s in stmts if isinstance(s, Const)}
+    return any(
+        isinstance(s, Compute) and s.op in INT_DIVISION and not s.dtype.is_float and not consts.get(s.args[1], 0)
+        for s in stmts
+    )

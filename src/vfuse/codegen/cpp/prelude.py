@@ -297,7 +297,64 @@ template <class To, class From> static inline To vf_cast(From x) {
   if constexpr (std::is_same_v<To, bool>) return x != 0; else return static_cast<To>(x);
 }
 
-// torch's floor division and remainder (c10 div_floor_floating / remainder semantics)
+// ---- faults: errors a kernel reports to the runtime instead of trapping (codegen/cpp/faults.py) ----
+// The record lives in the arena past the intermediates; the segment entry clears it and returns
+// its code after a kernel that can fault. `node` points at a string literal naming the IR node.
+struct vf_fault { int64_t code; const char* node; int64_t value; int64_t bound; };
+enum : int64_t { VF_OK = 0, VF_INDEX = 1, VF_ZERO_DIV = 2 };
+static inline void vf_raise(vf_fault* f, int64_t code, const char* node, int64_t value, int64_t bound) {
+  if (f == nullptr) return;
+  int64_t ok = VF_OK;  // the first fault wins; the runtime reads the record after the threads joined
+  if (__atomic_compare_exchange_n(&f->code, &ok, code, false, __ATOMIC_RELAXED, __ATOMIC_RELAXED)) {
+    f->node = node; f->value = value; f->bound = bound;
+  }
+}
+// Whether every one of the m indices p[i] is in [lo, n) (lo = -n where negative ones wrap), else
+// the first one outside is reported (row-major order, as torch). One vectorized min/max pass
+// before the loops: a check on each read stopped the row loop's vectorization (docs/perf-log.md).
+template <class I> static inline bool vf_check_rows(const I* p, int64_t m, int64_t lo, int64_t n, vf_fault* f,
+                                                    const char* node) {
+  I mn = m ? p[0] : (I)0, mx = mn;
+  #pragma omp simd reduction(min:mn) reduction(max:mx)
+  for (int64_t i = 0; i < m; ++i) { mn = p[i] < mn ? p[i] : mn; mx = p[i] > mx ? p[i] : mx; }
+  if (m == 0 || ((int64_t)mn >= lo && (int64_t)mx < n)) return true;
+  for (int64_t i = 0; i < m; ++i) {
+    if ((int64_t)p[i] < lo || (int64_t)p[i] >= n) { vf_raise(f, VF_INDEX, node, (int64_t)p[i], n); break; }
+  }
+  return false;
+}
+// A checked row index of a gather where negative ones count from the end (x[idx]).
+template <class I> static inline int64_t vf_wrap_row(I i, int64_t n) {
+  return (int64_t)i < 0 ? (int64_t)i + n : (int64_t)i;
+}
+
+// Integer division: by zero is reported (torch raises ZeroDivisionError) and gives 0; by -1 it
+// negates with wrap-around (INT_MIN // -1 == INT_MIN, as torch), where the idiv instruction traps.
+// Both tests fold away for a constant divisor, which g++ then vectorizes as multiply-and-shift.
+template <class T> static inline bool vf_idiv_special(T b, vf_fault* f, const char* node) {
+  if (__builtin_expect(b == 0, 0)) { vf_raise(f, VF_ZERO_DIV, node, 0, 0); return true; }
+  if constexpr (std::is_signed_v<T>) return b == (T)-1; else return false;
+}
+template <class T> static inline T vf_ifloordiv(T a, T b, vf_fault* f, const char* node) {
+  if (vf_idiv_special(b, f, node)) {
+    if constexpr (std::is_signed_v<T>) { if (b != 0) return (T)(0 - (std::make_unsigned_t<T>)a); }
+    return (T)0;
+  }
+  T q = a / b;
+  return (a % b != 0 && ((a < 0) != (b < 0))) ? (T)(q - 1) : q;
+}
+template <class T> static inline T vf_iremainder(T a, T b, vf_fault* f, const char* node) {
+  if (vf_idiv_special(b, f, node)) return (T)0;
+  T r = a % b;
+  return (r != 0 && ((r < 0) != (b < 0))) ? (T)(r + b) : r;
+}
+template <class T> static inline T vf_ifmod(T a, T b, vf_fault* f, const char* node) {
+  if (vf_idiv_special(b, f, node)) return (T)0;
+  return (T)(a % b);
+}
+
+// torch's floor division and remainder (c10 div_floor_floating / remainder semantics); integer
+// dtypes render the vf_i* forms above, which report division by zero.
 template <class T> static inline T vf_floordiv(T a, T b) {
   if constexpr (std::is_floating_point_v<T>) {
     if (b == 0) return a / b;
@@ -308,8 +365,7 @@ template <class T> static inline T vf_floordiv(T a, T b) {
     T f = std::floor(d);
     return d - f > (T)0.5 ? f + 1 : f;
   } else {
-    T q = a / b;
-    return (a % b != 0 && ((a < 0) != (b < 0))) ? (T)(q - 1) : q;
+    return vf_ifloordiv(a, b, nullptr, "");
   }
 }
 template <class T> static inline T vf_remainder(T a, T b) {
@@ -317,12 +373,11 @@ template <class T> static inline T vf_remainder(T a, T b) {
     T m = std::fmod(a, b);
     return (m != 0 && ((b < 0) != (m < 0))) ? m + b : m;
   } else {
-    T r = a % b;
-    return (r != 0 && ((r < 0) != (b < 0))) ? (T)(r + b) : r;
+    return vf_iremainder(a, b, nullptr, "");
   }
 }
 template <class T> static inline T vf_fmod(T a, T b) {
-  if constexpr (std::is_floating_point_v<T>) return std::fmod(a, b); else return (T)(a % b);
+  if constexpr (std::is_floating_point_v<T>) return std::fmod(a, b); else return vf_ifmod(a, b, nullptr, "");
 }
 template <class T> static inline T vf_pow(T a, T b) {
   if constexpr (std::is_floating_point_v<T>) {

@@ -2,9 +2,10 @@
 
 The renderer walks the kernels and fills small templates; what each op, dtype and reduction
 becomes is in `rules.py`. Each kernel is a `static` function; each native segment gets an
-`extern "C"` entry `void seg(void* const* bufs, char* arena, const int64_t* seeds, int nt)`
+`extern "C"` entry `int seg(void* const* bufs, char* arena, const int64_t* seeds, int nt)`
 that runs its kernels in order (bufs: the program's pointer table of inputs, outputs and
-torch-made tensors; arena: intermediates; seeds: RNG_SEED values; nt: OpenMP threads).
+torch-made tensors; arena: intermediates, then the fault record; seeds: RNG_SEED values; nt:
+OpenMP threads) and returns 0, or the code of a fault (`faults.py`).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import re
 import torch
 
 from vfuse.codegen.cpp.columns import render_tiled
+from vfuse.codegen.cpp.faults import FAULT_VAR, NO_FAULT, fault_compute, is_fault_site, kernel_prologue, render_entry
 from vfuse.codegen.cpp.lanes import render_lanes, use_lanes
 from vfuse.codegen.cpp.prefetch import RowPrefetch, plan_prefetch, render_prefetch
 from vfuse.codegen.cpp.prelude import PRELUDE
@@ -24,6 +26,7 @@ from vfuse.codegen.cpp.rowgroups import render_row_groups, use_row_groups
 from vfuse.codegen.cpp.rules import (
     COMPUTE_TYPE,
     CPP_RULES,
+    FAULT_RULES,
     LOAD_CONVERT,
     NAN_TRACKED,
     REDUCE_RULES,
@@ -111,6 +114,7 @@ class KernelWriter:
         self.prefetch: RowPrefetch | None = None  # set by rows() where it prefetches
         self.recips: dict[str, str] = {}  # divisors of the current pass -> their 1/d's variable
         self.nonpos: frozenset[str] = frozenset()  # values of the current pass known <= 0 or NaN
+        self.fault = FAULT_VAR  # where integer divisions report division by zero
         self.made = 0  # helper variables named so far (`fresh`)
 
     def w(self, line: str) -> None:
@@ -159,6 +163,8 @@ class KernelWriter:
             return f"({s.args[0]} * {self.recips[s.args[1]]})"
         if s.op is Op.EXP and s.args[0] in self.nonpos:
             return f"vf_exp_nonpos({s.args[0]})"
+        if is_fault_site(s) and s.op in FAULT_RULES:
+            return fault_compute(s, self.fault)
         ct = COMPUTE_TYPE[s.dtype]
         expr = CPP_RULES[s.op].format(*s.args, T=ct, **dict(s.attrs.items()))
         if s.op is Op.CAST and s.dtype in STORE_CONVERT:
@@ -377,6 +383,8 @@ class KernelWriter:
 
     def function(self) -> str:
         self.pointers()
+        for line in kernel_prologue(self.k, self.program):
+            self.w(line)
         if self.k.tile:
             render_tiled(self)
         elif self.k.outer:
@@ -447,6 +455,7 @@ class StatementWriter(KernelWriter):
         self.recips = {}
         self.nonpos = frozenset()
         self.made = 0
+        self.fault = NO_FAULT  # the schedule keeps fault sites out of contraction templates
 
 
 def render_kernel(kernel: Kernel, program: Program) -> str:
@@ -471,9 +480,5 @@ def render(program: Program) -> str:
         else:
             kernels.append(render_kernel(k, program))
     parts += kernels
-    for seg in program.segments:
-        calls = "\n".join(f"  {k.name}(bufs, arena, seeds, nt);" for k in seg.kernels)
-        parts.append(
-            f'extern "C" void {seg.name}(void* const* bufs, char* arena, const int64_t* seeds, int nt) {{\n{calls}\n}}'
-        )
+    parts += [render_entry(seg, program) for seg in program.segments]
     return "\n\n".join(parts) + "\n"

@@ -97,6 +97,16 @@ CPP_RULES: dict[Op, str] = {
     Op.GE: "({0} >= {1})",
     # ternary
     Op.WHERE: "({0} ? {1} : {2})",
+    # the row of a gather whose negative indices count from the end (checked before the loops)
+    Op.EMBEDDING: "vf_wrap_row({0}, {rows})",
+}
+
+# Integer division reports division by zero: {fault} is the kernel's fault record (or nullptr
+# where no division can be by zero), {node} the IR node as a C string (faults.py).
+FAULT_RULES: dict[Op, str] = {
+    Op.FLOOR_DIV: "vf_ifloordiv({0}, {1}, {fault}, {node})",
+    Op.REMAINDER: "vf_iremainder({0}, {1}, {fault}, {node})",
+    Op.FMOD: "vf_ifmod({0}, {1}, {fault}, {node})",
 }
 
 # Reductions: accumulator init, per-element update, OpenMP reduction identifier (None: the

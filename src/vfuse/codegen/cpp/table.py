@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 
+from vfuse.codegen.cpp.faults import FAULT_VAR, NO_FAULT
 from vfuse.codegen.cpp.render import KernelWriter, pointer
 from vfuse.codegen.cpp.rules import COMPUTE_TYPE, STORAGE_TYPE
 from vfuse.ir import DType
@@ -145,10 +146,12 @@ class TableWriter(KernelWriter):
         self.w("  vf_tbl r;")
         self.w("  for (int b = 0; b < 256; ++b) {")
         self.depth += 2
-        self.filling = True
+        # The fill runs in a lambda without captures: no fault record, and no divisor can be 0
+        # there (schedule/table.py takes integer division by nonzero constants only).
+        self.filling, self.fault = True, NO_FAULT
         for s in self.stmts:
             self.stmt(s)
-        self.filling = False
+        self.filling, self.fault = False, FAULT_VAR
         for v, dt in self.tables.items():
             self.w(f"r.t_{v}[b] = {v};")
             if self.planes(dt):

@@ -6,9 +6,12 @@ contiguous buffer, which is what their `bytes` count.
 
 from __future__ import annotations
 
+import enum
+
 import torch
 import torch.nn.functional as F
 
+from vfuse.errors import VfuseIndexError
 from vfuse.ir import shapes
 from vfuse.ir.defs import rules
 from vfuse.ir.ops import Attrs, Kind, Op, OpDef, register
@@ -108,6 +111,36 @@ register(
 )
 
 
+class IndexBounds(enum.Enum):
+    """What an EMBEDDING does with its indices. Eager torch checks every index; only x[idx]
+    (aten.index) lets a negative index count from the end (embedding, index_select raise)."""
+
+    CHECK = "check"  # every index in [0, rows), else IndexError
+    WRAP = "wrap"  # every index in [-rows, rows); negative ones count from the end
+    TRUSTED = "trusted"  # in range by construction (as_strided's computed offsets): not checked
+
+
+def index_bounds(attrs: Attrs) -> IndexBounds:
+    return attrs.get("bounds", IndexBounds.CHECK)
+
+
+def index_out_of_bounds(value: int, dim: int, size: int) -> VfuseIndexError:
+    """The error a gather raises (the reference and native kernels say the same)."""
+    return VfuseIndexError(f"index {value} is out of bounds for dimension {dim} with size {size}")
+
+
+def _embedding_ref(table: torch.Tensor, idx: torch.Tensor, attrs: Attrs) -> torch.Tensor:
+    bounds, rows = index_bounds(attrs), table.shape[0]
+    if bounds is not IndexBounds.TRUSTED and idx.numel():
+        lo = -rows if bounds is IndexBounds.WRAP else 0
+        bad = (idx < lo) | (idx >= rows)
+        if bool(bad.any()):  # the first offending index in row-major order, as the kernels report
+            raise index_out_of_bounds(int(idx.flatten()[bad.flatten()][0]), attrs.get("dim", 0), rows)
+        if bounds is IndexBounds.WRAP:
+            idx = torch.where(idx < 0, idx + rows, idx)
+    return F.embedding(idx, table)
+
+
 def _embedding_infer(ins: tuple[TensorType, ...], attrs: Attrs) -> Type:
     table, idx = ins
     if table.rank != 2 or idx.dtype not in (DType.I32, DType.I64):
@@ -121,9 +154,10 @@ register(
         Kind.INJECTIVE,
         2,
         _embedding_infer,
-        lambda table, idx, attrs: F.embedding(idx, table),
+        _embedding_ref,
         rules.no_flops,
         bytes=lambda ins, out, attrs: ins[1].nbytes + 2 * out.nbytes,
-        doc="inputs (table, indices): gathers rows of the table",
+        doc="inputs (table, indices): gathers rows of the table; attrs bounds (IndexBounds, default "
+        "CHECK) and dim (the gathered dim of the frontend op, for messages)",
     )
 )

@@ -11,6 +11,7 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 
+from vfuse.errors import VfuseZeroDivisionError
 from vfuse.ir import shapes
 from vfuse.ir.defs import rules
 from vfuse.ir.ops import Attrs, Kind, Op, OpDef, register
@@ -110,9 +111,30 @@ for _op, _fn in [(Op.MAXIMUM, torch.maximum), (Op.MINIMUM, torch.minimum)]:
 _binary(Op.DIV, torch.div, rules.broadcast_float_binary, 2)
 _binary(Op.POW, torch.pow, rules.broadcast_binary, 16)
 _binary(Op.ATAN2, torch.atan2, rules.broadcast_float_binary, 16)
-_binary(Op.FLOOR_DIV, lambda a, b: torch.div(a, b, rounding_mode="floor"), rules.broadcast_binary, 2)
-_binary(Op.REMAINDER, torch.remainder, rules.broadcast_binary, 3)
-_binary(Op.FMOD, torch.fmod, rules.broadcast_binary, 3)
+
+
+def _int_division(fn: Callable) -> Callable:
+    """`fn` raising VfuseZeroDivisionError for an integer divisor of 0, as the kernels do (torch
+    raises a RuntimeError saying 'ZeroDivisionError'); float division by 0 gives inf/nan."""
+
+    def ref(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        empty = shapes.numel(shapes.broadcast(tuple(a.shape), tuple(b.shape))) == 0
+        if not b.dtype.is_floating_point and not empty and not bool(b.all()):
+            raise integer_division_by_zero()
+        return fn(a, b)
+
+    return ref
+
+
+def integer_division_by_zero() -> VfuseZeroDivisionError:
+    return VfuseZeroDivisionError("integer division by zero (ZeroDivisionError)")
+
+
+# Integer division by zero raises; the kernels wrap INT_MIN // -1 (== INT_MIN) like torch.
+INT_DIVISION = (Op.FLOOR_DIV, Op.REMAINDER, Op.FMOD)
+_binary(Op.FLOOR_DIV, _int_division(lambda a, b: torch.div(a, b, rounding_mode="floor")), rules.broadcast_binary, 2)
+_binary(Op.REMAINDER, _int_division(torch.remainder), rules.broadcast_binary, 3)
+_binary(Op.FMOD, _int_division(torch.fmod), rules.broadcast_binary, 3)
 for _op, _fn in [
     (Op.BITWISE_AND, torch.bitwise_and),
     (Op.BITWISE_OR, torch.bitwise_or),
