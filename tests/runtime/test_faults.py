@@ -16,19 +16,23 @@ from collections.abc import Callable
 import pytest
 import torch
 import torch.nn.functional as F
-from tests.codegen.native_helpers import executor, hand_plan, inputs, scalar
+from tests.codegen.native_helpers import executor, hand_plan, inputs, scalar, target
 
 import vfuse
 from vfuse import interp
+from vfuse.codegen.cpp.faults import can_fault, is_fault_site
 from vfuse.errors import VfuseIndexError, VfuseZeroDivisionError
+from vfuse.fusion import plan_fusion
 from vfuse.ir import DType, GraphBuilder, Op, TensorType
 from vfuse.ir.defs.layout import IndexBounds
 from vfuse.ir.opaque import ArgSlot, OpaqueCall
 from vfuse.runtime.native import NativeExecutor
+from vfuse.schedule import build
+from vfuse.schedule.kernel import ContractionKernel
 
 ROWS = 7  # a prime: the gathered dim
 N = 13  # indices per gather
-F32 = DType.F32
+F32, I32 = DType.F32, DType.I32
 BACKENDS = ("cpp", "interp")
 
 
@@ -310,3 +314,20 @@ def test_general_path_faults(arg: int, position: int, value: int, error: type, n
             run(xs)
     good = _segment_inputs()
     assert all(torch.equal(g, w) for g, w in zip(ex(good), interp.run(ex.graph, good), strict=True))
+
+
+def test_contraction_templates_leave_integer_division_outside() -> None:
+    # The GEMM templates have no fault record: a division the planner fuses into a gemm group
+    # (epilogue or operand prologue) is scheduled as an ordinary kernel, which reports it.
+    b = GraphBuilder()
+    x, w, k, a, d = inputs(b, ((33, 17), F32), ((17, 19), F32), ((33, 19), I32), ((33, 17), I32), ((33, 17), I32))
+    y = b.add(Op.FLOOR_DIV, [b.add(Op.CAST, [b.add(Op.MATMUL, [x, w])], dtype=I32), k])
+    z = b.add(Op.MATMUL, [b.add(Op.CAST, [b.add(Op.FLOOR_DIV, [a, d])], dtype=F32), w])
+    graph = b.build([y, z])
+    plan = plan_fusion(graph, target())
+    assert all(g.label == "gemm" for g in plan.groups) and len(plan.groups) == 2
+    program = build(plan, target())
+    templates = [k for k in program.kernels if isinstance(k, ContractionKernel)]
+    stmts = [s for t in templates for s in (*t.epilogue, *(s for p in t.prologues if p for s in p.stmts))]
+    assert len(templates) == 2 and not any(is_fault_site(s) for s in stmts)
+    assert sum(can_fault(k) for k in program.kernels) == 2
