@@ -129,7 +129,7 @@ def randomize(model: nn.Module, seed: int = 0) -> nn.Module:
         for p in model.parameters():
             p.add_(torch.randn(p.shape, generator=g, dtype=p.dtype) * 0.1)
         for m in model.modules():
-            if isinstance(m, nn.BatchNorm2d):
+            if isinstance(m, nn.BatchNorm2d) and m.track_running_stats:
                 m.running_mean.copy_(torch.randn(m.num_features, generator=g) * 0.1)
                 m.running_var.copy_(torch.rand(m.num_features, generator=g) + 0.5)
     return model
