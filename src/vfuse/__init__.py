@@ -21,14 +21,14 @@ def backend(**options: Any) -> Any:
 
     The returned object keeps what it compiled in `.compiled` and totals in `.stats`.
     """
-    from vfuse.frontend.capture import VfuseBackend
+    from vfuse.entry.capture import VfuseBackend
 
     return VfuseBackend(**options)
 
 
 def compile(fn: Callable, example_inputs: Sequence[Any], **options: Any) -> Any:
     """Compile `fn` (an nn.Module or function) ahead of time for these example inputs' shapes."""
-    from vfuse.frontend.aot import compile_aot
+    from vfuse.entry.aot import compile_aot
 
     return compile_aot(fn, example_inputs, **options)
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import time
 import warnings
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from typing import Any
 
 import torch
@@ -124,28 +124,3 @@ def compile_fx(
     compiled = CompiledGraph(graph, fusion_plan, make_executor(graph, fusion_plan, ctx, target), ctx.graph_id)
     compiled.compile_s = time.perf_counter() - start
     return compiled
-
-
-def trace_aten(fn: Any, example_inputs: Sequence[Any]) -> torch.fx.GraphModule:
-    """Trace a callable on concrete inputs to a functional ATen graph with our decompositions
-    (no Dynamo). Functionalized, because decompositions may emit in-place ops the IR has not.
-    Dead nodes are dropped: make_fx keeps a getitem of every result of a multi-output op, also
-    of the Nones that e.g. convolution_backward returns for gradients it was not asked for."""
-    from torch.fx.experimental.proxy_tensor import make_fx
-
-    from vfuse.frontend.decompositions import decomposition_table
-
-    functional = torch.func.functionalize(fn, remove="mutations_and_views")
-    table = decomposition_table(include_cia=False)  # make_fx decomposes CIA ops itself
-    gm = make_fx(functional, decomposition_table=table, tracing_mode="fake")(*example_inputs)
-    gm.graph.eliminate_dead_code()
-    gm.recompile()
-    return gm
-
-
-def to_ir(fn: Any, example_inputs: Sequence[Any], ctx: Context) -> Graph:
-    """Export `fn` (module or function) on these inputs and return its optimized IR."""
-    from vfuse.frontend.aot import export
-
-    program = export(fn, example_inputs)
-    return optimize(lower_fx(program.graph_module, ctx), ctx)

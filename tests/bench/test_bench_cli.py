@@ -172,7 +172,7 @@ def test_compile_time_probe_prints_first_and_steady_call(capsys: pytest.CaptureF
 
 
 def test_compile_time_probe_times_the_vfuse_backend(capsys: pytest.CaptureFixture[str]) -> None:
-    from vfuse.frontend.capture import VfuseBackend
+    from vfuse.entry.capture import VfuseBackend
 
     entry = VfuseBackend.__call__
     assert compile_times.main(["vfuse", "tiny_graph", "--quick", "--threads", "1", "--other", "before"]) == 0

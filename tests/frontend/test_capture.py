@@ -169,7 +169,7 @@ class Stateful(torch.nn.Module):
 
 
 def test_inference_skips_aot_wrappers_only_when_they_do_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
-    import vfuse.frontend.capture as capture
+    import vfuse.entry.capture as capture
 
     direct: list[int] = []
     unboxed = capture.unboxed

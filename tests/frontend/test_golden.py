@@ -14,8 +14,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from vfuse.compiler import to_ir
 from vfuse.context import Context
+from vfuse.entry.aot import to_ir
 from vfuse.interp import run
 from vfuse.ir import format_graph, verify
 

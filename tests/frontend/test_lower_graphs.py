@@ -13,9 +13,9 @@ from tests.frontend.lowering_helpers import assert_matches, fallbacks
 from torch._functorch.aot_autograd import aot_module
 
 from vfuse.context import Context
+from vfuse.entry.outputs import with_none_outputs, without_none_outputs
 from vfuse.frontend.decompositions import decomposition_table
 from vfuse.frontend.lower import lower
-from vfuse.frontend.outputs import with_none_outputs, without_none_outputs
 from vfuse.interp import run
 from vfuse.ir import Op, verify
 

@@ -8,8 +8,8 @@ import operator
 import torch
 import torch.fx
 
-from vfuse.compiler import trace_aten
-from vfuse.frontend.outputs import COMPUTED, all_computed, with_none_outputs, without_none_outputs
+from vfuse.entry.outputs import COMPUTED, all_computed, with_none_outputs, without_none_outputs
+from vfuse.entry.trace import trace_aten
 
 
 def _graph_with_constant_outputs() -> torch.fx.GraphModule:

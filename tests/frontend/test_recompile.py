@@ -10,7 +10,7 @@ import torch
 from torch.fx.experimental.proxy_tensor import make_fx
 
 import vfuse
-from vfuse.frontend.specialize import match
+from vfuse.entry.specialize import match
 
 
 class Heads(torch.nn.Module):
@@ -59,7 +59,7 @@ def test_seen_shape_reuses_forward_and_backward() -> None:
 
 
 def test_string_backend_reuses_seen_shape(monkeypatch: pytest.MonkeyPatch) -> None:
-    import vfuse.frontend.capture as capture
+    import vfuse.entry.capture as capture
 
     compiled: list[object] = []
     compile_fx = capture.compile_fx

@@ -13,8 +13,8 @@ from hypothesis import strategies as st
 from tests.models.zoo import GPT2Block
 from torch.func import functional_call
 
-from vfuse.compiler import trace_aten
 from vfuse.context import Context
+from vfuse.entry.trace import trace_aten
 from vfuse.frontend.lower import lower
 from vfuse.interp import run
 from vfuse.ir import DType, Graph, GraphBuilder, Op, TensorType, format_graph, verify

@@ -9,8 +9,8 @@ import torch
 from tests.models.zoo import BasicBlock, randomize_bn_stats
 from torch.func import functional_call
 
-from vfuse.compiler import trace_aten
 from vfuse.context import Context
+from vfuse.entry.trace import trace_aten
 from vfuse.frontend.lower import lower
 from vfuse.interp import run
 from vfuse.ir import Attrs, ConstValue, DType, Graph, GraphBuilder, Node, Op, TensorType, format_graph, verify

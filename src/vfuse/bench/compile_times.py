@@ -53,13 +53,13 @@ _STEADY_CALLS = 5
 _PREIMPORT = {
     "dynamo": ("torch._dynamo",),
     "inductor": ("torch._dynamo", "torch._inductor.compile_fx"),
-    "vfuse": ("torch._dynamo", "torch._inductor.debug", "vfuse.frontend.capture", "vfuse.compiler"),
+    "vfuse": ("torch._dynamo", "torch._inductor.debug", "vfuse.entry.capture", "vfuse.compiler"),
 }
 # Where each contender's backend takes the FX graph from Dynamo and returns the callable:
 # (module, attribute path). Dynamo's own contender has no backend worth timing.
 _BACKEND_ENTRY = {
     "inductor": ("torch._inductor.compile_fx", "compile_fx"),
-    "vfuse": ("vfuse.frontend.capture", "VfuseBackend.__call__"),
+    "vfuse": ("vfuse.entry.capture", "VfuseBackend.__call__"),
 }
 
 

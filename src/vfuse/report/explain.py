@@ -25,13 +25,13 @@ def explain(model_or_fn: Callable[..., Any], *example_inputs: Any, target: str =
 
     `options` are `vfuse.context.Options` fields (e.g. strict=True). Nothing is compiled or run.
     """
-    from vfuse import compiler  # the pipeline imports torch capture; keep `vfuse.report` light
+    # The pipeline imports torch capture; importing it here keeps `vfuse.report` light.
+    from vfuse.compiler import plan as plan_graph
+    from vfuse.entry.aot import to_ir
 
     ctx = Context(options=Options.from_env(target=target, **options))
-    graph = compiler.to_ir(model_or_fn, tuple(example_inputs), ctx)
-    plan = compiler.plan(graph, ctx)
-    if plan is None:
-        raise RuntimeError("vfuse.explain needs the fusion planner (vfuse.fusion.planner), which is not available")
+    graph = to_ir(model_or_fn, tuple(example_inputs), ctx)
+    plan = plan_graph(graph, ctx)
     return build_report(graph, plan, target, unfused_costs(graph, ctx))
 
 

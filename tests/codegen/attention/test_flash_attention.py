@@ -17,8 +17,8 @@ from vfuse.codegen.cpp.attention import (
     spec_for_sdpa,
 )
 from vfuse.codegen.cpp.toolchain import find_toolchain
-from vfuse.compiler import trace_aten
 from vfuse.context import Context
+from vfuse.entry.trace import trace_aten
 from vfuse.frontend.lower import lower
 from vfuse.interp import run
 from vfuse.ir import Op

@@ -20,9 +20,11 @@ import torch.utils._pytree as pytree
 from torch.export import ExportedProgram
 from torch.export.graph_signature import InputKind, OutputKind
 
+from vfuse.compiler import compile_fx, lower_fx, optimize
 from vfuse.context import Context, Options
+from vfuse.entry.devices import foreign_device
 from vfuse.errors import VfuseCompileError, VfuseInputError
-from vfuse.frontend.devices import foreign_device
+from vfuse.ir import Graph
 from vfuse.runtime.compiled import CompiledGraph
 
 _PLAIN = (torch.Tensor, torch.nn.Parameter)  # pytree leaves: such arguments need no flattening
@@ -157,7 +159,7 @@ class AotCompiled:
         history, and backward runs a compiled backward graph."""
         inputs = _bind(flat, self._all_lifted)
         if self._autograd is None:
-            from vfuse.frontend.capture import VfuseBackend
+            from vfuse.entry.capture import VfuseBackend
 
             gm = self.program.graph_module
             self.autograd_backend = VfuseBackend(**{**self._options, "freeze": False})
@@ -220,7 +222,6 @@ def _lifted_tensor(program: ExportedProgram, spec: Any) -> torch.Tensor | None:
 
 
 def compile_aot(fn: Callable, example_inputs: Sequence[Any], **options: Any) -> AotCompiled:
-    from vfuse.compiler import compile_fx
 
     program = export(fn, example_inputs)
     foreign = foreign_device(program.graph_module)
@@ -240,3 +241,9 @@ def _freezable(program: ExportedProgram) -> dict[int, torch.Tensor]:
         for i, spec in enumerate(sig.input_specs)
         if (tensor := _lifted_tensor(program, spec)) is not None and spec.target not in mutated
     }
+
+
+def to_ir(fn: Any, example_inputs: Sequence[Any], ctx: Context) -> Graph:
+    """Export `fn` (module or function) on these inputs and return its optimized IR."""
+    program = export(fn, example_inputs)
+    return optimize(lower_fx(program.graph_module, ctx), ctx)

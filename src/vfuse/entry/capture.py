@@ -23,14 +23,15 @@ from torch._subclasses.fake_tensor import unset_fake_temporarily
 
 # The pipeline is imported with the backend (at torch.compile time), not inside the first
 # compile: a user's first call then waits for compilation only.
-from vfuse.compiler import compile_fx, trace_aten
+from vfuse.compiler import compile_fx
 from vfuse.context import Context, Options
+from vfuse.entry.devices import foreign_device
+from vfuse.entry.direct import may_skip_wrappers, unboxed, wrappers_are_identity
+from vfuse.entry.outputs import all_computed, with_none_outputs, without_none_outputs
+from vfuse.entry.specialize import FixedGraphs
+from vfuse.entry.trace import trace_aten
 from vfuse.errors import VfuseCodegenError, VfuseCompileError
 from vfuse.frontend.decompositions import decomposition_table
-from vfuse.frontend.devices import foreign_device
-from vfuse.frontend.direct import may_skip_wrappers, unboxed, wrappers_are_identity
-from vfuse.frontend.outputs import all_computed, with_none_outputs, without_none_outputs
-from vfuse.frontend.specialize import FixedGraphs
 from vfuse.runtime.compiled import CompiledGraph
 
 
