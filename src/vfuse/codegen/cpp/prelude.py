@@ -316,7 +316,7 @@ template <class I> static inline bool vf_check_rows(const I* p, int64_t m, int64
                                                     const char* node) {
   I mn = m ? p[0] : (I)0, mx = mn;
   #pragma omp simd reduction(min:mn) reduction(max:mx)
-  for (int64_t i = 0; i < m; ++i) { mn = p[i] < mn ? p[i] : mn; mx = p[i] > mx ? p[i] : mx; }
+  for (int64_t i = 0; i < m; ++i) { const I v = p[i]; mn = v < mn ? v : mn; mx = v > mx ? v : mx; }
   if (m == 0 || ((int64_t)mn >= lo && (int64_t)mx < n)) return true;
   for (int64_t i = 0; i < m; ++i) {
     if ((int64_t)p[i] < lo || (int64_t)p[i] >= n) { vf_raise(f, VF_INDEX, node, (int64_t)p[i], n); break; }
