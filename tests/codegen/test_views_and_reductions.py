@@ -70,10 +70,10 @@ def test_argmax_argmin_first_index_and_nan() -> None:
     b = GraphBuilder()
     (x,) = inputs(b, ((7, 50), F32))
     outs = [
-        b.add(Op.ARGMAX, [x], axis=1, keepdim=False),
-        b.add(Op.ARGMIN, [x], axis=0, keepdim=True),
-        b.add(Op.ARGMAX, [x], axis=None, keepdim=False),
-        b.add(Op.ARGMIN, [x], axis=None, keepdim=True),
+        b.add(Op.ARGMAX, [x], axes=(1,), keepdim=False),
+        b.add(Op.ARGMIN, [x], axes=(0,), keepdim=True),
+        b.add(Op.ARGMAX, [x], axes=(0, 1), keepdim=False),
+        b.add(Op.ARGMIN, [x], axes=(0, 1), keepdim=True),
         b.add(Op.AMAX, [x], axes=(1,), keepdim=False),
     ]
     graph = b.build(outs)

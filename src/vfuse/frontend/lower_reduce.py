@@ -18,7 +18,7 @@ from vfuse.frontend.emitter import Emitter, bind
 from vfuse.frontend.errors import Fallback
 from vfuse.frontend.registry import lowers
 from vfuse.ir import DType, Op
-from vfuse.ir.shapes import normalize_dim, normalize_dims
+from vfuse.ir.shapes import normalize_dims
 
 aten = torch.ops.aten
 
@@ -105,10 +105,10 @@ def lower_amax(em: Emitter, node: torch.fx.Node) -> str:
 def lower_max_dim(em: Emitter, node: torch.fx.Node) -> tuple[str, str]:
     a = bind(node)
     x = em.value(a["self"])
-    axis = normalize_dim(a["dim"], em.ttype(x).rank)
+    axes = normalize_dims((a["dim"],), em.ttype(x).rank)  # () for a 0-d tensor
     is_max = node.target.overloadpacket is aten.max  # type: ignore[union-attr]
-    values = reduce(em, Op.AMAX if is_max else Op.AMIN, x, (axis,), a["keepdim"])
-    indices = em.emit(Op.ARGMAX if is_max else Op.ARGMIN, (x,), axis=axis, keepdim=a["keepdim"])
+    values = reduce(em, Op.AMAX if is_max else Op.AMIN, x, axes, a["keepdim"])
+    indices = em.emit(Op.ARGMAX if is_max else Op.ARGMIN, (x,), axes=axes, keepdim=a["keepdim"])
     return values, indices
 
 
@@ -116,11 +116,12 @@ def lower_max_dim(em: Emitter, node: torch.fx.Node) -> tuple[str, str]:
 def lower_argmax(em: Emitter, node: torch.fx.Node) -> str:
     a = bind(node)
     x = em.value(a["self"])
-    axis = None if a["dim"] is None else normalize_dim(a["dim"], em.ttype(x).rank)
-    if count(em, x, tuple(range(em.ttype(x).rank)) if axis is None else (axis,)) == 0:
+    rank = em.ttype(x).rank
+    axes = tuple(range(rank)) if a["dim"] is None else normalize_dims((a["dim"],), rank)  # dim=None: all
+    if count(em, x, axes) == 0:
         raise Fallback("argmax over an empty dim")
     op = Op.ARGMAX if node.target.overloadpacket is aten.argmax else Op.ARGMIN  # type: ignore[union-attr]
-    return em.emit(op, (x,), axis=axis, keepdim=a["keepdim"])
+    return em.emit(op, (x,), axes=axes, keepdim=a["keepdim"])
 
 
 @lowers(aten.any, aten.all)

@@ -20,7 +20,6 @@ from vfuse.ir import Graph, Kind, Node, Op, TensorType, opdef
 from vfuse.ir.shapes import ShapeError, broadcast, numel
 
 POINTWISE_KINDS = frozenset({Kind.ELEMENTWISE, Kind.BROADCAST, Kind.INJECTIVE})
-LAYOUT_OPS = frozenset({Op.RESHAPE, Op.PERMUTE, Op.EXPAND, Op.SLICE, Op.CAT, Op.EMBEDDING})
 CONTRACTION_LABELS = {Op.MATMUL: "gemm", Op.CONV2D: "conv", Op.SDPA: "attention"}
 # A contraction re-reads operand tiles many times, so a prologue is only worth it when it is a
 # few instructions per element (cast, zero-point subtract, scale multiply).
@@ -93,15 +92,8 @@ def _pointwise_form(nodes: Sequence[Node], outputs: Sequence[str], graph: Graph)
     if len(sizes) > 1:
         return Illegal(Rule.POINTWISE_OUTPUTS_DIFFER, f"outputs of one pointwise kernel differ in size {sorted(sizes)}")
     domain = sizes.pop() if sizes else max(numel_of(n) for n in nodes)
-    label = "view" if all(n.op in LAYOUT_OPS for n in nodes) else "pointwise"
+    label = "view" if all(opdef(n.op).layout_only for n in nodes) else "pointwise"
     return Form(label, Kind(max(n.kind for n in nodes)), domain, 0, {n.name: domain for n in nodes})
-
-
-def reduce_axes(node: Node, graph: Graph) -> tuple[int, ...]:
-    if node.op in (Op.ARGMAX, Op.ARGMIN):
-        axis = node.attrs["axis"]
-        return tuple(range(graph[node.inputs[0]].tensor_type.rank)) if axis is None else (axis,)
-    return tuple(node.attrs["axes"])
 
 
 def _fits(shape: tuple[int, ...], into: tuple[int, ...]) -> bool:
@@ -116,7 +108,7 @@ def _row_form(nodes: Sequence[Node], graph: Graph) -> Form | Illegal:
     full_shapes = {graph[r.inputs[0]].tensor_type.shape for r in reduces}
     if len(full_shapes) > 1:
         return Illegal(Rule.REDUCE_SHAPES_DIFFER, f"reductions over inputs of shapes {sorted(full_shapes)}")
-    axes = {reduce_axes(r, graph) for r in reduces}
+    axes = {tuple(r.attrs["axes"]) for r in reduces}
     if len(axes) > 1:
         return Illegal(Rule.REDUCE_AXES_DIFFER, f"reductions over different axes {sorted(axes)}")
     full_shape = full_shapes.pop()
@@ -131,7 +123,7 @@ def _row_form(nodes: Sequence[Node], graph: Graph) -> Form | Illegal:
         elif _fits(n.tensor_type.shape, full_shape):
             space[n.name] = full  # a broadcast parameter, evaluated at every point that reads it
         else:
-            rule = Rule.VIEW_NOT_EXPRESSIBLE if n.op in LAYOUT_OPS else Rule.ROW_SPACE_MISMATCH
+            rule = Rule.VIEW_NOT_EXPRESSIBLE if opdef(n.op).layout_only else Rule.ROW_SPACE_MISMATCH
             return Illegal(rule, f"%{n.name} {n.type} is neither in the row space {full_shape} nor reduced")
     label = "reduction" if all(n.kind is Kind.REDUCE for n in nodes) else "row"
     return Form(label, Kind.REDUCE, full, rows, space)
@@ -155,7 +147,7 @@ def _contraction_form(nodes: Sequence[Node], c: Node, outputs: Sequence[str], gr
         elif numel_of(n) == out_size or (n.name not in after and numel_of(n) < out_size):
             space[n.name] = out_size
         else:
-            rule = Rule.VIEW_NOT_EXPRESSIBLE if n.op in LAYOUT_OPS else Rule.EPILOGUE_SPACE_MISMATCH
+            rule = Rule.VIEW_NOT_EXPRESSIBLE if opdef(n.op).layout_only else Rule.EPILOGUE_SPACE_MISMATCH
             return Illegal(rule, f"%{n.name} {n.type} is not in the output space of %{c.name}")
     bad = [o for o in outputs if o != c.name and o not in after]
     if bad:

@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from vfuse.fusion.cost import Figures, Pressure, cost_from, register_budget, registers, ws_budget
-from vfuse.fusion.forms import CONTRACTION_LABELS, LAYOUT_OPS, Form, Illegal, numel_of, per_element_flops, reduce_axes
+from vfuse.fusion.forms import CONTRACTION_LABELS, Form, Illegal, numel_of, per_element_flops
 from vfuse.fusion.plan import Cost
 from vfuse.fusion.rules import Rule
 from vfuse.ir import Graph, Kind, Node, TensorType, opdef
@@ -50,9 +50,9 @@ def node_facts(node: Node, graph: Graph, target: Target) -> Facts:
         peak = target.matrix_peak(first.dtype) if node.kind is Kind.CONTRACTION else target.vector_f32
         fixed_s = fixed / peak
         if node.kind is Kind.REDUCE:
-            sig = (first.shape, reduce_axes(node, graph), numel_of(node))
+            sig = (first.shape, tuple(node.attrs["axes"]), numel_of(node))
     pe = 0.0 if fixed else per_element_flops(node, graph)
-    layout = node.op in LAYOUT_OPS
+    layout = opdef(node.op).layout_only
     return Facts(
         node.kind, shape, numel_of(node), node.type.nbytes, pe, fixed, fixed_s, layout, sig, registers(node.type)
     )

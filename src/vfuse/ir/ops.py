@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -191,7 +191,10 @@ class OpDef:
 
     `ref(*tensors, attrs)` is the reference semantics; `infer(types, attrs)` the type rule;
     `flops` and `bytes` feed the cost model (bytes = unfused DRAM traffic of the op alone).
-    `arity` None means variadic.
+    `arity` None means variadic. Facts the passes and backends ask about:
+    `pure`: same inputs give the same output (CSE may merge it, constant folding evaluate it);
+    `layout_only`: the output's elements are input elements moved (an index map in a consumer);
+    `returns_index`: a reduction whose result is the position of its winner (argmax/argmin).
     """
 
     op: Op
@@ -203,7 +206,9 @@ class OpDef:
     attrs: tuple[str, ...] = ()
     bytes: FlopsFn = _default_bytes
     doc: str = ""
-    extra: Mapping[str, Any] = field(default_factory=dict)
+    pure: bool = True
+    layout_only: bool = False
+    returns_index: bool = False
 
 
 REGISTRY: dict[Op, OpDef] = {}

@@ -34,10 +34,12 @@ def normalize_dim(dim: int, rank: int) -> int:
 
 
 def normalize_dims(dims: Sequence[int] | None, rank: int) -> tuple[int, ...]:
-    """Sorted, de-duplicated non-negative dims; None or () means all dims (torch's convention)."""
+    """Sorted, de-duplicated non-negative dims; None or () means all dims (torch's convention).
+    A 0-d tensor has no axes: its dim 0 / -1 (which torch accepts) reduces over nothing."""
     if dims is None or len(dims) == 0:
         return tuple(range(rank))
-    return tuple(sorted({normalize_dim(d, rank) for d in dims}))
+    axes = {normalize_dim(d, rank) for d in dims}
+    return tuple(sorted(axes)) if rank else ()
 
 
 def broadcast(*shapes_: Shape) -> Shape:

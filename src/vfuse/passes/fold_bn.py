@@ -21,10 +21,9 @@ from dataclasses import dataclass
 import torch
 
 from vfuse.interp import run_node
-from vfuse.ir import Attrs, ConstValue, Graph, GraphBuilder, Node, Op, TensorType
+from vfuse.ir import Attrs, ConstValue, Graph, GraphBuilder, Node, Op, TensorType, opdef
 from vfuse.passes.dce import dce
 
-_NOT_CONSTANT = {Op.INPUT, Op.RNG_SEED, Op.RAND, Op.OPAQUE, Op.GET_ITEM}
 _CONST_LIMIT = 1 << 24  # elements: larger values are not evaluated at compile time
 
 
@@ -34,7 +33,7 @@ def constant_value(graph: Graph, name: str) -> torch.Tensor | None:
     while stack:
         n = stack.pop()
         node = graph[n]
-        if node.op in _NOT_CONSTANT or not isinstance(node.type, TensorType) or node.type.numel > _CONST_LIMIT:
+        if not opdef(node.op).pure or not isinstance(node.type, TensorType) or node.type.numel > _CONST_LIMIT:
             return None
         if n not in needed:
             needed.add(n)

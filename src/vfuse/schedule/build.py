@@ -32,7 +32,7 @@ from vfuse.schedule.kernel import (
     Store,
     TorchStep,
 )
-from vfuse.schedule.lower import Lowerer, RowSpace, Unsupported, index_buffer, reduce_axes
+from vfuse.schedule.lower import Lowerer, RowSpace, Unsupported, index_buffer
 from vfuse.schedule.memory import plan_memory
 from vfuse.schedule.nest import make_kernel, with_streaming
 from vfuse.schedule.table import with_table
@@ -76,7 +76,7 @@ def _row_kernels(graph: Graph, group: int, label: str, nodes: set[str], name: st
     reduces = [graph[n] for n in nodes if graph[n].kind is Kind.REDUCE]
     first = reduces[0]
     src = graph[first.inputs[0]].tensor_type.shape
-    axes = reduce_axes(first)[0]
+    axes = tuple(first.attrs["axes"])
     axes = tuple(range(len(src))) if axes is None else axes
     row = RowSpace(src, axes, tuple(range(len(src))))
     lw = Lowerer(graph, nodes, dict(enumerate(src)), row)

@@ -46,14 +46,6 @@ class RowSpace:
         )
 
 
-def reduce_axes(node: Node) -> tuple[tuple[int, ...] | None, bool]:
-    """(axes, keepdim) of a REDUCE node; None (ARGMAX/ARGMIN with axis None) means every dim."""
-    if node.op in (Op.ARGMAX, Op.ARGMIN):
-        axis = node.attrs["axis"]
-        return ((axis,) if axis is not None else None), node.attrs["keepdim"]
-    return tuple(node.attrs["axes"]), node.attrs["keepdim"]
-
-
 def broadcast_coords(coords: Coords, in_shape: tuple[int, ...], out_shape: tuple[int, ...]) -> Coords:
     lead = len(out_shape) - len(in_shape)
     return tuple(Lin() if n == 1 else coords[lead + j] for j, n in enumerate(in_shape))
@@ -131,9 +123,8 @@ class Lowerer:
         return self.emit(Compute(self.fresh(), t.dtype, node.op, tuple(args), tuple(dtypes), attrs))
 
     def _reduce(self, node: Node, coords: Coords) -> str:
-        axes, keepdim = reduce_axes(node)
+        axes, keepdim = tuple(node.attrs["axes"]), node.attrs["keepdim"]
         src = self.graph[node.inputs[0]].tensor_type
-        axes = tuple(range(src.rank)) if axes is None else axes
         if self.row is None or self.row.shape != src.shape or self.row.axes != axes:
             raise Unsupported(f"reductions of different spaces in one kernel ({node.name})")
         want = tuple(

@@ -14,7 +14,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable
 
-from vfuse.ir import DType, Op, TensorType, opdef
+from vfuse.ir import DType, TensorType, opdef
 from vfuse.schedule import expr
 from vfuse.schedule.expr import Lin, Var
 from vfuse.schedule.kernel import Compute, Kernel, Load, Loop, Pass, Place, Reduce, Stmt, Store, stmt_args, stmt_index
@@ -213,7 +213,7 @@ def _column_tile(k: Kernel, outer: list[Loop], inner: list[Loop]) -> int:
     if not outer or not inner or len(k.passes) != 1:
         return 0
     (p,) = k.passes
-    if not p.reduces or p.buffered or any(r.op in (Op.ARGMAX, Op.ARGMIN) for r in p.reduces):
+    if not p.reduces or p.buffered or any(opdef(r.op).returns_index for r in p.reduces):
         return 0
     loads = [s.index for s in (*p.before, *p.body) if isinstance(s, Load)]
     col, row = Var(outer[-1].var), Var(inner[-1].var)

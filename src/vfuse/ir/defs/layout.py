@@ -35,6 +35,7 @@ register(
         rules.no_flops,
         attrs=("shape",),
         doc="row-major reshape to a fully resolved shape (no -1)",
+        layout_only=True,
     )
 )
 register(
@@ -46,6 +47,7 @@ register(
         lambda x, attrs: x.permute(attrs["perm"]),
         rules.no_flops,
         attrs=("perm",),
+        layout_only=True,
     )
 )
 register(
@@ -58,6 +60,7 @@ register(
         rules.no_flops,
         attrs=("shape",),
         doc="broadcast size-1 or new leading dims to `shape` (fully resolved)",
+        layout_only=True,
     )
 )
 
@@ -88,6 +91,7 @@ register(
         rules.no_flops,
         attrs=("dim", "start", "end", "step"),
         doc="start/end already clamped into [0, size] by the frontend; step >= 1",
+        layout_only=True,
     )
 )
 
@@ -107,6 +111,7 @@ register(
         lambda *args: torch.cat(args[:-1], dim=args[-1]["dim"]),
         rules.no_flops,
         attrs=("dim",),
+        layout_only=True,
     )
 )
 
@@ -159,5 +164,6 @@ register(
         bytes=lambda ins, out, attrs: ins[1].nbytes + 2 * out.nbytes,
         doc="inputs (table, indices): gathers rows of the table; attrs bounds (IndexBounds, default "
         "CHECK) and dim (the gathered dim of the frontend op, for messages)",
+        layout_only=True,
     )
 )

@@ -31,6 +31,7 @@ register(
         rules.no_flops,
         bytes=rules.no_bytes,
         doc="a fresh i64 seed per call, drawn from torch's default generator",
+        pure=False,
     )
 )
 
@@ -55,5 +56,6 @@ register(
         attrs=("shape", "stream"),
         bytes=rules.output_bytes,
         doc="uniform f32 in [0, 1) of `shape`; `stream` tells apart several RAND nodes of one graph",
+        pure=False,
     )
 )

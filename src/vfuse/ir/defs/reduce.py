@@ -84,12 +84,18 @@ for _op, _fn, _dt in [
     )
 
 
-def _arg_infer(ins: tuple[TensorType, ...], attrs: Attrs) -> Type:
-    (x,) = ins
-    axis = attrs["axis"]
-    if axis is None:
-        return TensorType((1,) * x.rank if attrs["keepdim"] else (), DType.I64)
-    return TensorType(shapes.reduce(x.shape, (axis,), attrs["keepdim"]), DType.I64)
+def _arg_ref(fn: Callable) -> Callable:
+    """The position of the winner among the reduced axes' elements, in row-major order."""
+
+    def ref(x: torch.Tensor, attrs: Attrs) -> torch.Tensor:
+        axes, keepdim = attrs["axes"], attrs["keepdim"]
+        if len(axes) == 1:
+            return fn(x, dim=axes[0], keepdim=keepdim)
+        kept = x.dim() - len(axes)
+        flat = x.movedim(axes, tuple(range(kept, x.dim()))).flatten(kept) if axes else x.unsqueeze(-1)
+        return fn(flat, dim=-1).reshape(shapes.reduce(tuple(x.shape), axes, keepdim))
+
+    return ref
 
 
 for _op, _fn in [(Op.ARGMAX, torch.argmax), (Op.ARGMIN, torch.argmin)]:
@@ -98,10 +104,11 @@ for _op, _fn in [(Op.ARGMAX, torch.argmax), (Op.ARGMIN, torch.argmin)]:
             _op,
             Kind.REDUCE,
             1,
-            _arg_infer,
-            lambda x, attrs, fn=_fn: fn(x, dim=attrs["axis"], keepdim=attrs["keepdim"]),
+            _reduce_infer(DType.I64),
+            _arg_ref(_fn),
             rules.per_input_element(2),
-            attrs=("axis", "keepdim"),
-            doc="axis None reduces the flattened tensor; ties pick the first index like torch",
+            attrs=("axes", "keepdim"),
+            doc="the index inside the reduced axes (all of them: torch's dim=None); ties pick the first like torch",
+            returns_index=True,
         )
     )

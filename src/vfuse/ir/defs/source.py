@@ -26,6 +26,7 @@ register(
         attrs=("index", "type"),
         bytes=rules.no_bytes,
         doc="the index-th positional input of the compiled callable",
+        pure=False,
     )
 )
 register(
@@ -90,6 +91,7 @@ register(
         rules.no_flops,
         attrs=("call", "out_type"),
         doc="a torch op vfuse does not lower; `call` (frontend.opaque.OpaqueCall) runs it through torch",
+        pure=False,
     )
 )
 
@@ -112,5 +114,6 @@ register(
         attrs=("index",),
         bytes=rules.no_bytes,
         doc="the index-th tensor of an Opaque node that returns several",
+        pure=False,
     )
 )
