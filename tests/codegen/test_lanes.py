@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 import torch
+from tests.codegen.kernel_graphs import norm_graph
 from tests.codegen.native_helpers import check, hand_plan, inputs
-from tests.codegen.test_views_and_reductions import norm_graph
 
 from vfuse.codegen.cpp.lanes import LANES
 from vfuse.ir import DType, GraphBuilder, Op

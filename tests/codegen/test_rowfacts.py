@@ -5,8 +5,8 @@ and eager, and only the proven patterns are rewritten."""
 from __future__ import annotations
 
 import torch
+from tests.codegen.kernel_graphs import norm_graph
 from tests.codegen.native_helpers import check, executor, hand_plan, inputs
-from tests.codegen.test_views_and_reductions import norm_graph
 
 from vfuse.ir import DType, GraphBuilder, Op
 

@@ -7,8 +7,8 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
+from tests.codegen.kernel_graphs import norm_graph
 from tests.codegen.native_helpers import check, executor, hand_plan, inputs, scalar
-from tests.codegen.test_views_and_reductions import norm_graph
 
 from vfuse.codegen.cpp.rowgroups import ROW_GROUP
 from vfuse.ir import DType, Graph, GraphBuilder, Op

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 import torch
+from tests.codegen.kernel_graphs import norm_graph
 from tests.codegen.native_helpers import hand_plan, inputs, scalar, target
-from tests.codegen.test_vectorize import _simd_loops_vectorized
-from tests.codegen.test_views_and_reductions import norm_graph
+from tests.codegen.vectorization import simd_loops_vectorized
 
 from vfuse import interp
 from vfuse.context import Context, Options
@@ -102,5 +102,5 @@ def test_streamed_simd_loops_vectorize(kind: str, tmp_path: Path) -> None:
     else:
         ex = _run(_quant_graph(7, 1029), [torch.zeros(7, 1029, dtype=torch.int8)])
     assert "vf_stream(" in ex.source
-    simd, vectorized = _simd_loops_vectorized(ex.source, tmp_path)
+    simd, vectorized = simd_loops_vectorized(ex.source, tmp_path)
     assert simd and simd == vectorized, f"pragmas at lines {sorted(simd - vectorized)} not vectorized"

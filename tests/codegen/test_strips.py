@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 import torch
+from tests.codegen.kernel_graphs import norm_graph
 from tests.codegen.native_helpers import check, hand_plan, inputs, scalar
-from tests.codegen.test_vectorize import _simd_loops_vectorized
-from tests.codegen.test_views_and_reductions import norm_graph
+from tests.codegen.vectorization import simd_loops_vectorized
 
 from vfuse.codegen.cpp.prefetch import plan_prefetch
 from vfuse.codegen.cpp.strips import CHAINS, FIRST_CHAINS, VECTOR
@@ -133,7 +133,7 @@ def test_strips_lane_loops_vectorize(kind: str, d: int, tmp_path: Path) -> None:
     graph, _ = norm_graph(kind, 8, d)
     ex = check(graph, [torch.randn(8, d), torch.randn(d), torch.randn(d)], _plan(graph))
     assert "for (int64_t sl = 0; sl < 16;" in ex.source
-    simd, vectorized = _simd_loops_vectorized(ex.source, tmp_path)
+    simd, vectorized = simd_loops_vectorized(ex.source, tmp_path)
     assert simd and simd == vectorized, f"pragmas at lines {sorted(simd - vectorized)} not vectorized"
 
 

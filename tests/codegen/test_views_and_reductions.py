@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-import torch.nn.functional as F
+from tests.codegen.kernel_graphs import norm_graph
 from tests.codegen.native_helpers import check, executor, hand_plan, inputs, scalar
 
 from vfuse.ir import DType, GraphBuilder, Op
@@ -80,29 +80,6 @@ def test_argmax_argmin_first_index_and_nan() -> None:
     xv = torch.randint(0, 5, (7, 50)).float()  # ties: the first index must win
     xv[3, 7] = float("nan")
     check(graph, [xv], plan=hand_plan(graph, [[o] for o in outs]), rtol=0, atol=0)
-
-
-def norm_graph(kind: str, n: int = 96, d: int = 200) -> tuple:
-    """LayerNorm, RMSNorm and softmax decomposed the way the frontend emits them."""
-    b = GraphBuilder()
-    x, w, bias = inputs(b, ((n, d), F32), ((d,), F32), ((d,), F32))
-    inv_d = scalar(b, 1.0 / d)
-    if kind == "softmax":
-        mx = b.add(Op.AMAX, [x], axes=(1,), keepdim=True)
-        e = b.add(Op.EXP, [b.add(Op.SUB, [x, mx])])
-        out = b.add(Op.DIV, [e, b.add(Op.SUM, [e], axes=(1,), keepdim=True)])
-        return b.build([out]), lambda x, w, bias: torch.softmax(x, -1)
-    if kind == "rms":
-        ms = b.add(Op.MUL, [b.add(Op.SUM, [b.add(Op.MUL, [x, x])], axes=(1,), keepdim=True), inv_d])
-        r = b.add(Op.RSQRT, [b.add(Op.ADD, [ms, scalar(b, 1e-6)])])
-        out = b.add(Op.MUL, [b.add(Op.MUL, [x, r]), w])
-        return b.build([out]), lambda x, w, bias: F.rms_norm(x, (d,), w, eps=1e-6)
-    mean = b.add(Op.MUL, [b.add(Op.SUM, [x], axes=(1,), keepdim=True), inv_d])
-    xc = b.add(Op.SUB, [x, mean])
-    var = b.add(Op.MUL, [b.add(Op.SUM, [b.add(Op.MUL, [xc, xc])], axes=(1,), keepdim=True), inv_d])
-    y = b.add(Op.MUL, [xc, b.add(Op.RSQRT, [b.add(Op.ADD, [var, scalar(b, 1e-5)])])])
-    out = b.add(Op.GELU, [b.add(Op.ADD, [b.add(Op.MUL, [y, w]), bias])], approximate="none")
-    return b.build([out, mean]), lambda x, w, bias: F.gelu(F.layer_norm(x, (d,), w, bias))
 
 
 @pytest.mark.parametrize("kind", ["layernorm", "rms", "softmax"])
