@@ -29,6 +29,8 @@ class Options:
         the next call, so callers must copy what they keep).
     freeze: in inference (no grad), treat parameters and buffers as constants so Conv-BN folding
         and constant evaluation apply; later in-place weight updates are then not seen.
+    verify: check the IR's invariants after lowering and after every optimization pass (a debug
+        mode: env VFUSE_VERIFY; the test suite sets it); a broken one raises IRError naming the pass.
     """
 
     strict: bool = False
@@ -39,6 +41,7 @@ class Options:
     cache_dir: Path = field(default_factory=lambda: Path.home() / ".cache" / "vfuse")
     static_outputs: bool = False
     freeze: bool = False
+    verify: bool = False
 
     @staticmethod
     def from_env(**overrides: Any) -> Options:
@@ -49,7 +52,7 @@ class Options:
             env["cache_dir"] = Path(os.environ["VFUSE_CACHE_DIR"])
         if os.environ.get("VFUSE_BACKEND"):
             env["backend"] = os.environ["VFUSE_BACKEND"]
-        for flag in ("strict", "raise_codegen_errors"):
+        for flag in ("strict", "raise_codegen_errors", "verify"):
             if os.environ.get(f"VFUSE_{flag.upper()}"):
                 env[flag] = os.environ[f"VFUSE_{flag.upper()}"] not in ("", "0", "false")
         env.update({k: v for k, v in overrides.items() if v is not None})

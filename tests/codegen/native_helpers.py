@@ -13,6 +13,7 @@ from typing import Any
 import torch
 
 from vfuse import interp
+from vfuse.compiler import native_executor
 from vfuse.context import Context, Options
 from vfuse.fusion import FusionPlan, Group, plan_fusion
 from vfuse.fusion.plan import Cost
@@ -80,7 +81,7 @@ def hand_plan(
 def executor(graph: Graph, plan: FusionPlan | None = None, **options: Any) -> NativeExecutor:
     verify(graph)
     plan = plan or plan_fusion(graph, target())
-    return NativeExecutor(plan, target(), Context(Options.from_env(**options)))
+    return native_executor(plan, target(), Context(Options.from_env(**options)))
 
 
 def check(

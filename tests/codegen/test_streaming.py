@@ -15,6 +15,7 @@ from tests.codegen.native_helpers import hand_plan, inputs, scalar, target
 from tests.codegen.vectorization import simd_loops_vectorized
 
 from vfuse import interp
+from vfuse.compiler import native_executor
 from vfuse.context import Context, Options
 from vfuse.fusion import FusionPlan, plan_fusion
 from vfuse.ir import DType, Graph, GraphBuilder, Op
@@ -30,7 +31,7 @@ def _small_llc() -> object:
 def _run(graph: Graph, xs: list[torch.Tensor], plan: FusionPlan | None = None) -> NativeExecutor:
     tgt = _small_llc()
     plan = plan or plan_fusion(graph, tgt)
-    ex = NativeExecutor(plan, tgt, Context(Options.from_env()))
+    ex = native_executor(plan, tgt, Context(Options.from_env()))
     assert any(k.stream for k in ex.program.kernels if isinstance(k, Kernel)), ex.source
     for g, w in zip(ex(list(xs)), interp.run(graph, xs), strict=True):
         torch.testing.assert_close(g, w, rtol=1e-5, atol=1e-5, equal_nan=True)
@@ -88,7 +89,7 @@ def test_nan_propagates_through_clamp_helpers() -> None:
         torch.tensor([nan, 1.0, nan, -0.0, 2.0, -3.0, 0.5, 7.0]),
         torch.tensor([1.0, nan, nan, 0.0, 3.0, -4.0, 0.5, 6.0]),
     ]
-    ex = NativeExecutor(plan_fusion(graph := b.build(outs), target()), target(), Context(Options.from_env()))
+    ex = native_executor(plan_fusion(graph := b.build(outs), target()), target(), Context(Options.from_env()))
     for g, w in zip(ex(xs), interp.run(graph, xs), strict=True):
         torch.testing.assert_close(g, w, equal_nan=True)
 

@@ -12,6 +12,7 @@ import torch
 from tests.codegen.native_helpers import inputs, scalar, target
 
 from vfuse import interp
+from vfuse.compiler import native_executor
 from vfuse.context import Context, Options
 from vfuse.fusion import plan_fusion
 from vfuse.ir import DType, Graph, GraphBuilder, Op
@@ -21,7 +22,7 @@ from vfuse.schedule.kernel import Kernel
 
 def _executor(graph: Graph, tgt: object = None) -> NativeExecutor:
     tgt = tgt or target()
-    return NativeExecutor(plan_fusion(graph, tgt), tgt, Context(Options.from_env()))
+    return native_executor(plan_fusion(graph, tgt), tgt, Context(Options.from_env()))
 
 
 def _tables(ex: NativeExecutor) -> list[str]:

@@ -83,11 +83,11 @@ def check(
 
 def run_native(graph: Graph, inputs: Sequence[Any], **options: Any) -> list[Any]:
     """The rest of the pipeline on the lowered graph: optimize, plan, generated C++."""
-    from vfuse.compiler import make_executor, optimize, plan
+    from vfuse.compiler import native_executor, optimize, plan, target_of
 
     ctx = Context(Options(**{**options, "backend": "cpp"}))
     optimized = optimize(graph, ctx)
-    return make_executor(optimized, plan(optimized, ctx), ctx)(list(inputs))
+    return native_executor(plan(optimized, ctx), target_of(ctx), ctx)(list(inputs))
 
 
 def ops_of(graph: Graph) -> Counter[Op]:

@@ -16,9 +16,9 @@ import torch
 from torch import nn
 
 import vfuse
+from vfuse import compiler
 from vfuse.codegen.cpp import CompilerNotFound
 from vfuse.errors import VfuseCodegenError
-from vfuse.runtime import native
 
 
 def _shared_divisor(x: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
@@ -70,7 +70,7 @@ def _f(x: torch.Tensor) -> torch.Tensor:
 @pytest.fixture
 def broken_cpp(monkeypatch: pytest.MonkeyPatch) -> None:
     """Generated code that g++ rejects."""
-    monkeypatch.setattr(native, "render", lambda program: "this is not C++;\n")
+    monkeypatch.setattr(compiler, "render_cpp", lambda program: "this is not C++;\n")
 
 
 def test_code_the_compiler_rejects_raises_when_asked(broken_cpp: None, tmp_path: Path) -> None:
@@ -101,7 +101,7 @@ def test_an_exception_while_generating_code_is_a_bug(monkeypatch: pytest.MonkeyP
     def fail(program: object) -> str:
         raise KeyError("t7")
 
-    monkeypatch.setattr(native, "render", fail)
+    monkeypatch.setattr(compiler, "render_cpp", fail)
     with pytest.raises(VfuseCodegenError, match="aot0 failed: 't7'"):
         vfuse.compile(_f, [torch.randn(3)], raise_codegen_errors=True)
 
@@ -110,7 +110,7 @@ def test_a_missing_compiler_is_not_a_bug(monkeypatch: pytest.MonkeyPatch) -> Non
     def missing(cxx: str | None = None) -> None:
         raise CompilerNotFound("no g++ here")
 
-    monkeypatch.setattr(native, "find_toolchain", missing)
+    monkeypatch.setattr(compiler, "find_toolchain", missing)
     x = torch.randn(3, 7)
     with pytest.warns(UserWarning, match="native code for aot0 is not available: CompilerNotFound: no g"):
         compiled = vfuse.compile(_f, [x], raise_codegen_errors=True)

@@ -1,11 +1,12 @@
-"""NativeExecutor: runs a FusionPlan as generated C++ kernels plus torch steps in between.
+"""NativeExecutor: runs a scheduled Program as generated C++ kernels plus torch steps in between.
 
-Built once per compiled graph: schedule, render, compile (cached), dlopen, allocate the arena.
-Each call: draw RNG seeds, bind inputs (made contiguous: kernels index row-major), allocate
-fresh outputs (from a pool, see `OutputPool`), then run the steps in order: one native call
-per segment (fp32 GEMM / conv / attention run inside it as generated kernels with their
-epilogue), torch for OPAQUE nodes, contractions the templates do not cover, and fallbacks.
-Programs of native segments only take the lean path of `callplan.py` instead.
+The compiler hands it the Program, its C++ source and the loaded library (`compiler.compile_fx`:
+schedule, render, build); the executor binds the entry points and allocates the arena. Each
+call: draw RNG seeds, bind inputs (made contiguous: kernels index row-major), allocate fresh
+outputs (from a pool, see `OutputPool`), then run the steps in order: one native call per
+segment (fp32 GEMM / conv / attention run inside it as generated kernels with their epilogue),
+torch for OPAQUE nodes, contractions the templates do not cover, and fallbacks. Programs of
+native segments only take the lean path of `callplan.py` instead.
 """
 
 from __future__ import annotations
@@ -19,9 +20,7 @@ from typing import Any
 import torch
 
 from vfuse import interp
-from vfuse.codegen.cpp import find_toolchain, load_library, render
 from vfuse.codegen.cpp.faults import CODES, FAULT_BYTES, fault_offset
-from vfuse.context import Context
 from vfuse.fusion.plan import FusionPlan
 from vfuse.ir import Kind, Op
 from vfuse.ir.defs.layout import index_out_of_bounds
@@ -29,8 +28,7 @@ from vfuse.ir.defs.pointwise import integer_division_by_zero
 from vfuse.runtime.callplan import CallPlan, make_call_plan
 from vfuse.runtime.compiled import ExecStats
 from vfuse.runtime.pool import OutputPool
-from vfuse.schedule import BufKind, Program, Segment, TorchStep, build
-from vfuse.schedule.printer import format_program
+from vfuse.schedule import BufKind, Program, Segment, TorchStep
 
 ARENA_ALIGN = 64
 
@@ -50,17 +48,34 @@ def _fallbacks(program: Program, plan: FusionPlan) -> Counter[str]:
     return out
 
 
-class NativeExecutor:
-    """Callable `(inputs) -> outputs` for one FusionPlan; `.source` is the generated C++."""
+def _entries(program: Program, lib: ctypes.CDLL | None) -> tuple[dict[str, Any], list[Any]]:
+    """The entry point of every segment by name, with argtypes (general path), and in program
+    order without them, for ctypes-typed arguments (lean path)."""
+    entries, raw = {}, []
+    for seg in program.segments:
+        assert lib is not None, "a program with native segments needs its library"
+        fn = getattr(lib, seg.name)
+        fn.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int]
+        fn.restype = ctypes.c_int  # 0, or the code of a fault (codegen/cpp/faults.py)
+        entries[seg.name] = fn
+        bare = lib[seg.name]  # a separate function object: indexing does not cache
+        bare.restype = ctypes.c_int
+        raw.append(bare)
+    return entries, raw
 
-    def __init__(self, plan: FusionPlan, target: Any, ctx: Context) -> None:
+
+class NativeExecutor:
+    """Callable `(inputs) -> outputs` for one FusionPlan's Program; `.source` is the generated C++,
+    `library` the loaded translation unit (None when the program has no native segment)."""
+
+    def __init__(
+        self, plan: FusionPlan, program: Program, source: str, library: ctypes.CDLL | None, static_outputs: bool = False
+    ) -> None:
         self.plan = plan
         self.graph = plan.graph
-        self.program = build(plan, target)
-        self.source = render(self.program)
-        ctx.dump("05_program.txt", format_program(self.program))
-        ctx.dump("06_kernels.cpp", self.source)
-        self._entries, self._raw_entries = self._load(ctx) if self.program.segments else ({}, [])
+        self.program = program
+        self.source = source
+        self._entries, self._raw_entries = _entries(program, library)
         slots = [b.slot for b in self.program.buffers.values() if b.kind in (BufKind.INPUT, BufKind.OUTPUT)]
         self._ptrs = (ctypes.c_void_p * (max(slots, default=-1) + 1))()
         # Tensors are allocated on the first call: compilation may run under a FakeTensorMode.
@@ -68,7 +83,7 @@ class NativeExecutor:
         self._arena_off = 0
         self._seeds = torch.zeros(0, dtype=torch.int64)
         self._constants: dict[str, torch.Tensor] = {}
-        self._static = bool(ctx.options.static_outputs)
+        self._static = static_outputs
         # Per-call work precomputed: which names to bind, draw and allocate.
         self._input_names = [(n.name, n.attrs["index"]) for n in self.graph.inputs]
         self._rng_nodes = [n for n in self.graph.nodes if n.op is Op.RNG_SEED]
@@ -103,22 +118,6 @@ class NativeExecutor:
     def call_plan(self) -> CallPlan | None:
         """The lean per-call plan, or None where calls take the general path."""
         return self._plan
-
-    def _load(self, ctx: Context) -> tuple[dict[str, Any], list[Any]]:
-        """The entry point of every segment by name, with argtypes (general path), and in
-        program order without them, for ctypes-typed arguments (lean path). Raises
-        CompilerNotFound without a compiler."""
-        lib = load_library(self.source, ctx.options.cache_dir, find_toolchain(getattr(ctx.options, "cxx", None)))
-        entries, raw = {}, []
-        for seg in self.program.segments:
-            fn = getattr(lib, seg.name)
-            fn.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int]
-            fn.restype = ctypes.c_int  # 0, or the code of a fault (codegen/cpp/faults.py)
-            entries[seg.name] = fn
-            bare = lib[seg.name]  # a separate function object: indexing does not cache
-            bare.restype = ctypes.c_int
-            raw.append(bare)
-        return entries, raw
 
     def _allocate(self) -> None:
         # Past the intermediates, the fault record kernels report errors in (faults.py).
