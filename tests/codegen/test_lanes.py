@@ -1,15 +1,18 @@
-"""Reduction blocks with several accumulators (codegen/cpp/lanes.py): rows of 2 to 4 x LANES
-elements, a partial last group of lanes, sums, products and integer sums match the reference."""
+"""Reduction blocks with several accumulators (`Accumulate.LANES`, codegen/cpp/lanes.py): rows of
+2 to 4 x LANES elements, a partial last group of lanes, sums, products and integer sums match
+the reference. LANES is what the schedule takes for this machine's vector width."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 from tests.codegen.kernel_graphs import norm_graph
-from tests.codegen.native_helpers import check, hand_plan, inputs
+from tests.codegen.native_helpers import check, hand_plan, inputs, target
 
-from vfuse.codegen.cpp.lanes import LANES
 from vfuse.ir import DType, GraphBuilder, Op
+from vfuse.schedule.strategy import lanes
+
+LANES = lanes(target().simd_lanes)
 
 
 @pytest.mark.parametrize("d", [2 * LANES, 200, 4 * LANES])
@@ -43,4 +46,4 @@ def test_integer_max_min_and_sum_fold_through_lanes(op: Op) -> None:
     xs[3, 3 * LANES + 4] = 5000  # the extreme sits in the last, partial group of lanes
     xs[4, 0] = -5000
     ex = check(b.build([out]), [xs])
-    assert "_ln[c + 32]" in ex.source  # folded pairwise
+    assert f"_ln[c + {LANES // 2}]" in ex.source  # folded pairwise

@@ -1,4 +1,4 @@
-"""Row facts (codegen/cpp/rowfacts.py): divisors fixed for a pass become reciprocal
+"""Row facts (schedule/rowfacts.py): divisors fixed for a pass become reciprocal
 multiplies, exp of x - rowmax(x) uses the prelude's vf_exp_nonpos; results match float64
 and eager, and only the proven patterns are rewritten."""
 

@@ -1,4 +1,4 @@
-"""Short rows walked ROW_GROUP at a time (codegen/cpp/rowgroups.py): full and partial last
+"""Short rows walked ROW_GROUP at a time (`Walk.ROW_GROUPS`, codegen/cpp/rowgroups.py): full and partial last
 groups, a row-level output (the mean) and RMSNorm rows match the reference; long rows keep
 the row-at-a-time walk; LayerNorm stays as accurate as eager on rows with a large mean."""
 
@@ -10,8 +10,8 @@ import torch.nn.functional as F
 from tests.codegen.kernel_graphs import norm_graph
 from tests.codegen.native_helpers import check, executor, hand_plan, inputs, scalar
 
-from vfuse.codegen.cpp.rowgroups import ROW_GROUP
 from vfuse.ir import DType, Graph, GraphBuilder, Op
+from vfuse.schedule.strategy import ROW_GROUP
 
 
 @pytest.mark.parametrize("n", [8 * ROW_GROUP, 8 * ROW_GROUP + 1, 8 * ROW_GROUP + ROW_GROUP - 1])

@@ -1,5 +1,5 @@
-"""Long-row reductions through strips (codegen/cpp/strips.py) and row prefetch
-(codegen/cpp/prefetch.py): sums over rows run several accumulator chains per lane, first
+"""Long-row reductions through strips (`Accumulate.STRIPS`, codegen/cpp/strips.py) and row
+prefetch (schedule/prefetch.py): sums over rows run several accumulator chains per lane, first
 passes only where the rows are prefetched; results match eager, the lane loops vectorize."""
 
 from __future__ import annotations
@@ -9,14 +9,15 @@ from pathlib import Path
 import pytest
 import torch
 from tests.codegen.kernel_graphs import norm_graph
-from tests.codegen.native_helpers import check, hand_plan, inputs, scalar
+from tests.codegen.native_helpers import check, hand_plan, inputs, scalar, target
 from tests.codegen.vectorization import simd_loops_vectorized
 
-from vfuse.codegen.cpp.prefetch import plan_prefetch
-from vfuse.codegen.cpp.strips import CHAINS, FIRST_CHAINS, VECTOR
 from vfuse.fusion import FusionPlan
 from vfuse.ir import DType, Graph, GraphBuilder, Op
 from vfuse.schedule.kernel import Kernel
+from vfuse.schedule.strategy import CHAINS, FIRST_CHAINS
+
+VECTOR = target().simd_lanes  # a strip's lanes: one vector
 
 
 def _plan(graph: Graph) -> FusionPlan:
@@ -51,7 +52,7 @@ def test_first_pass_without_prefetch_keeps_one_chain() -> None:
     xs = [torch.randn(7, 384) * 2 + 1, torch.randn(384), torch.randn(384)]
     ex = check(graph, xs, _plan(graph))
     (k,) = [k for k in ex.program.kernels if isinstance(k, Kernel)]
-    assert plan_prefetch(k) is None
+    assert k.prefetch is None
     src = _kernel_source(ex.source)
     mean_pass = src[: src.index("const float", src.index("t2_acc"))]
     assert "_sp[" not in mean_pass and "reduction(+:" in mean_pass
@@ -118,9 +119,10 @@ def test_prefetch_plan_follows_rows_not_broadcast_weights() -> None:
     xs = [torch.randn(16, 1024), torch.randn(1024), torch.randn(1024)]
     ex = check(graph, xs, _plan(graph))
     (k,) = [k for k in ex.program.kernels if isinstance(k, Kernel)]
-    pf = plan_prefetch(k)
+    pf = k.prefetch
     assert pf is not None and pf.distance == 3 and pf.row_bytes == 4096
-    assert [s.buf for s in pf.loads] == [graph.inputs[0].name]  # x, not the weight
+    assert [pl.load.buf for pl in pf.loads] == [graph.inputs[0].name]  # x, not the weight
+    assert pf.loads[0].shares == ((0, 512), (512, 1024))
     # The last rows prefetch the last row again instead of reading past the buffer.
     assert "const int64_t i0_pf = i0 + 3 < 16 ? i0 + 3 : 15;" in ex.source
     # One share of the row's lines before each of the two passes, every line once.
@@ -132,7 +134,7 @@ def test_prefetch_plan_follows_rows_not_broadcast_weights() -> None:
 def test_strips_lane_loops_vectorize(kind: str, d: int, tmp_path: Path) -> None:
     graph, _ = norm_graph(kind, 8, d)
     ex = check(graph, [torch.randn(8, d), torch.randn(d), torch.randn(d)], _plan(graph))
-    assert "for (int64_t sl = 0; sl < 16;" in ex.source
+    assert f"for (int64_t sl = 0; sl < {VECTOR};" in ex.source
     simd, vectorized = simd_loops_vectorized(ex.source, tmp_path)
     assert simd and simd == vectorized, f"pragmas at lines {sorted(simd - vectorized)} not vectorized"
 

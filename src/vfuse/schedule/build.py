@@ -35,6 +35,7 @@ from vfuse.schedule.kernel import (
 from vfuse.schedule.lower import Lowerer, RowSpace, Unsupported, index_buffer
 from vfuse.schedule.memory import plan_memory
 from vfuse.schedule.nest import make_kernel, with_streaming
+from vfuse.schedule.strategy import decide
 from vfuse.schedule.table import with_table
 
 TORCH_LABELS = ("opaque",)
@@ -212,13 +213,15 @@ def _segments(items: list[AnyKernel | TorchStep]) -> list[Step]:
 
 
 def build(plan: FusionPlan, target: object) -> Program:
-    """Schedule every group of `plan` for `target` (its `simd_lanes` is the vector width)."""
+    """Schedule every group of `plan` for `target`: its `simd_lanes` (fp32 lanes per vector
+    instruction) is the vector width every kernel's walk and reductions are decided for."""
     graph = plan.graph
     caches = tuple(int(getattr(target, f"l{n}_bytes", d)) for n, d in zip((1, 2, 3), DEFAULT_CACHES, strict=True))
     items: list[AnyKernel | TorchStep] = []
     for g in plan.groups:
         items += group_steps(graph, g, caches)  # type: ignore[arg-type]
-    items = [with_streaming(with_table(k), caches[2]) if isinstance(k, Kernel) else k for k in items]
+    vector = int(getattr(target, "simd_lanes", 16))
+    items = [decide(with_streaming(with_table(k), caches[2]), vector) if isinstance(k, Kernel) else k for k in items]
     steps = _segments(items)
     stored = {st.buf for s in steps if isinstance(s, Segment) for k in s.kernels for st in _stores(k)}
     torch_made = {n for s in steps if isinstance(s, TorchStep) for n in s.nodes} - stored
@@ -230,7 +233,7 @@ def build(plan: FusionPlan, target: object) -> Program:
         for v, b in buffers.items()
     }
     steps = [_with_io(s, buffers) if isinstance(s, Segment) else s for s in steps]
-    return Program(tuple(steps), buffers, memory, tuple(seeds), int(getattr(target, "simd_lanes", 16)))
+    return Program(tuple(steps), buffers, memory, tuple(seeds), vector)
 
 
 def _check_produced(graph: Graph, steps: list[Step], made: set[str]) -> None:

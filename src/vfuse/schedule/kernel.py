@@ -15,6 +15,8 @@ from vfuse.ir import DType, Op
 from vfuse.ir.types import TensorType
 from vfuse.schedule.expr import Lin
 
+NAN_TRACKED = (Op.AMAX, Op.AMIN)
+
 
 class BufKind(enum.Enum):
     """Where a buffer a kernel touches comes from (decides how the entry point finds it)."""
@@ -115,6 +117,12 @@ class Reduce:
     arg_dtype: DType
     rindex: Lin  # linear index inside the reduced space (ARGMAX/ARGMIN)
 
+    @property
+    def tracks_nan(self) -> bool:
+        """A float max/min, whose result is NaN when any element is (as torch's): comparisons
+        drop NaN, so its accumulator keeps a NaN flag beside a plain vector max/min."""
+        return self.op in NAN_TRACKED and self.dtype.is_float
+
 
 @dataclass(frozen=True, slots=True)
 class Store:
@@ -159,15 +167,54 @@ class Loop:
     vector: bool = False
 
 
+class Walk(enum.Enum):
+    """How a kernel walks its loops; renderers are chosen by it (decided in `strategy.py`)."""
+
+    SINGLE_ROW = "single row"  # no row loops: the whole nest is one row (pointwise kernels, full reductions)
+    ROWS = "rows"  # row loops (parallel) around the passes over one row
+    ROW_GROUPS = "row groups"  # each pass runs over `Kernel.row_group` rows before the next pass
+    TILED_COLUMNS = "tiled columns"  # reduced loops outside, `Kernel.tile` adjacent columns as the SIMD loop
+    LOOKUP_TABLE = "lookup table"  # results for all 256 values of `Kernel.table` tabulated, one lookup each
+
+
+class Accumulate(enum.Enum):
+    """How a pass's reductions accumulate along its SIMD loop."""
+
+    NONE = "none"  # the pass reduces nothing
+    IN_ORDER = "in order"  # element after element: an index reduction keeps the first winner
+    SIMD = "simd"  # one vector accumulator per block
+    LANES = "lanes"  # `lanes` accumulators per block (several vectors: independent add chains)
+    STRIPS = "strips"  # an outer SIMD loop over `vector` lanes, `chains` accumulator chains in each
+
+
+@dataclass(frozen=True)
+class Reduction:
+    """A pass's reduction strategy. Sums are blocked: each block of `block` elements is a
+    partial result, which bounds the rounding error of long sums."""
+
+    kind: Accumulate = Accumulate.NONE
+    block: int = 0  # elements per partial result
+    lanes: int = 0  # LANES: accumulators
+    whole_row: bool = False  # LANES: the row is one block, its folded lanes are the row's result
+    chains: int = 0  # STRIPS: accumulator chains per lane
+    vector: int = 0  # STRIPS: lanes of the lane loop (one vector of fp32)
+
+
 @dataclass(frozen=True)
 class Pass:
-    """One walk over the row of a row kernel: `before` runs once per row before it, `body` per element."""
+    """One walk over the row of a row kernel: `before` runs once per row before it, `body` per element.
+    The fields after `reloaded` are the schedule's decisions on how to render it (`strategy.py`)."""
 
     before: tuple[Stmt, ...]
     body: tuple[Stmt | Store, ...]
     reduces: tuple[Reduce, ...]
     buffered: tuple[str, ...] = ()  # vars written to their row buffer in this pass
     reloaded: tuple[str, ...] = ()  # vars read back from their row buffer in this pass
+    reduction: Reduction = Reduction()
+    serial: bool = False  # no loop of this pass is split between threads
+    streamed: bool = False  # the pass's stores bypass the caches (`Kernel.stream`)
+    recips: tuple[str, ...] = ()  # divisors fixed for the pass: x / d is x * (1/d), 1/d computed before the loop
+    nonpos: tuple[str, ...] = ()  # values known to be <= 0 or NaN (x - rowmax(x)): exp cannot overflow
 
 
 @dataclass(frozen=True)
@@ -179,6 +226,28 @@ class IndexCheck:
     rows: int
     wrap: bool
     node: str  # the EMBEDDING node an out-of-range index is reported for
+
+
+@dataclass(frozen=True)
+class PrefetchLoad:
+    """One buffer a row kernel prefetches: `load` reads it (contiguous along the row, moving
+    with the row); one prefetch per `step` elements (a cache line); before pass i, the
+    elements `shares[i]` = [lo, hi) of the row `RowPrefetch.distance` rows ahead."""
+
+    load: Load
+    step: int
+    shares: tuple[tuple[int, int], ...]
+
+
+@dataclass(frozen=True)
+class RowPrefetch:
+    """What a row kernel prefetches (`prefetch.py`): the rows `distance` ahead of the current one
+    (the last row for the last few), in shares spread over the passes."""
+
+    distance: int  # rows
+    loads: tuple[PrefetchLoad, ...]  # one per buffer
+    row_bytes: int  # of the widest prefetched buffer's row
+    locality: int  # temporal locality hint (3: into L1)
 
 
 @dataclass(frozen=True)
@@ -197,11 +266,16 @@ class Kernel:
     buffers: tuple[str, ...]  # Buffer.value of everything read or written
     placement: dict[str, Place] = field(default_factory=dict)
     row_index: Lin = field(default_factory=Lin)  # linear index inside the row (row buffers)
-    parallel_min: int = 0  # run the parallel loop on one thread below this many elements
-    tile: int = 0  # column kernel: reduce this many adjacent columns (last outer loop) at once
     stream: bool = False  # stores bypass the caches (outputs larger than the LLC): see nest.with_streaming
     table: str = ""  # the one byte-wide load the stores depend on: a lookup-table kernel (table.py)
     checks: tuple[IndexCheck, ...] = ()  # gather index buffers checked before the loops
+    # How to render it, decided by `strategy.decide` from the kernel and the target's vector width.
+    walk: Walk = Walk.SINGLE_ROW
+    threaded: bool = False  # big enough to fork threads (else every loop runs on one)
+    tile: int = 0  # TILED_COLUMNS: columns reduced together (last outer loop)
+    row_group: int = 0  # ROW_GROUPS: rows per group
+    prefetch: RowPrefetch | None = None  # ROWS: rows read ahead
+    table_flat: bool = False  # LOOKUP_TABLE: contiguous bytes in and out, one flat loop
 
     @property
     def is_row(self) -> bool:
@@ -306,7 +380,7 @@ class Program:
     buffers: dict[str, Buffer]
     memory: MemoryPlan
     seeds: tuple[str, ...]  # RNG_SEED values in `seeds` slot order
-    vector_width: int
+    vector_width: int  # fp32 lanes per vector the kernels were decided for (`Target.simd_lanes`)
 
     @property
     def segments(self) -> tuple[Segment, ...]:

@@ -23,10 +23,6 @@ from vfuse.schedule.kernel import Compute, Kernel, Load, Loop, Pass, Place, Redu
 ROW_BUFFER_MAX = 64 * 1024
 # Values costing at least this much to recompute (flops, loads) get a row buffer instead.
 EXPENSIVE_FLOPS = 8
-# Columns reduced together by a column kernel (4 AVX-512 vectors of fp32 accumulators).
-COLUMN_TILE = 64
-# Below this many elements a kernel runs on one thread (fork/join costs more than it saves).
-PARALLEL_MIN = 32 * 1024
 # A kernel streams its stores past the caches when they add up to this many LLCs. Outputs near
 # the LLC's size partly stay cached for the next reader (or the next call): streamed, softmax
 # 8192x1024 (32 MiB out, 32 MiB LLC) got 10-30% slower; gelu_residual (128 MiB) 13% faster.
@@ -201,25 +197,7 @@ def make_kernel(
     k = Kernel(name, group, label, (), (), tuple(passes), tuple(after), buffers, placement, row_index)
     k, outer = _merge_group(k, outer)
     k, inner = _merge_group(k, inner)
-    k = dataclasses.replace(k, tile=_column_tile(k, outer, inner))
-    return dataclasses.replace(
-        k, outer=tuple(_mark(outer, inner, True)), inner=tuple(_mark(inner, outer, False)), parallel_min=PARALLEL_MIN
-    )
-
-
-def _column_tile(k: Kernel, outer: list[Loop], inner: list[Loop]) -> int:
-    """Tile width when the row's elements are strided but adjacent rows are contiguous
-    (a reduction over a non-innermost axis): see codegen/cpp/columns.py. 0 otherwise."""
-    if not outer or not inner or len(k.passes) != 1:
-        return 0
-    (p,) = k.passes
-    if not p.reduces or p.buffered or any(opdef(r.op).returns_index for r in p.reduces):
-        return 0
-    loads = [s.index for s in (*p.before, *p.body) if isinstance(s, Load)]
-    col, row = Var(outer[-1].var), Var(inner[-1].var)
-    if any(e.coef(row) == 1 for e in loads) or not any(e.coef(col) == 1 for e in loads):
-        return 0
-    return COLUMN_TILE
+    return dataclasses.replace(k, outer=tuple(_mark(outer, inner, True)), inner=tuple(_mark(inner, outer, False)))
 
 
 def _mark(loops: list[Loop], other: list[Loop], is_outer: bool) -> list[Loop]:
@@ -241,7 +219,7 @@ def with_streaming(k: Kernel, llc_bytes: int) -> Kernel:
     of the traffic of `out = a + b`). Only where every such store is contiguous along the SIMD
     loop and made in a pass without reductions or row-buffer writes, which
     codegen/cpp/streaming.py writes through an L1 chunk buffer."""
-    if not llc_bytes or k.tile or not k.inner or (not k.outer and k.after):
+    if not llc_bytes or not k.inner or (not k.outer and k.after):
         return k
     store_passes = [p for p in k.passes if any(isinstance(s, Store) for s in p.body)]
     if not store_passes or any(p.reduces or p.buffered for p in store_passes):

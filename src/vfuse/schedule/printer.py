@@ -1,8 +1,22 @@
-"""Readable text of a Program for dumps and the report (05_program.txt)."""
+"""Readable text of a Program for dumps and the report (05_program.txt): every kernel's loops
+and passes, and every decision a renderer acts on (`strategy.py`)."""
 
 from __future__ import annotations
 
-from vfuse.schedule.kernel import AnyKernel, ContractionKernel, Loop, Program, Segment, TorchStep
+from vfuse.schedule.kernel import (
+    Accumulate,
+    AnyKernel,
+    ContractionKernel,
+    Kernel,
+    Loop,
+    Pass,
+    Program,
+    Reduction,
+    RowPrefetch,
+    Segment,
+    TorchStep,
+    Walk,
+)
 
 
 def _loops(loops: tuple[Loop, ...]) -> str:
@@ -13,6 +27,64 @@ def _loops(loops: tuple[Loop, ...]) -> str:
     return " ".join(one(lp) for lp in loops) or "-"
 
 
+def _walk(k: Kernel) -> str:
+    """The kernel-level decisions: walk, threads, and what the walk needs."""
+    parts = [f"walk {k.walk.value}", "threaded" if k.threaded else "one thread"]
+    if k.walk is Walk.TILED_COLUMNS:
+        parts.append(f"tile {k.tile} columns")
+    if k.walk is Walk.ROW_GROUPS:
+        parts.append(f"{k.row_group} rows per group")
+    if k.walk is Walk.LOOKUP_TABLE:
+        parts.append(f"table of %{k.table}" + (", one flat loop" if k.table_flat else ""))
+    if k.stream:
+        parts.append("streamed stores")
+    if k.prefetch:
+        parts.append(_prefetch(k.prefetch))
+    return ", ".join(parts)
+
+
+def _prefetch(pf: RowPrefetch) -> str:
+    loads = "; ".join(
+        f"%{pl.load.buf} every {pl.step} elements, {' | '.join(f'{lo}:{hi}' for lo, hi in pl.shares)}"
+        for pl in pf.loads
+    )
+    return f"prefetch {pf.distance} rows ahead (locality {pf.locality}): {loads}"
+
+
+def _reduction(red: Reduction) -> str:
+    if red.kind is Accumulate.LANES:
+        return f"{red.lanes} lanes" + (", whole row" if red.whole_row else f", block {red.block}")
+    if red.kind is Accumulate.STRIPS:
+        return f"strips, {red.chains} chain(s) x {red.vector} lanes, block {red.block}"
+    if red.kind is Accumulate.SIMD:
+        return f"simd, block {red.block}"
+    return red.kind.value
+
+
+def _pass(n: int, p: Pass) -> str:
+    red = ", ".join(f"{r.op.value}({r.arg})->{r.var}" for r in p.reduces)
+    extra = []
+    if p.buffered:
+        extra.append(f"row buffer <- {', '.join(p.buffered)}")
+    if p.reloaded:
+        extra.append(f"reload {', '.join(p.reloaded)}")
+    if p.reduces:
+        extra.append(f"accumulate {_reduction(p.reduction)}")
+    if p.serial:
+        extra.append("serial")
+    if p.streamed:
+        extra.append("streamed")
+    if p.recips:
+        extra.append(f"reciprocal of {', '.join(p.recips)}")
+    if p.nonpos:
+        extra.append(f"<= 0: {', '.join(p.nonpos)}")
+    return (
+        f"    pass {n}: {len(p.before)} per-row, {len(p.body)} per-element"
+        + (f", reduce {red}" if red else "")
+        + (f"; {'; '.join(extra)}" if extra else "")
+    )
+
+
 def format_kernel(k: AnyKernel) -> str:
     if isinstance(k, ContractionKernel):
         layout = " (B transposed)" if k.trans_b else ""
@@ -20,23 +92,13 @@ def format_kernel(k: AnyKernel) -> str:
         epi = f"epilogue {len(k.epilogue)} stmt(s)" + (f" reading {', '.join(k.extras)}" if k.extras else "")
         return f"  kernel {k.name} (group {k.group}, {k.label}): {k.op.value}({ins}){layout} -> %{k.out}; {epi}"
     lines = [f"  kernel {k.name} (group {k.group}, {k.label}): outer {_loops(k.outer)} | inner {_loops(k.inner)}"]
-    for n, p in enumerate(k.passes):
-        red = ", ".join(f"{r.op.value}({r.arg})->{r.var}" for r in p.reduces)
-        extra = []
-        if p.buffered:
-            extra.append(f"row buffer <- {', '.join(p.buffered)}")
-        if p.reloaded:
-            extra.append(f"reload {', '.join(p.reloaded)}")
-        lines.append(
-            f"    pass {n}: {len(p.before)} per-row, {len(p.body)} per-element"
-            + (f", reduce {red}" if red else "")
-            + (f"; {'; '.join(extra)}" if extra else "")
-        )
+    lines.append(f"    {_walk(k)}")
+    lines += [_pass(n, p) for n, p in enumerate(k.passes)]
     return "\n".join(lines)
 
 
 def format_program(program: Program) -> str:
-    lines = ["program {"]
+    lines = [f"program (vectors of {program.vector_width} fp32 lanes) {{"]
     for s in program.steps:
         if isinstance(s, Segment):
             lines.append(f" segment {s.name}: in ({', '.join(s.inputs)}) out ({', '.join(s.outputs)})")

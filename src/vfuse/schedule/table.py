@@ -27,7 +27,7 @@ MIN_OPS = 3
 def with_table(k: Kernel) -> Kernel:
     """`k` marked to run as a lookup table (`Kernel.table`: the var of its one byte load),
     or `k` itself when it has other inputs (tensors, RAND, IOTA, CAT), reductions or few ops."""
-    if k.outer or k.tile or k.after or len(k.passes) != 1:
+    if k.outer or k.after or len(k.passes) != 1:
         return k
     (p,) = k.passes
     if p.reduces or p.buffered or p.reloaded:

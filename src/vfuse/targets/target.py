@@ -17,7 +17,8 @@ class Target:
     """What the fusion cost model needs to know about one machine, in SI units.
 
     cores: CPU cores usable by this process, or GPU streaming multiprocessors (SMs).
-    simd_lanes: fp32 lanes of one vector instruction (CPU) or threads of a warp (GPU).
+    simd_lanes: fp32 lanes of one vector instruction (CPU: 16 with AVX-512, 8 with AVX2, 4 for
+        SSE or NEON; the schedule sizes lanes, strips and column tiles by it) or threads of a warp (GPU).
     l1_bytes: L1 data cache per core (CPU) or combined L1/shared memory per SM (GPU).
     l2_bytes: L2 per core (CPU) or the whole chip's L2 (GPU).
     l3_bytes: last-level cache of the CPU (0 on GPUs, whose last level is L2).

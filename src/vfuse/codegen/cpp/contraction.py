@@ -16,8 +16,8 @@ import math
 from vfuse.codegen.cpp.attention import AttentionSpec, MaskKind, render_flash_attention
 from vfuse.codegen.cpp.gemm import ConvSpec, Epilogue, EpilogueArg, GemmSpec, render_conv2d, render_gemm
 from vfuse.codegen.cpp.gemm.prologue import Prologue
-from vfuse.codegen.cpp.render import StatementWriter, pointer, pointer_line
 from vfuse.codegen.cpp.rules import STORAGE_TYPE, STORE_CONVERT
+from vfuse.codegen.cpp.writer import StatementWriter, pointer, pointer_line
 from vfuse.ir import DType, Op
 from vfuse.schedule.kernel import ContractionKernel, Program
 

@@ -7,8 +7,8 @@ points `vf_f` at it, checks the index buffer of each of its gathers before its l
 (`vf_check_rows`: one vectorized min/max pass; on a bad index it records it and returns), and
 passes `vf_f` to its integer divisions, which record a division by zero and go on with 0 (no
 throwing out of OpenMP loops). The segment entry clears the record and returns its code after
-each such kernel; the runtime raises the matching exception naming the node (runtime/native.py),
-and nothing computed after a fault is returned.
+each such kernel (both written by `function.py`); the runtime raises the matching exception
+naming the node (runtime/native.py), and nothing computed after a fault is returned.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from vfuse.codegen.cpp.rules import FAULT_RULES
-from vfuse.schedule.kernel import AnyKernel, Compute, Kernel, Program, Segment
+from vfuse.schedule.kernel import AnyKernel, Compute, Kernel, Program
 
 FAULT_BYTES = 32  # struct vf_fault
 FAULT_VAR = "vf_f"
@@ -58,33 +58,3 @@ def can_fault(k: AnyKernel) -> bool:
 def fault_compute(s: Compute, fault: str) -> str:
     """An integer division reporting division by zero into `fault`."""
     return FAULT_RULES[s.op].format(*s.args, fault=fault, node=c_string(s.attrs["node"]))
-
-
-def kernel_prologue(k: Kernel, program: Program) -> list[str]:
-    """The first lines of a kernel that can fault: `vf_f`, then one check per index buffer
-    (before any loop, so a bad index returns before anything is read with it)."""
-    from vfuse.codegen.cpp.render import pointer  # it renders kernels with this module
-
-    if not can_fault(k):
-        return []
-    lines = [f"vf_fault* const {FAULT_VAR} = (vf_fault*)(arena + {fault_offset(program)});", f"(void){FAULT_VAR};"]
-    for c in k.checks:
-        m, lo = program.buffers[c.buf].type.numel, -c.rows if c.wrap else 0
-        check = f"vf_check_rows({pointer(c.buf)}, {m}, {lo}, {c.rows}, {FAULT_VAR}, {c_string(c.node)})"
-        lines.append(f"if (!{check}) return;")
-    return lines
-
-
-def render_entry(seg: Segment, program: Program) -> str:
-    """`extern "C" int seg(...)`: runs the kernels in order; 0, or the code of the first fault."""
-    body = []
-    if any(can_fault(k) for k in seg.kernels):
-        body.append(f"vf_fault* const {FAULT_VAR} = (vf_fault*)(arena + {fault_offset(program)});")
-        body.append(f"{FAULT_VAR}->code = VF_OK;")
-    for k in seg.kernels:
-        body.append(f"{k.name}(bufs, arena, seeds, nt);")
-        if can_fault(k):
-            body.append(f"if ({FAULT_VAR}->code != VF_OK) return (int){FAULT_VAR}->code;")
-    body.append("return 0;")
-    head = f'extern "C" int {seg.name}(void* const* bufs, char* arena, const int64_t* seeds, int nt) {{'
-    return "\n".join([head, *(f"  {line}" for line in body), "}"])

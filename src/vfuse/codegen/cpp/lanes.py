@@ -1,57 +1,37 @@
-"""Reduction blocks with several independent accumulators (lanes).
+"""Reduction blocks with several independent accumulators (lanes: `Accumulate.LANES`).
 
 A SIMD reduction `#pragma omp simd reduction(+:acc)` keeps one vector accumulator, so each
-block of a row waits on one chain of dependent adds (4 cycles each): a LayerNorm over 256
-floats spends most of its time there. Here element i of a block goes to lane (i - rb) % LANES
-of an accumulator array, which g++ keeps in LANES / 16 vector registers (independent chains);
-the lanes are folded pairwise into the block's partial at the end (`_fold`).
-Only the summation order changes (sums are still blocked by BLOCK elements). Used for short
-rows only (`use_lanes`).
+block of a row waits on one chain of dependent adds (4 cycles each). Here element i of a
+block goes to lane (i - rb) % lanes of an accumulator array, which g++ keeps in several
+vector registers (independent chains); the lanes are folded pairwise into the block's
+partial at the end (`fold_halving`). Only the summation order changes. The schedule decides
+where and how many (`schedule/strategy.py`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import TYPE_CHECKING
-
 from vfuse.codegen.cpp.rules import REDUCE_RULES
+from vfuse.codegen.cpp.writer import KernelWriter
 from vfuse.schedule.kernel import Loop, Pass, Reduce
-
-if TYPE_CHECKING:
-    from vfuse.codegen.cpp.render import KernelWriter
-
-LANES = 64  # 4 AVX-512 vectors of fp32: 4 independent chains hide the add latency
-
-
-def use_lanes(p: Pass, vec: Loop, tracks_nan: Callable[[Reduce], bool]) -> bool:
-    """Lanes pay off only while g++ unrolls the lane loop completely, which keeps the lanes
-    in registers: rows of 2 to 4 x LANES elements. Longer rows keep the lane array in memory
-    and got slower, as did NaN-tracking max/min (docs/perf-log.md)."""
-    return 2 * LANES <= vec.size <= 4 * LANES and not any(tracks_nan(r) for r in p.reduces)
 
 
 def render_lanes(w: KernelWriter, p: Pass, vec: Loop, into: str) -> None:
-    """Reduce block [rb, re) of `vec` through lanes and assign the result to `<var><into>`
-    (declared by the caller)."""
+    """Reduce block [rb, re) of `vec` through `p.reduction.lanes` lanes and assign the result
+    to `<var><into>` (declared by the caller)."""
+    lanes = p.reduction.lanes
     for r in p.reduces:
-        w.declare_acc(r, f"{r.var}_ln", LANES)
+        w.declare_acc(r, f"{r.var}_ln", lanes)
     w.w("int64_t lb = rb;")
-    w.w(f"for (; lb + {LANES} <= re; lb += {LANES}) {{")
-    w.depth += 1
-    _lane_loop(w, p, vec, str(LANES))
+    w.open(f"for (; lb + {lanes} <= re; lb += {lanes}) {{")
+    _lane_loop(w, p, vec, str(lanes))
     w.close()
-    if vec.size % LANES:  # the row's last, partial group of lanes (rows are one block here)
+    if vec.size % lanes:  # the row's last, partial group of lanes (rows are one block here)
         _lane_loop(w, p, vec, "re - lb")
-    _fold(w, p)
+    # An OpenMP SIMD reduction here made g++ add the last vector's lanes one after another (a
+    # long chain per row and pass); the halving steps are vector adds and a few shuffles.
+    fold_halving(w, p.reduces, "_ln", lanes)
     for r in p.reduces:
         w.w(f"{r.var}{into} = {r.var}_ln[0];")
-
-
-def _fold(w: KernelWriter, p: Pass) -> None:
-    """Fold the lanes into lane 0 pairwise. An OpenMP SIMD reduction here made g++ add the
-    last vector's 16 lanes one after another (a ~50-cycle chain per row and pass); the
-    halving steps are vector adds and a few shuffles."""
-    fold_halving(w, p.reduces, "_ln", LANES)
 
 
 def fold_halving(w: KernelWriter, reduces: tuple[Reduce, ...], array: str, width: int) -> None:
@@ -72,8 +52,7 @@ def fold_halving(w: KernelWriter, reduces: tuple[Reduce, ...], array: str, width
 
 def _lane_loop(w: KernelWriter, p: Pass, vec: Loop, count: str) -> None:
     w.w("#pragma omp simd")
-    w.w(f"for (int64_t c = 0; c < {count}; ++c) {{")
-    w.depth += 1
+    w.open(f"for (int64_t c = 0; c < {count}; ++c) {{")
     w.w(f"const int64_t {w.names[vec.var]} = lb + c;")
     w.body(p, "_ln", "[c]")
     w.close()

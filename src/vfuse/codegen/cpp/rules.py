@@ -141,6 +141,3 @@ REDUCE_RULES: dict[Op, tuple[str, str, str | None, str]] = {
         "",
     ),
 }
-
-# Float AMAX/AMIN track NaN separately so the SIMD max/min stays a plain vector max (torch propagates NaN).
-NAN_TRACKED = (Op.AMAX, Op.AMIN)

@@ -1,4 +1,4 @@
-"""Streaming kernels: pointwise nests whose outputs are larger than the last-level cache.
+"""Streamed passes (`Pass.streamed`): stores written around the caches.
 
 A plain store to a line that is not cached first reads the line (read-for-ownership), so
 `out = a + b` moves four bytes per three it needs. Lines of an output larger than the LLC
@@ -11,32 +11,25 @@ stream (`schedule.nest.with_streaming`); each thread fences its stores before th
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from vfuse.codegen.cpp.rules import COMPUTE_TYPE, STORAGE_TYPE, STORE_CONVERT
+from vfuse.codegen.cpp.writer import KernelWriter, pointer
 from vfuse.schedule import expr
 from vfuse.schedule.kernel import Loop, Pass, Store
-
-if TYPE_CHECKING:
-    from vfuse.codegen.cpp.render import KernelWriter
 
 CHUNK = 1024  # elements per chunk: at most 8 KiB per output, so the buffers stay in L1
 
 
-def render_streamed(w: KernelWriter, p: Pass, loops: list[Loop], serial: bool) -> None:
-    """The SIMD nest of `p` (loops: the kernel's inner loops, the last one SIMD) with its
-    stores streamed chunk by chunk. A row kernel (outer loops) fences once per thread after
-    its rows (`render.KernelWriter.rows`), a pointwise kernel here."""
-    from vfuse.codegen.cpp.render import pointer  # render imports this module
-
-    *rest, vec = loops
-    par = [lp for lp in rest if lp.parallel and not serial]
-    threaded = bool(par) or (vec.parallel and not serial)
+def render_streamed(w: KernelWriter, p: Pass) -> None:
+    """The SIMD nest of `p` (the kernel's inner loops, the last one SIMD) with its stores
+    streamed chunk by chunk. A row kernel (outer loops) fences once per thread after its
+    rows (`rows.py`), a pointwise kernel here."""
+    *rest, vec = w.k.inner
+    par = [lp for lp in rest if lp.parallel and not p.serial]
+    threaded = bool(par) or (vec.parallel and not p.serial)
     row = bool(w.k.outer)
     if threaded:
         w.w("#pragma omp parallel num_threads(nt)")
-        w.w("{")
-        w.depth += 1
+        w.open("{")
         # par loops, or else the chunk loop, are split between threads; no barrier before the fence.
         collapse = f" collapse({len(par)})" if len(par) > 1 else ""
         w.w(f"#pragma omp for schedule(static) nowait{collapse}")
@@ -56,8 +49,7 @@ def render_streamed(w: KernelWriter, p: Pass, loops: list[Loop], serial: bool) -
 
 def _chunk(w: KernelWriter, p: Pass, vec: Loop, stores: list[Store]) -> None:
     """Open the chunk loop and write its vectorized body into the chunk buffers (left open)."""
-    w.w(f"for (int64_t vb = 0; vb < {vec.size}; vb += {CHUNK}) {{")
-    w.depth += 1
+    w.open(f"for (int64_t vb = 0; vb < {vec.size}; vb += {CHUNK}) {{")
     w.w(f"const int64_t ve = vb + {CHUNK} < {vec.size} ? vb + {CHUNK} : {vec.size};")
     for j, s in enumerate(stores):
         w.w(f"alignas(64) {STORAGE_TYPE[s.dtype]} sb{j}[{CHUNK}];")

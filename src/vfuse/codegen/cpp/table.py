@@ -1,25 +1,25 @@
-"""Lookup-table kernels (`schedule/table.py` decides which): a pointwise function of one byte
-has 256 possible results, so the kernel's own scalar statements fill a table once and each
-element is one lookup.
+"""Lookup-table kernels (`Walk.LOOKUP_TABLE`; `schedule/table.py` decides which): a pointwise
+function of one byte has 256 possible results, so the kernel's own scalar statements fill a
+table once and each element is one lookup.
 
 The table lives in a function-local static initialised by a lambda: filled on the kernel's
 first call (C++11 makes that thread-safe) and kept, since it depends only on constants baked
 into this code. It is filled by rendering the kernel's statements with the load replaced by
 the byte value, so every entry is what the plain loop computes for that byte (bit-identical).
 The loop: the kernel's usual nest with the load kept (its index map too: broadcasts and
-permutes) and each stored value looked up; when input and byte-wide outputs are contiguous
-it is `vf_table_bytes` instead, four-register `vpermi2b` shuffles on AVX-512 VBMI.
+permutes) and each stored value looked up; where the schedule found input and outputs
+contiguous (`Kernel.table_flat`) it is `vf_table_bytes` / `vf_table_dwords` instead,
+four-register `vpermi2b` shuffles on AVX-512 VBMI.
 """
 
 from __future__ import annotations
 
-import dataclasses
-
 from vfuse.codegen.cpp.faults import FAULT_VAR, NO_FAULT
-from vfuse.codegen.cpp.render import KernelWriter, pointer
+from vfuse.codegen.cpp.function import kernel_function
+from vfuse.codegen.cpp.rows import render_single_row
 from vfuse.codegen.cpp.rules import COMPUTE_TYPE, STORAGE_TYPE
+from vfuse.codegen.cpp.writer import KernelWriter, pointer
 from vfuse.ir import DType
-from vfuse.schedule import expr
 from vfuse.schedule.kernel import Kernel, Load, Program, Stmt, Store
 
 # 64 registers' worth per step: the shuffle reads its 4 table registers once per 64 bytes.
@@ -87,8 +87,6 @@ static inline void vf_table_dwords(const uint8_t* pl, const uint8_t* __restrict 
 
 # Compute types narrower than a 4-byte gather.
 NARROW = (DType.I8, DType.U8, DType.BOOL, DType.I16)
-# Stored dtypes the shuffle loop writes (their compute type is their storage type).
-SHUFFLED = (DType.I8, DType.U8, DType.BOOL, DType.F32, DType.I32)
 BYTES_BLOCK = 1 << 16  # elements per parallel block of the byte-shuffle loop
 
 
@@ -123,13 +121,9 @@ class TableWriter(KernelWriter):
             self.w(f"const {ct} {s.var} = ({ct})vf_tb.t_{s.var}[(uint8_t){self.k.table}];")
 
     def pointers(self) -> None:
-        """The pointers, then the table; a byte-shuffle kernel runs here and leaves its
-        loops empty for `function` (which then only closes the function)."""
+        """The pointers, then the table."""
         super().pointers()
         self.fill()
-        if byte_loop(self.k):
-            self.bytes_loop()
-            self.k = dataclasses.replace(self.k, passes=(), inner=())
 
     def fill(self) -> None:
         self.w("// A pointwise function of one byte has 256 possible results: tabulated once.")
@@ -137,7 +131,7 @@ class TableWriter(KernelWriter):
         for v, dt in self.tables.items():
             # g++ vectorizes lookups only as 4-byte gathers: narrower entries are widened,
             # except for the byte-shuffle loop, which reads bytes.
-            et = "int32_t" if dt in NARROW and not byte_loop(self.k) else COMPUTE_TYPE[dt]
+            et = "int32_t" if dt in NARROW and not self.k.table_flat else COMPUTE_TYPE[dt]
             self.w(f"  alignas(64) {et} t_{v}[256];")
             if self.planes(dt):
                 self.w(f"  alignas(64) uint8_t pl_{v}[1024];")
@@ -145,32 +139,33 @@ class TableWriter(KernelWriter):
         self.w("static const vf_tbl vf_tb = [] {")
         self.w("  vf_tbl r;")
         self.w("  for (int b = 0; b < 256; ++b) {")
-        self.depth += 2
-        # The fill runs in a lambda without captures: no fault record, and no divisor can be 0
-        # there (schedule/table.py takes integer division by nonzero constants only).
-        self.filling, self.fault = True, NO_FAULT
-        for s in self.stmts:
-            self.stmt(s)
-        self.filling, self.fault = False, FAULT_VAR
-        for v, dt in self.tables.items():
-            self.w(f"r.t_{v}[b] = {v};")
-            if self.planes(dt):
-                self.w(f"for (int k = 0; k < 4; ++k) std::memcpy(&r.pl_{v}[k * 256 + b], (const char*)&{v} + k, 1);")
-        self.depth -= 2
+        with self.indent(2):
+            # The fill runs in a lambda without captures: no fault record, and no divisor can be
+            # 0 there (schedule/table.py takes integer division by nonzero constants only).
+            self.filling, self.fault = True, NO_FAULT
+            for s in self.stmts:
+                self.stmt(s)
+            self.filling, self.fault = False, FAULT_VAR
+            for v, dt in self.tables.items():
+                self.w(f"r.t_{v}[b] = {v};")
+                if self.planes(dt):
+                    self.w(
+                        f"for (int k = 0; k < 4; ++k) std::memcpy(&r.pl_{v}[k * 256 + b], (const char*)&{v} + k, 1);"
+                    )
         self.w("  }")
         self.w("  return r;")
         self.w("}();")
 
     def planes(self, dt: DType) -> bool:
         """Whether a table is also kept as byte planes (4-byte entries, byte-shuffle loop)."""
-        return COMPUTE_TYPE[dt] in ("float", "int32_t") and byte_loop(self.k)
+        return COMPUTE_TYPE[dt] in ("float", "int32_t") and self.k.table_flat
 
     def bytes_loop(self) -> None:
         (p,) = self.k.passes
         (load,) = [s for s in self.stmts if isinstance(s, Load)]
         n = self.k.inner[0].size
         nt = "true" if self.k.stream else "false"
-        if self.threaded:
+        if self.k.threaded:
             self.w("#pragma omp parallel for num_threads(nt) schedule(static)")
         self.w(f"for (int64_t vb = 0; vb < {n}; vb += {BYTES_BLOCK}) {{")
         self.w(f"  const int64_t ve = vb + {BYTES_BLOCK} < {n} ? vb + {BYTES_BLOCK} : {n};")
@@ -189,18 +184,7 @@ class TableWriter(KernelWriter):
 
 
 def render_table(k: Kernel, program: Program) -> str:
-    text = TableWriter(k, program).function()
-    return (TABLE_HELPER + "\n\n" if byte_loop(k) else "") + text
-
-
-def byte_loop(k: Kernel) -> bool:
-    """Whether the whole kernel is contiguous byte in -> byte out (one merged loop)."""
-    if k.outer or len(k.inner) != 1 or not k.passes[0].body:
-        return False
-    flat = expr.Lin.var(expr.Var(k.inner[0].var))
-    (p,) = k.passes
-    loads = [s for s in (*p.before, *p.body) if isinstance(s, Load)]
-    stores = [s for s in p.body if isinstance(s, Store)]
-    dtypes = {s.var: s.dtype for s in (*p.before, *p.body) if not isinstance(s, Store)}
-    ok_load = all(s.index == flat for s in loads)
-    return ok_load and all(s.index == flat and s.dtype in SHUFFLED and dtypes[s.arg] is s.dtype for s in stores)
+    w = TableWriter(k, program)
+    if k.table_flat:
+        return TABLE_HELPER + "\n\n" + kernel_function(w, lambda _: w.bytes_loop())
+    return kernel_function(w, render_single_row)

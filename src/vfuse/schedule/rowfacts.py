@@ -1,10 +1,10 @@
-"""What a row kernel's pass knows about its values beyond their dtype, for cheaper code.
+"""What a row kernel's pass knows about its values beyond their dtype (`Pass.recips`, `Pass.nonpos`).
 
 Two facts, both found from the pass's statements and the kernel's reductions:
 - divisors that are the same for the whole pass (a row's sum, as in softmax), so each element
   costs a multiply by a reciprocal computed once per row instead of a division;
 - values of the form x - amax(x) over the row (softmax, log-softmax), which are <= 0 or NaN,
-  so their exp needs neither an overflow check nor the two-step scaling of vf_exp.
+  so their exp needs neither an overflow check nor the two-step scaling of a general exp.
 """
 
 from __future__ import annotations
@@ -15,15 +15,15 @@ from vfuse.schedule.kernel import Compute, Kernel, Pass, Store
 RECIP_DTYPES = frozenset({DType.F32, DType.F16, DType.BF16})  # computed in float
 
 
-def pass_invariant_divisors(k: Kernel, p: Pass) -> frozenset[str]:
-    """Float divisors in `p`'s body defined before its loop: its own `before` values and the
-    reductions and `before` values of earlier passes. ATen's softmax multiplies by 1/sum too;
-    the quotient moves by at most an ulp. Softmax 8192x1024, one thread, rows in L2: 245 ->
-    235 ns per row."""
+def pass_invariant_divisors(k: Kernel, i: int) -> frozenset[str]:
+    """Float divisors in pass `i`'s body defined before its loop: its own `before` values and
+    the reductions and `before` values of earlier passes. ATen's softmax multiplies by 1/sum
+    too; the quotient moves by at most an ulp."""
     if k.table:  # a table kernel defines its scalars inside the table's builder
         return frozenset()
+    p = k.passes[i]
     row_scalars = {s.var for s in p.before if not isinstance(s, Store)}
-    for q in k.passes[: k.passes.index(p)] if p in k.passes else ():
+    for q in k.passes[:i]:
         row_scalars |= {r.var for r in q.reduces} | {s.var for s in q.before if not isinstance(s, Store)}
     return frozenset(
         s.args[1]

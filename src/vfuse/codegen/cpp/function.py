@@ -1,0 +1,50 @@
+"""The frame of every kernel function and of the segment entries: signature, buffer pointers,
+the fault prologue (`faults.py`), then the body a walk's renderer writes."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from vfuse.codegen.cpp.faults import FAULT_VAR, c_string, can_fault, fault_offset
+from vfuse.codegen.cpp.writer import KernelWriter, pointer
+from vfuse.schedule.kernel import Kernel, Program, Segment
+
+SIGNATURE = "(void* const* bufs, char* arena, const int64_t* seeds, int nt)"
+
+
+def kernel_function(w: KernelWriter, body: Callable[[KernelWriter], None]) -> str:
+    """`static void kN(...)`: pointers, fault prologue, then `body(w)`."""
+    w.pointers()
+    for line in kernel_prologue(w.k, w.program):
+        w.w(line)
+    body(w)
+    doc = f"// group {w.k.group} ({w.k.label}): {w.describe()}"
+    return "\n".join([doc, f"static void {w.k.name}{SIGNATURE} {{", *w.lines, "}"])
+
+
+def kernel_prologue(k: Kernel, program: Program) -> list[str]:
+    """The first lines of a kernel that can fault: `vf_f`, then one check per index buffer
+    (before any loop, so a bad index returns before anything is read with it)."""
+    if not can_fault(k):
+        return []
+    lines = [f"vf_fault* const {FAULT_VAR} = (vf_fault*)(arena + {fault_offset(program)});", f"(void){FAULT_VAR};"]
+    for c in k.checks:
+        m, lo = program.buffers[c.buf].type.numel, -c.rows if c.wrap else 0
+        check = f"vf_check_rows({pointer(c.buf)}, {m}, {lo}, {c.rows}, {FAULT_VAR}, {c_string(c.node)})"
+        lines.append(f"if (!{check}) return;")
+    return lines
+
+
+def render_entry(seg: Segment, program: Program) -> str:
+    """`extern "C" int seg(...)`: runs the kernels in order; 0, or the code of the first fault."""
+    body = []
+    if any(can_fault(k) for k in seg.kernels):
+        body.append(f"vf_fault* const {FAULT_VAR} = (vf_fault*)(arena + {fault_offset(program)});")
+        body.append(f"{FAULT_VAR}->code = VF_OK;")
+    for k in seg.kernels:
+        body.append(f"{k.name}(bufs, arena, seeds, nt);")
+        if can_fault(k):
+            body.append(f"if ({FAULT_VAR}->code != VF_OK) return (int){FAULT_VAR}->code;")
+    body.append("return 0;")
+    head = f'extern "C" int {seg.name}{SIGNATURE} {{'
+    return "\n".join([head, *(f"  {line}" for line in body), "}"])

@@ -1,0 +1,82 @@
+"""One pass of a kernel over its row: the per-row statements, then the loop nest over the row
+with its reductions accumulated as the schedule decided (`Pass.reduction`, `Pass.serial`,
+`Pass.streamed`): plain SIMD, lanes (`lanes.py`), strips (`strips.py`), in order (index
+reductions), or a streamed store loop (`streaming.py`)."""
+
+from __future__ import annotations
+
+from vfuse.codegen.cpp.lanes import render_lanes
+from vfuse.codegen.cpp.streaming import render_streamed
+from vfuse.codegen.cpp.strips import render_strips
+from vfuse.codegen.cpp.writer import KernelWriter
+from vfuse.schedule.kernel import Accumulate, Loop, Pass
+
+PARALLEL = "num_threads(nt) schedule(static)"
+BLOCKED = (Accumulate.SIMD, Accumulate.LANES, Accumulate.STRIPS)
+
+
+def render_pass(w: KernelWriter, p: Pass) -> None:
+    for s in p.before:
+        w.stmt(s)
+    w.begin_pass(p)
+    for r in p.reduces:
+        w.declare_acc(r, f"{r.var}_acc")
+    if not w.k.inner:
+        w.body(p, "_acc")
+    elif p.streamed:
+        render_streamed(w, p)
+    else:
+        _nest(w, p)
+    for r in p.reduces:
+        w.finish(r)
+    w.end_pass()
+
+
+def _nest(w: KernelWriter, p: Pass) -> None:
+    *rest, vec = w.k.inner
+    par = [lp for lp in rest if lp.parallel and not p.serial]
+    if par:
+        collapse = f" collapse({len(par)})" if len(par) > 1 else ""
+        w.w(f"#pragma omp parallel for {PARALLEL}{collapse} {w.clauses(p.reduces, '_acc')}")
+    for lp in rest:
+        w.open_loop(lp)
+    vec_par = vec.parallel and not p.serial
+    if p.reduction.kind in BLOCKED:
+        _blocked(w, p, vec, vec_par)
+    else:
+        if p.reduction.kind is not Accumulate.IN_ORDER:
+            w.w(f"#pragma omp {f'parallel for simd {PARALLEL}' if vec_par else 'simd'}")
+        w.open_loop(vec)
+        w.body(p, "_acc")
+        w.close()
+    w.close(len(rest))
+
+
+def _blocked(w: KernelWriter, p: Pass, vec: Loop, parallel: bool) -> None:
+    """A SIMD reduction loop in blocks whose partials are then combined (split between threads
+    when `parallel`), or, for lanes over a row that is one block, the lanes alone."""
+    red = p.reduction
+    if red.kind is Accumulate.LANES and red.whole_row:
+        w.open("{")
+        w.w(f"const int64_t rb = 0, re = {vec.size};")
+        render_lanes(w, p, vec, "_acc")
+        w.close()
+        return
+    if parallel:
+        w.w(f"#pragma omp parallel for {PARALLEL} {w.clauses(p.reduces, '_acc')}")
+    w.open(f"for (int64_t rb = 0; rb < {vec.size}; rb += {red.block}) {{")
+    w.w(f"const int64_t re = rb + {red.block} < {vec.size} ? rb + {red.block} : {vec.size};")
+    for r in p.reduces:
+        w.declare_acc(r, f"{r.var}_blk")
+    if red.kind is Accumulate.LANES:
+        render_lanes(w, p, vec, "_blk")
+    elif red.kind is Accumulate.STRIPS:
+        render_strips(w, p, vec, min(vec.size, red.block))
+    else:
+        w.w(f"#pragma omp simd {w.clauses(p.reduces, '_blk')}")
+        w.open_loop(vec, "rb", "re")
+        w.body(p, "_blk")
+        w.close()
+    for r in p.reduces:
+        w.combine(r, f"{r.var}_blk")
+    w.close()

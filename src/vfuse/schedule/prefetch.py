@@ -1,0 +1,64 @@
+"""Software prefetch of the rows a row kernel will read next (`Kernel.prefetch`).
+
+A row kernel (LayerNorm, RMSNorm, softmax over 1024-wide rows) reads its row from memory in
+the first pass, then spends most of its time computing on the cache-resident row in the last
+pass. The hardware prefetcher follows demand misses, and a 4 KiB row is one page, whose stream
+it has to pick up anew, so the next row's first pass waited on memory instead of overlapping
+the current row's arithmetic. One prefetch per cache line of the row DISTANCE_BYTES ahead,
+spread over the passes (a share before each: a whole row's at once stalled the pass behind
+them on the core's miss buffers), hands those misses to the memory system while the passes
+compute. It is also what lets a first pass run several accumulator chains (`strategy.py`).
+Measurements: docs/perf-log.md.
+"""
+
+from __future__ import annotations
+
+import math
+
+from vfuse.schedule import expr
+from vfuse.schedule.kernel import Kernel, Load, PrefetchLoad, RowPrefetch
+
+LINE = 64  # bytes per cache line: one prefetch each
+DISTANCE_BYTES = 12 * 1024  # how far ahead: 2-3 rows of 4 KiB measured best
+MAX_DISTANCE = 8  # rows
+LOCALITY = 3  # into L1 (prefetcht0)
+MIN_ROW_BYTES = 2048  # shorter rows go through row groups, whose prefetch lost
+
+
+def plan_prefetch(k: Kernel) -> RowPrefetch | None:
+    """What `k` prefetches, or None: a row kernel of several passes (a single streaming pass
+    keeps the hardware prefetcher busy on its own) with one row loop over one contiguous
+    inner loop, loads whose offset is plain loop variables (no div/mod/clamp/gather), stride
+    1 along the row and moving with the row; rows of at least MIN_ROW_BYTES."""
+    if len(k.passes) < 2 or len(k.outer) != 1 or len(k.inner) != 1 or k.tile or k.outer[0].size < 2:
+        return None
+    row, vec = expr.Var(k.outer[0].var), expr.Var(k.inner[0].var)
+    loads: dict[str, Load] = {}
+    for p in k.passes:
+        for s in p.body:
+            if isinstance(s, Load) and s.buf not in loads and _streams_rows(s.index, row, vec):
+                loads[s.buf] = s
+    if not loads:
+        return None
+    row_bytes = max(k.inner[0].size * s.dtype.itemsize for s in loads.values())
+    if row_bytes < MIN_ROW_BYTES:
+        return None
+    distance = max(1, min(MAX_DISTANCE, math.ceil(DISTANCE_BYTES / row_bytes)))
+    planned = tuple(_shares(s, k.inner[0].size, len(k.passes)) for s in loads.values())
+    return RowPrefetch(distance, planned, row_bytes, LOCALITY)
+
+
+def _shares(s: Load, size: int, parts: int) -> PrefetchLoad:
+    """The row's cache lines of `s` in `parts` shares of about equal size, in order."""
+    step = LINE // s.dtype.itemsize
+    lines = -(-size // step)
+    shares = tuple(
+        (lines * part // parts * step, min(size, lines * (part + 1) // parts * step)) for part in range(parts)
+    )
+    return PrefetchLoad(s, step, shares)
+
+
+def _streams_rows(index: expr.Lin, row: expr.Var, vec: expr.Var) -> bool:
+    if not all(isinstance(a, expr.Var) for a, _ in index.terms):
+        return False
+    return index.coef(vec) == 1 and index.coef(row) != 0

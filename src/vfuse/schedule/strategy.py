@@ -1,0 +1,182 @@
+"""How each kernel is walked and vectorized: every choice a renderer acts on, as Kernel and Pass fields.
+
+`decide(k, vector)` runs last in `build`, with `vector` the target's fp32 lanes per vector
+instruction (`Target.simd_lanes`). It picks the kernel's `Walk` (one row, rows, row groups,
+tiled columns, lookup table), whether it forks threads, what it prefetches (`prefetch.py`),
+and for each pass whether a loop is split between threads, how its reductions accumulate
+(`Reduction`: plain SIMD, lanes or strips) and its row facts (`rowfacts.py`). Renderers read
+these fields and decide nothing. Measurements behind the constants: docs/perf-log.md.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+from vfuse.ir import DType, Op, opdef
+from vfuse.schedule.expr import Lin, Var
+from vfuse.schedule.kernel import Accumulate, Compute, Kernel, Load, Loop, Pass, RandKey, Reduction, Store, Walk
+from vfuse.schedule.prefetch import plan_prefetch
+from vfuse.schedule.rowfacts import below_row_max, pass_invariant_divisors
+
+BLOCK = 1024  # elements per partial sum: bounds the float rounding error of long sums
+# Below this many elements a kernel runs on one thread (fork/join costs more than it saves).
+PARALLEL_MIN = 32 * 1024
+COLUMN_VECTORS = 4  # a column tile: 4 vectors of accumulators per reduction
+LANE_VECTORS = 4  # lanes: 4 vectors of accumulators, 4 independent chains hide the add latency
+ROW_GROUP = 4  # rows per group: enough independent chains to hide a pass's latency
+CHAINS = 8  # strips over a row already in L1: 4-cycle FMA latency at two per cycle
+FIRST_CHAINS = 4  # strips of a first pass over prefetched rows (8 gained nothing more)
+# A few instructions per element, so the accumulator chain is what a pass waits on.
+CHEAP = frozenset({Op.ADD, Op.SUB, Op.MUL, Op.NEG, Op.ABS, Op.MAXIMUM, Op.MINIMUM, Op.CAST, Op.WHERE})
+# Inline arithmetic in the C++ prelude: g++ vectorizes the strips' lane loop around them. A
+# libm/libmvec call (log, tanh, ...) stops outer-loop vectorization ("no vectype") and would
+# leave the whole pass scalar.
+INLINE = CHEAP | {Op.EXP, Op.DIV, Op.SQRT, Op.RSQRT, Op.SIGMOID, Op.SILU}
+FLOAT_ACC = frozenset({DType.F32, DType.F16, DType.BF16})  # accumulated in float
+# Stored dtypes a flat lookup-table loop writes with byte shuffles (compute type = storage type).
+SHUFFLED = (DType.I8, DType.U8, DType.BOOL, DType.F32, DType.I32)
+
+
+def lanes(vector: int) -> int:
+    """Accumulators of a LANES reduction for `vector` fp32 lanes per vector."""
+    return LANE_VECTORS * vector
+
+
+def decide(k: Kernel, vector: int) -> Kernel:
+    """`k` with every rendering decision filled in, for vectors of `vector` fp32 lanes."""
+    k = dataclasses.replace(k, threaded=_total(k) >= PARALLEL_MIN, tile=column_tile(k, vector))
+    k = dataclasses.replace(k, walk=_walk(k, vector))
+    if k.walk is Walk.ROW_GROUPS:
+        k = dataclasses.replace(k, row_group=ROW_GROUP)
+    elif k.walk is Walk.ROWS:
+        k = dataclasses.replace(k, prefetch=plan_prefetch(k))
+    elif k.walk is Walk.LOOKUP_TABLE:
+        k = dataclasses.replace(k, table_flat=table_flat(k))
+    return dataclasses.replace(k, passes=tuple(_pass(k, i, vector) for i in range(len(k.passes))))
+
+
+def _total(k: Kernel) -> int:
+    return math.prod(lp.size for lp in (*k.outer, *k.inner))
+
+
+def _walk(k: Kernel, vector: int) -> Walk:
+    if k.tile:
+        return Walk.TILED_COLUMNS
+    if k.table:
+        return Walk.LOOKUP_TABLE
+    if not k.outer:
+        return Walk.SINGLE_ROW
+    return Walk.ROW_GROUPS if use_row_groups(k, vector) else Walk.ROWS
+
+
+def column_tile(k: Kernel, vector: int) -> int:
+    """Tile width when the row's elements are strided but adjacent rows are contiguous (a
+    reduction over a non-innermost axis): the reduced loops run outside and a tile of adjacent
+    columns is the SIMD loop. Single-pass kernels without row buffers only; 0 otherwise."""
+    if not k.outer or not k.inner or len(k.passes) != 1 or k.stream or k.table:
+        return 0
+    (p,) = k.passes
+    if not p.reduces or p.buffered or any(opdef(r.op).returns_index for r in p.reduces):
+        return 0
+    loads = [s.index for s in (*p.before, *p.body) if isinstance(s, Load)]
+    col, row = Var(k.outer[-1].var), Var(k.inner[-1].var)
+    if any(e.coef(row) == 1 for e in loads) or not any(e.coef(col) == 1 for e in loads):
+        return 0
+    return COLUMN_VECTORS * vector
+
+
+def use_row_groups(k: Kernel, vector: int) -> bool:
+    """Short rows (up to 4 x `lanes` elements, where latency rather than bandwidth bounds a
+    pass) of a one-loop row nest. Row buffers are one row long and a RandKey is no plain value,
+    so kernels with either keep the row-at-a-time walk."""
+    if len(k.outer) != 1 or k.stream or k.tile or not any(p.reduces for p in k.passes):
+        return False
+    if math.prod(lp.size for lp in k.inner) > 4 * lanes(vector) or k.outer[0].size < 2 * ROW_GROUP:
+        return False
+    stmts = [*k.after, *(s for p in k.passes for s in p.before)]
+    return not any(p.buffered or p.reloaded for p in k.passes) and not any(isinstance(s, RandKey) for s in stmts)
+
+
+def table_flat(k: Kernel) -> bool:
+    """Whether a lookup-table kernel is contiguous bytes in -> contiguous outputs (one merged
+    loop) of dtypes a byte shuffle writes, each stored as computed."""
+    if k.outer or len(k.inner) != 1 or not k.passes[0].body:
+        return False
+    flat = Lin.var(Var(k.inner[0].var))
+    (p,) = k.passes
+    loads = [s for s in (*p.before, *p.body) if isinstance(s, Load)]
+    stores = [s for s in p.body if isinstance(s, Store)]
+    dtypes = {s.var: s.dtype for s in (*p.before, *p.body) if not isinstance(s, Store)}
+    ok_load = all(s.index == flat for s in loads)
+    return ok_load and all(s.index == flat and s.dtype in SHUFFLED and dtypes[s.arg] is s.dtype for s in stores)
+
+
+def _pass(k: Kernel, i: int, vector: int) -> Pass:
+    p = k.passes[i]
+    serial = bool(k.outer) or not k.threaded or any(opdef(r.op).returns_index for r in p.reduces)
+    streamed = k.stream and any(isinstance(s, Store) for s in p.body)
+    return dataclasses.replace(
+        p,
+        serial=serial,
+        streamed=streamed,
+        reduction=_reduction(k, p, serial, vector),
+        recips=tuple(sorted(pass_invariant_divisors(k, i))),
+        nonpos=tuple(sorted(below_row_max(k, p))),
+    )
+
+
+def _reduction(k: Kernel, p: Pass, serial: bool, vector: int) -> Reduction:
+    """How `p`'s reductions accumulate along the SIMD loop (the kernel's last inner loop)."""
+    if not p.reduces:
+        return Reduction()
+    if not k.inner or any(opdef(r.op).returns_index for r in p.reduces):
+        return Reduction(Accumulate.IN_ORDER)
+    if k.walk is Walk.TILED_COLUMNS:
+        return Reduction(Accumulate.SIMD, BLOCK)
+    vec = k.inner[-1]
+    parallel = vec.parallel and not serial
+    n = lanes(vector)
+    if use_lanes(p, vec, n):
+        # A row that is one block: the folded lanes are the row's result. Combining them into
+        # the identity (twice: block, then row) put two dependent adds on every row's chain.
+        whole = len(k.inner) == 1 and not parallel and vec.size <= BLOCK
+        return Reduction(Accumulate.LANES, BLOCK, lanes=n, whole_row=whole)
+    if chains := strip_chains(k, p, vec, parallel, vector):
+        return Reduction(Accumulate.STRIPS, BLOCK, chains=chains, vector=vector)
+    return Reduction(Accumulate.SIMD, BLOCK)
+
+
+def use_lanes(p: Pass, vec: Loop, n: int) -> bool:
+    """Lanes pay off only while g++ unrolls the lane loop completely, which keeps the `n` lanes
+    in registers: rows of 2 to 4 x n elements. Longer rows keep the lane array in memory and
+    got slower, as did NaN-tracking max/min."""
+    return 2 * n <= vec.size <= 4 * n and not any(r.tracks_nan for r in p.reduces)
+
+
+def strip_chains(k: Kernel, p: Pass, vec: Loop, parallel: bool, vector: int) -> int:
+    """Accumulator chains per lane for pass `p`, 0 for no strips: float sums and products of
+    INLINE ops over blocks of one constant length of at least two vectors, not split between
+    threads; a first pass only over rows prefetched or short and walked in groups (long rows
+    read without prefetch: the faster loop only piles up demand misses). g++ vectorizes the
+    lane loop only around a chain loop of constant trip count (a guard on it is "control flow
+    in loop")."""
+    length = min(vec.size, BLOCK) if vec.size <= BLOCK or vec.size % BLOCK == 0 else None
+    if parallel or length is None or length < 2 * vector:
+        return 0
+    ops = {s.op for s in p.body if isinstance(s, Compute)}
+    if not ops <= INLINE or any(s.dtype is DType.F64 for s in p.body if isinstance(s, Compute)):
+        return 0  # double math goes through libm
+    if any(r.op not in (Op.SUM, Op.PROD) or r.dtype not in FLOAT_ACC for r in p.reduces):
+        # Max/min track NaN in a flag: a second, independent chain that g++ splits off (not
+        # vectorized: "two or more consecutive inner loops"), also when NaN rides in the value.
+        return 0
+    first = p is k.passes[0]
+    if first and k.prefetch is None and k.walk is not Walk.ROW_GROUPS:
+        return 0
+    # Bodies with other than CHEAP ops are bound by their own instructions: one chain each,
+    # which still saves the serial horizontal sum.
+    chains = (FIRST_CHAINS if first else CHAINS) if ops <= CHEAP else 1
+    while chains > 1 and length < 2 * chains * vector:
+        chains //= 2
+    return chains
