@@ -6,9 +6,23 @@ There is no global compiler state: anything a stage needs to know comes through 
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
+
+from vfuse.errors import VfuseOptionError
+
+BACKENDS = ("auto", "cpp", "interp")
+_FLAGS = ("strict", "raise_codegen_errors", "static_outputs", "freeze", "verify")
+# Options an environment variable sets (keyword arguments win over it).
+ENV_VARS = {
+    "strict": "VFUSE_STRICT",
+    "raise_codegen_errors": "VFUSE_RAISE_CODEGEN_ERRORS",
+    "verify": "VFUSE_VERIFY",
+    "backend": "VFUSE_BACKEND",
+    "dump_dir": "VFUSE_DUMP",
+    "cache_dir": "VFUSE_CACHE_DIR",
+}
 
 
 @dataclass(frozen=True)
@@ -43,40 +57,100 @@ class Options:
     freeze: bool = False
     verify: bool = False
 
+    def __post_init__(self) -> None:
+        """Check every value (and normalize an unambiguous spelling: target="H100" is "h100")."""
+        for name in _FLAGS:
+            if not isinstance(getattr(self, name), bool):
+                raise _rejected(name, getattr(self, name), "True or False")
+        hint = " (vfuse generates CPU code; target= plans for a GPU without running on one)"
+        object.__setattr__(self, "backend", _choice("backend", self.backend, BACKENDS, hint))
+        object.__setattr__(self, "target", _choice("target", self.target, target_names()))
+        if self.dump_dir is not None:
+            object.__setattr__(self, "dump_dir", _path("dump_dir", self.dump_dir))
+        object.__setattr__(self, "cache_dir", _path("cache_dir", self.cache_dir))
+
     @staticmethod
     def from_env(**overrides: Any) -> Options:
-        env: dict[str, Any] = {}
-        if os.environ.get("VFUSE_DUMP"):
-            env["dump_dir"] = Path(os.environ["VFUSE_DUMP"])
-        if os.environ.get("VFUSE_CACHE_DIR"):
-            env["cache_dir"] = Path(os.environ["VFUSE_CACHE_DIR"])
-        if os.environ.get("VFUSE_BACKEND"):
-            env["backend"] = os.environ["VFUSE_BACKEND"]
-        for flag in ("strict", "raise_codegen_errors", "verify"):
-            if os.environ.get(f"VFUSE_{flag.upper()}"):
-                env[flag] = os.environ[f"VFUSE_{flag.upper()}"] not in ("", "0", "false")
-        env.update({k: v for k, v in overrides.items() if v is not None})
-        if isinstance(env.get("dump_dir"), str):
-            env["dump_dir"] = Path(env["dump_dir"])
-        if isinstance(env.get("cache_dir"), str):
-            env["cache_dir"] = Path(env["cache_dir"])
-        return Options(**env)
+        """Options from the environment (ENV_VARS), overridden by the keywords that are not None."""
+        unknown = sorted(set(overrides) - set(option_names()))
+        if unknown:
+            raise VfuseOptionError(f"unknown vfuse option {unknown[0]!r}; known options: {', '.join(option_names())}")
+        env = _from_environment()
+        given = {k: v for k, v in overrides.items() if v is not None}
+        try:
+            return Options(**{**env, **given})
+        except VfuseOptionError as e:
+            for name in env.keys() - given.keys():  # say which variable, when the value came from one
+                try:
+                    Options(**{name: env[name]})
+                except VfuseOptionError:
+                    raise VfuseOptionError(f"{e} (set by the environment variable {ENV_VARS[name]})") from None
+            raise
 
     def with_(self, **changes: Any) -> Options:
         return replace(self, **changes)
 
 
+def option_names() -> tuple[str, ...]:
+    """Every option's name, in declaration order."""
+    return tuple(f.name for f in fields(Options))
+
+
+def target_names() -> tuple[str, ...]:
+    """The targets the planner knows: this machine ("cpu") and the GPU presets."""
+    from vfuse.targets.presets import PRESETS  # the hardware facts; imported with the first Options
+
+    return ("cpu", *sorted(PRESETS))
+
+
+def _from_environment() -> dict[str, Any]:
+    env: dict[str, Any] = {}
+    for name, var in ENV_VARS.items():
+        value = os.environ.get(var)
+        if value:
+            env[name] = value not in ("0", "false", "False") if name in _FLAGS else value
+    return env
+
+
+def _rejected(name: str, value: Any, accepted: str, hint: str = "") -> VfuseOptionError:
+    return VfuseOptionError(f"vfuse option {name}={value!r} is not accepted; accepted: {accepted}{hint}")
+
+
+def _choice(name: str, value: Any, choices: tuple[str, ...], hint: str = "") -> str:
+    """`value` as one of `choices`, matched without regard to case."""
+    if isinstance(value, str) and value.lower() in choices:
+        return value.lower()
+    raise _rejected(name, value, ", ".join(repr(c) for c in choices), hint)
+
+
+def _path(name: str, value: Any) -> Path:
+    if isinstance(value, str | os.PathLike) and str(value):
+        return Path(value)
+    raise _rejected(name, value, "a path (str or pathlib.Path)")
+
+
 @dataclass(frozen=True)
 class Context:
-    """What one compilation knows: its options and a name for its dumps (graph id)."""
+    """What one compilation knows: its options, a name for its messages (graph id) and, from the
+    entry points, its number among the graphs this process compiled (which makes dumps unique)."""
 
     options: Options = field(default_factory=Options)
     graph_id: str = "graph0"
+    serial: int | None = None
+
+    @property
+    def dump_folder(self) -> Path | None:
+        """`<dump_dir>/<pid>-<serial>-<graph id>` (`<dump_dir>/<graph id>` without a serial); None
+        when dumping is off."""
+        if self.options.dump_dir is None:
+            return None
+        name = self.graph_id if self.serial is None else f"{os.getpid()}-{self.serial}-{self.graph_id}"
+        return self.options.dump_dir / name
 
     def dump(self, stage: str, text: str) -> None:
-        """Write a stage's printed form to `<dump_dir>/<graph_id>/<stage>` when dumping is on."""
-        if self.options.dump_dir is None:
+        """Write a stage's printed form to `dump_folder/<stage>` when dumping is on."""
+        folder = self.dump_folder
+        if folder is None:
             return
-        folder = self.options.dump_dir / self.graph_id
         folder.mkdir(parents=True, exist_ok=True)
         (folder / stage).write_text(text if text.endswith("\n") else text + "\n")

@@ -11,6 +11,11 @@ class VfuseInputError(VfuseError, TypeError):
     """A compiled callable got an input of another shape, dtype or device than it was built for."""
 
 
+class VfuseOptionError(VfuseError, ValueError, TypeError):
+    """An option vfuse does not know, or a value it does not accept: the message names the option,
+    the value and what is accepted. Both a ValueError and a TypeError (a wrong type is either)."""
+
+
 class VfuseCompileError(VfuseError, RuntimeError):
     """Compiling a graph failed (raised in strict mode; otherwise vfuse warns and runs eagerly)."""
 

@@ -22,7 +22,9 @@ from torch.export.graph_signature import InputKind, OutputKind
 
 from vfuse.compiler import compile_fx, lower_fx, optimize
 from vfuse.context import Context, Options
+from vfuse.entry import observe
 from vfuse.entry.devices import foreign_device
+from vfuse.entry.dumps import graph_context
 from vfuse.errors import VfuseCompileError, VfuseInputError
 from vfuse.ir import Graph
 from vfuse.runtime.compiled import CompiledGraph
@@ -222,14 +224,16 @@ def _lifted_tensor(program: ExportedProgram, spec: Any) -> torch.Tensor | None:
 
 
 def compile_aot(fn: Callable, example_inputs: Sequence[Any], **options: Any) -> AotCompiled:
-
+    checked = Options.from_env(**options)  # a bad option fails before the export
     program = export(fn, example_inputs)
     foreign = foreign_device(program.graph_module)
     if foreign is not None:  # kernels read CPU memory only; torch.compile runs such graphs eagerly
         raise VfuseCompileError(f"vfuse.compile compiles CPU programs only: {foreign}")
-    ctx = Context(Options.from_env(**options), graph_id="aot0")
+    ctx = graph_context(checked, "aot0", "aot", example_inputs)
     frozen = _freezable(program) if ctx.options.freeze else {}
-    return AotCompiled(program, compile_fx(program.graph_module, ctx, frozen), frozenset(frozen), options)
+    compiled = compile_fx(program.graph_module, ctx, frozen)
+    observe.compiled(compiled, ctx, "aot")
+    return AotCompiled(program, compiled, frozenset(frozen), options)
 
 
 def _freezable(program: ExportedProgram) -> dict[int, torch.Tensor]:

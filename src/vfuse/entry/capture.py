@@ -13,7 +13,7 @@ import functools
 import itertools
 import warnings
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -24,13 +24,15 @@ from torch._subclasses.fake_tensor import unset_fake_temporarily
 # The pipeline is imported with the backend (at torch.compile time), not inside the first
 # compile: a user's first call then waits for compilation only.
 from vfuse.compiler import compile_fx
-from vfuse.context import Context, Options
+from vfuse.context import Options
+from vfuse.entry import observe
 from vfuse.entry.devices import foreign_device
 from vfuse.entry.direct import may_skip_wrappers, unboxed, wrappers_are_identity
+from vfuse.entry.dumps import graph_context
 from vfuse.entry.outputs import all_computed, with_none_outputs, without_none_outputs
 from vfuse.entry.specialize import FixedGraphs
 from vfuse.entry.trace import trace_aten
-from vfuse.errors import VfuseCodegenError, VfuseCompileError
+from vfuse.errors import VfuseCodegenError, VfuseCompileError, VfuseOptionError
 from vfuse.frontend.decompositions import decomposition_table
 from vfuse.runtime.compiled import CompiledGraph
 
@@ -59,14 +61,14 @@ class VfuseBackend:
 
     def __call__(self, gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> Callable:
         frozen = _parameter_inputs(gm, example_inputs) if self.options.freeze and not torch.is_grad_enabled() else {}
-        forward = functools.partial(self.compile_aten, frozen=frozen)
+        forward = functools.partial(self.compile_aten, frozen=frozen, kind="forward")
         direct: list[Callable] = []  # the inference forward, when AOTAutograd's wrappers add nothing
-        inference = forward
+        inference = functools.partial(self.compile_aten, frozen=frozen, kind="inference")
         if may_skip_wrappers(gm, example_inputs):
-            inference = functools.partial(self._compile_inference, forward, len(example_inputs), direct)
+            inference = functools.partial(self._compile_inference, inference, len(example_inputs), direct)
         compiler = aot_autograd(
             fw_compiler=forward,
-            bw_compiler=self.compile_aten,
+            bw_compiler=functools.partial(self.compile_aten, kind="backward"),
             inference_compiler=inference,
             decompositions=decomposition_table(include_cia=False),  # AOTAutograd decomposes CIA ops itself
         )
@@ -87,7 +89,11 @@ class VfuseBackend:
         return fn
 
     def compile_aten(
-        self, gm: torch.fx.GraphModule, example_inputs: Sequence[Any], frozen: dict[int, torch.Tensor] | None = None
+        self,
+        gm: torch.fx.GraphModule,
+        example_inputs: Sequence[Any],
+        frozen: dict[int, torch.Tensor] | None = None,
+        kind: str = "forward",
     ) -> Callable:
         """AOTAutograd's compiler hook: returns a boxed callable (it takes a list and clears it)."""
         if any(_is_symbolic(x) for x in example_inputs):
@@ -95,14 +101,20 @@ class VfuseBackend:
         frozen = frozen or {}
         if not all(i < len(example_inputs) and example_inputs[i].shape == t.shape for i, t in frozen.items()):
             frozen = {}  # AOTAutograd reordered inputs: compile without freezing rather than guess
-        fn = self.compile_static(gm, frozen)
+        fn = self.compile_static(gm, frozen, kind, example_inputs)
         self.fixed.add(gm, example_inputs, fn, frozen, self.options)
         return fn
 
-    def compile_static(self, gm: torch.fx.GraphModule, frozen: dict[int, torch.Tensor] | None = None) -> Callable:
+    def compile_static(
+        self,
+        gm: torch.fx.GraphModule,
+        frozen: dict[int, torch.Tensor] | None = None,
+        kind: str = "forward",
+        example_inputs: Sequence[Any] = (),
+    ) -> Callable:
         """Compile one graph of fixed shapes; returns a boxed callable (it takes one list)."""
         frozen = frozen or {}
-        ctx = Context(self.options, graph_id=f"graph{next(self._ids)}")
+        ctx = graph_context(self.options, f"graph{next(self._ids)}", kind, example_inputs)
         try:
             foreign = foreign_device(gm, frozen)
             if foreign is not None:  # no CPU bytes behind it for a kernel to read or write
@@ -121,8 +133,10 @@ class VfuseBackend:
                 stacklevel=2,
             )
             self.eager_fallbacks.append(describe_failure(e))
+            observe.ran_eagerly()
             return make_boxed_func(gm.forward)
         self.compiled.append(compiled)
+        observe.compiled(compiled, ctx, kind)
         return _calling_convention(compiled, frozen, present)
 
     @property
@@ -158,6 +172,7 @@ def _calling_convention(compiled: CompiledGraph, frozen: dict[int, torch.Tensor]
         return run(args)
 
     call._boxed_call = True  # type: ignore[attr-defined]  # what make_boxed_func marks
+    call.compiled = compiled  # type: ignore[attr-defined]  # keeps it in vfuse.compiled_graphs() while Dynamo holds this
     return call
 
 
@@ -199,7 +214,9 @@ class _Specializing:
 
     def _reuse(self, args: Sequence[Any]) -> Callable | None:
         fn = self.backend.fixed.find(self.gm, args, self.backend.options)
-        self.backend.reused += fn is not None
+        if fn is not None:
+            self.backend.reused += 1
+            observe.reused()
         return fn
 
     def _compile(self, args: Sequence[Any]) -> Callable:
@@ -212,14 +229,40 @@ class _Specializing:
                 full[i] = t
             return self.gm(*full)
 
-        return self.backend.compile_static(trace_aten(with_sizes, [args[i] for i in where]))
+        tensors = [args[i] for i in where]
+        return self.backend.compile_static(trace_aten(with_sizes, tensors), kind="specialized", example_inputs=tensors)
 
 
-def vfuse_backend(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> Callable:
-    """The function behind `backend="vfuse"` (registered as a torch_dynamo_backends entry point)."""
-    backend = VfuseBackend()
+# torch.compile's modes are Inductor's. vfuse has no autotuning and no CUDA graphs, so every mode
+# compiles the same code (README, "torch.compile modes"); an unknown mode is still an error.
+MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
+
+
+def vfuse_backend(
+    gm: torch.fx.GraphModule,
+    example_inputs: Sequence[Any],
+    *,
+    mode: str | None = None,
+    options: Mapping[str, Any] | None = None,
+) -> Callable:
+    """The function behind `backend="vfuse"` (registered as a torch_dynamo_backends entry point);
+    `torch.compile(..., mode=..., options={...})` arrive here as keywords."""
+    backend = VfuseBackend(**backend_options(mode, options))
     backend.fixed = _SHARED_FIXED
     return backend(gm, example_inputs)
+
+
+def backend_options(mode: str | None, options: Mapping[str, Any] | None) -> dict[str, Any]:
+    """torch.compile's `mode` checked and its `options` as vfuse's keyword options (which
+    Options.from_env checks: unknown names and bad values raise VfuseOptionError)."""
+    if mode is not None and mode not in MODES:
+        accepted = ", ".join(repr(m) for m in MODES)
+        raise VfuseOptionError(f"torch.compile mode={mode!r} is not accepted by backend='vfuse'; accepted: {accepted}")
+    if options is None:
+        return {}
+    if not isinstance(options, Mapping) or not all(isinstance(k, str) for k in options):
+        raise VfuseOptionError(f"torch.compile options= must be a dict of vfuse option names, got {options!r}")
+    return dict(options)
 
 
 # `backend="vfuse"` makes a backend per graph, so what a later graph with symbolic sizes of the
