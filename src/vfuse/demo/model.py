@@ -32,3 +32,9 @@ class TransformerBlock(nn.Module):
 def example(batch: int = 4, tokens: int = 128, d: int = 256, heads: int = 8) -> tuple[nn.Module, torch.Tensor]:
     torch.manual_seed(0)
     return TransformerBlock(d, heads).eval(), torch.randn(batch, tokens, d)
+
+
+def factory() -> tuple[nn.Module, tuple[torch.Tensor]]:
+    """For the command line: `vfuse explain vfuse.demo.model:factory`."""
+    model, x = example()
+    return model, (x,)
