@@ -216,3 +216,15 @@ def test_terminal_gets_colour(
     out = capsys.readouterr().out
     assert "vfuse fusion report" in out
     assert "\x1b[" in out  # escape codes only on a terminal (test_explain_prints_report checks the plain path)
+
+
+def test_version(capsys: pytest.CaptureFixture[str]) -> None:
+    import vfuse
+
+    with pytest.raises(SystemExit) as exit_:
+        cli.main(["--version"])
+    assert exit_.value.code == 0
+    out = capsys.readouterr().out
+    assert out.startswith(f"vfuse {vfuse.__version__} (torch 2.13") and "Python 3." in out
+    run = subprocess.run([sys.executable, "-m", "vfuse", "--version"], capture_output=True, text=True, timeout=60)
+    assert run.returncode == 0 and run.stdout == out

@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import importlib.util
+import platform
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -39,6 +40,7 @@ class UsageError(Exception):
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="vfuse", description="vfuse: a vertical-fusion compiler for PyTorch.")
+    parser.add_argument("--version", action="version", version=version_text())
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     ex = sub.add_parser(
         "explain",
@@ -55,6 +57,19 @@ def build_parser() -> argparse.ArgumentParser:
     # Registered so that it is listed in --help; main() forwards its arguments untouched.
     sub.add_parser("bench", help="run the benchmarks (vfuse bench --help for their options)", add_help=False)
     return parser
+
+
+def version_text() -> str:
+    """`vfuse 0.1.0 (torch 2.13.0+cpu, Python 3.11.7)`: torch's version read without importing it."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    from vfuse import __version__
+
+    try:
+        torch_version = version("torch")
+    except PackageNotFoundError:
+        torch_version = "not installed"
+    return f"vfuse {__version__} (torch {torch_version}, Python {platform.python_version()})"
 
 
 def main(argv: Sequence[str] | None = None) -> int:
