@@ -106,11 +106,21 @@ def lower_gelu(em: Emitter, node: torch.fx.Node) -> str:
     return em.emit(Op.GELU, (x,), approximate=bind(node)["approximate"])
 
 
+def opmath(dtype: DType, *args: Any) -> DType:
+    """The dtype eager computes fp16/bf16 `mul` and true `div` with a python scalar in: fp32, the
+    scalar unrounded, the result rounded once (the IR computes in fp32 and casts). Other ops
+    (add, sub, pow, ...) round the scalar to the tensor's dtype first, as `scalar()` does."""
+    low = dtype in (DType.F16, DType.BF16)
+    return DType.F32 if low and any(not isinstance(a, torch.fx.Node) for a in args) else dtype
+
+
 @lowers(*ARITH)
 def lower_arith(em: Emitter, node: torch.fx.Node) -> str:
     a, b = operands(node)[:2]
     dtype = em.out_dtype()
-    return em.emit(ARITH[node.target.overloadpacket], (em.operand(a, dtype), em.operand(b, dtype)))  # type: ignore[union-attr]
+    op = ARITH[node.target.overloadpacket]  # type: ignore[union-attr]
+    calc = opmath(dtype, a, b) if op is Op.MUL else dtype
+    return em.cast(em.emit(op, (em.operand(a, calc), em.operand(b, calc))), dtype)
 
 
 @lowers(aten.add, aten.sub, aten.rsub)
@@ -133,9 +143,10 @@ def lower_div(em: Emitter, node: torch.fx.Node) -> str:
     args = bind(node)
     a, b = operands(node)[:2]
     dtype, mode = em.out_dtype(), args.get("rounding_mode")
-    x, y = em.operand(a, dtype), em.operand(b, dtype)
     if mode is None:
-        return em.emit(Op.DIV, (x, y))
+        calc = opmath(dtype, a, b)
+        return em.cast(em.emit(Op.DIV, (em.operand(a, calc), em.operand(b, calc))), dtype)
+    x, y = em.operand(a, dtype), em.operand(b, dtype)
     if mode == "floor":
         return em.emit(Op.FLOOR_DIV, (x, y))
     if dtype.is_float:

@@ -10,7 +10,7 @@ Two facts, both found from the pass's statements and the kernel's reductions:
 from __future__ import annotations
 
 from vfuse.ir import DType, Op
-from vfuse.schedule.kernel import Compute, Kernel, Pass, Store
+from vfuse.schedule.kernel import Compute, Const, Kernel, Pass, Store
 
 RECIP_DTYPES = frozenset({DType.F32, DType.F16, DType.BF16})  # computed in float
 
@@ -18,13 +18,14 @@ RECIP_DTYPES = frozenset({DType.F32, DType.F16, DType.BF16})  # computed in floa
 def pass_invariant_divisors(k: Kernel, i: int) -> frozenset[str]:
     """Float divisors in pass `i`'s body defined before its loop: its own `before` values and
     the reductions and `before` values of earlier passes. ATen's softmax multiplies by 1/sum
-    too; the quotient moves by at most an ulp."""
+    too; the quotient moves by at most an ulp. A constant divisor (x / 0.3) keeps eager's exact
+    division: an fp16/bf16 result would show that ulp after rounding."""
     if k.table:  # a table kernel defines its scalars inside the table's builder
         return frozenset()
     p = k.passes[i]
-    row_scalars = {s.var for s in p.before if not isinstance(s, Store)}
+    row_scalars = {s.var for s in p.before if not isinstance(s, Store | Const)}
     for q in k.passes[:i]:
-        row_scalars |= {r.var for r in q.reduces} | {s.var for s in q.before if not isinstance(s, Store)}
+        row_scalars |= {r.var for r in q.reduces} | {s.var for s in q.before if not isinstance(s, Store | Const)}
     return frozenset(
         s.args[1]
         for s in p.body

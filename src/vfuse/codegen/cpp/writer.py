@@ -91,6 +91,7 @@ class KernelWriter:
         self._recips: dict[str, str] = {}  # divisors of the current pass -> their 1/d's variable
         self._nonpos: frozenset[str] = frozenset()  # values of the current pass known <= 0 or NaN
         self._made = 0  # helper variables named so far (`fresh`)
+        self._exact: set[str] = set()  # fp16/bf16 values known representable (loads, casts into them)
 
     # ---- lines ----
     def w(self, line: str) -> None:
@@ -146,6 +147,8 @@ class KernelWriter:
             return
         dtype = DType.F32 if isinstance(s, Rand) else s.dtype
         self.dtypes[s.var] = dtype
+        if dtype in STORE_CONVERT and (isinstance(s, Load) or (isinstance(s, Compute) and s.op is Op.CAST)):
+            self._exact.add(s.var)
         self.w(f"const {COMPUTE_TYPE[dtype]} {s.var} = {self.value(s)};")
 
     def value(self, s: Stmt) -> str:
@@ -174,7 +177,12 @@ class KernelWriter:
         if is_fault_site(s):
             return fault_compute(s, self.fault)
         ct = COMPUTE_TYPE[s.dtype]
-        text = CPP_RULES[s.op].format(*s.args, T=ct, **dict(s.attrs.items()))
+        args = s.args
+        src = s.arg_dtypes[0] if s.op is Op.CAST else s.dtype
+        if src in STORE_CONVERT and src is not s.dtype and args[0] not in self._exact:
+            # fp16/bf16 arithmetic is computed in fp32; a cast out of it sees the rounded value, as in torch.
+            args = (LOAD_CONVERT[src].format(STORE_CONVERT[src].format(args[0])),)
+        text = CPP_RULES[s.op].format(*args, T=ct, **dict(s.attrs.items()))
         if s.op is Op.CAST and s.dtype in STORE_CONVERT:
             # fp16/bf16 are computed in fp32, but an explicit cast must round like torch does.
             return LOAD_CONVERT[s.dtype].format(STORE_CONVERT[s.dtype].format(text))
@@ -308,4 +316,5 @@ class StatementWriter(KernelWriter):
         self._recips = {}
         self._nonpos = frozenset()
         self._made = 0
+        self._exact = set()
         self.fault = NO_FAULT  # the schedule keeps fault sites out of contraction templates
