@@ -22,7 +22,7 @@ from vfuse.frontend.lower_reduce import acc_dtype, count, mean, variance
 from vfuse.frontend.lower_source import full
 from vfuse.frontend.registry import lowers
 from vfuse.ir import Op
-from vfuse.ir.shapes import normalize_dim
+from vfuse.ir.shapes import normalize_dims
 
 aten = torch.ops.aten
 
@@ -34,7 +34,7 @@ def _softmax(em: Emitter, node: torch.fx.Node, log: bool) -> str:
         return full(em, 0, out.shape, out.dtype)
     x = em.cast(em.value(a["self"]), out.dtype)  # softmax.int's dtype argument casts the input first
     x = em.cast(x, acc_dtype(out.dtype))
-    axes = (normalize_dim(a["dim"], em.ttype(x).rank),)
+    axes = normalize_dims((a["dim"],), em.ttype(x).rank)
     shifted = em.emit(Op.SUB, (x, em.emit(Op.AMAX, (x,), axes=axes, keepdim=True)))
     e = em.emit(Op.EXP, (shifted,))
     z = em.emit(Op.SUM, (e,), axes=axes, keepdim=True)
@@ -203,7 +203,7 @@ def lower_safe_softmax(em: Emitter, node: torch.fx.Node) -> str:
         return y
     a = bind(node)
     x = em.value(a["self"])
-    axes = (normalize_dim(a["dim"], em.ttype(x).rank),)
+    axes = normalize_dims((a["dim"],), em.ttype(x).rank)
     masked = em.emit(Op.EQ, (x, em.scalar(-math.inf, em.ttype(x).dtype)))
     dead_rows = em.emit(Op.ALL, (masked,), axes=axes, keepdim=True)
     return em.emit(Op.WHERE, (dead_rows, em.scalar(0, em.ttype(y).dtype), y))

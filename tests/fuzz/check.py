@@ -1,0 +1,190 @@
+"""Run a fuzz program through eager, a float64 reference, and vfuse's captures; compare.
+
+The reference is the same program on the same values with every float as float64 (casts to a
+float type become casts to float64). A vfuse result passes when its distance to the reference
+is within a few times eager's own distance to it (on these inputs, or on inputs nudged by a few
+ulps, whichever is larger), plus a few ulps of the largest value: this scales the tolerance
+by how ill-conditioned the program is on these inputs (a LayerNorm of a constant row, where
+eager happens to be exact and any other summation order is not; a long sum) without a
+hand-written error model per op. Integer and bool
+results (which the generator only derives from exactly computed values) must be equal.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import os
+import warnings
+from collections.abc import Callable, Iterator, Sequence
+
+import torch
+from hypothesis import HealthCheck, Phase, settings
+from tests.fuzz.ops import apply
+from tests.fuzz.program import Kind, Program, build, loss_weights, make_inputs
+
+import vfuse
+
+# Distance allowed beyond eager's, in units of the output dtype's eps times the largest |value|.
+ULPS = {torch.float64: 1e7, torch.float32: 16.0, torch.float16: 4.0, torch.bfloat16: 4.0}
+EAGER_FACTOR = 4.0
+
+
+def fuzz_settings(examples: int) -> settings:
+    """`examples` graphs, derandomized (the same programs on every run) and not shrunk (each
+    shrinking step compiles again: minutes), unless VFUSE_FUZZ=soak: then VFUSE_FUZZ_EXAMPLES
+    random programs per run, failures shrunk (the soak driver prints each run's seed)."""
+    common = {"deadline": None, "suppress_health_check": list(HealthCheck), "print_blob": True}
+    if os.environ.get("VFUSE_FUZZ") == "soak":
+        return settings(max_examples=int(os.environ.get("VFUSE_FUZZ_EXAMPLES", "50")), **common)
+    phases = (Phase.explicit, Phase.generate)
+    return settings(max_examples=examples, derandomize=True, database=None, phases=phases, **common)
+
+
+def widen(program: Program) -> Program:
+    """The program with casts to a float type turned into casts to float64 (the reference)."""
+    steps = tuple(
+        dataclasses.replace(s, params=(torch.float64,)) if s.kind is Kind.CAST and s.params[0].is_floating_point else s
+        for s in program.steps
+    )
+    return dataclasses.replace(program, steps=steps)
+
+
+@contextlib.contextmanager
+def float64_default() -> Iterator[None]:
+    """Python floats and int->float promotions give float64 (the reference's default dtype)."""
+    old = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)
+    try:
+        yield
+    finally:
+        torch.set_default_dtype(old)
+
+
+def quiet(fn: Callable, *args: object) -> object:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # eager's own warnings (var with one element, ...)
+        return fn(*args)
+
+
+def assert_close_to_reference(
+    got: torch.Tensor, eager: torch.Tensor, ref: torch.Tensor, what: str, nudged: torch.Tensor | None = None
+) -> None:
+    """`got` is as close to `ref` as eager is, on these inputs or nudged ones (module docstring)."""
+    assert got.shape == eager.shape, f"{what}: shape {tuple(got.shape)}, eager {tuple(eager.shape)}"
+    assert got.dtype == eager.dtype, f"{what}: dtype {got.dtype}, eager {eager.dtype}"
+    if not eager.is_floating_point():
+        bad = (got != eager).nonzero()
+        assert not len(bad), f"{what}: {len(bad)} elements differ from eager, first at {bad[0].tolist()}: " + (
+            f"{got[tuple(bad[0])].item()} vs {eager[tuple(bad[0])].item()}"
+        )
+        return
+    g, e, r = got.double(), eager.double(), ref.double()
+    assert torch.equal(g.isnan(), e.isnan()), f"{what}: NaN at other positions than eager ({_first_diff(g, e)})"
+    inf = e.isinf()
+    assert torch.equal(g.isinf(), inf) and torch.equal(g[inf], e[inf]), f"{what}: inf differs ({_first_diff(g, e)})"
+    finite = e.isfinite() & r.isfinite()
+    if not finite.any():
+        return
+    err_got = (g - r)[finite].abs().max().item()
+    err_eager = (e - r)[finite].abs().max().item()
+    if nudged is not None and nudged.shape == eager.shape:
+        n = nudged.double()
+        both = finite & n.isfinite()
+        err_eager = max(err_eager, (n - r)[both].abs().max().item() if both.any() else 0.0)
+    scale = r[finite].abs().max().item()
+    tol = EAGER_FACTOR * err_eager + ULPS[eager.dtype] * torch.finfo(eager.dtype).eps * scale
+    assert err_got <= tol, (
+        f"{what}: max |got - ref| = {err_got:.3g} > tolerance {tol:.3g} "
+        f"(eager's max |eager - ref| = {err_eager:.3g}, max |ref| = {scale:.3g}; {_first_diff(g, e)})"
+    )
+
+
+def _first_diff(g: torch.Tensor, e: torch.Tensor) -> str:
+    diff = (g - e).abs().nan_to_num(nan=0.0, posinf=0.0, neginf=0.0)
+    mismatch = (g.isnan() != e.isnan()) | (g.isinf() != e.isinf())
+    at = mismatch.nonzero()[0] if mismatch.any() else (diff == diff.max()).nonzero()[0] if diff.numel() else None
+    if at is None:
+        return "empty"
+    index = tuple(at.tolist())
+    return f"worst at {list(index)}: got {g[index].item():.6g}, eager {e[index].item():.6g}"
+
+
+def reference(program: Program) -> tuple[torch.Tensor, ...]:
+    _, inputs = make_inputs(program, double=True)
+    with float64_default():
+        return quiet(build(widen(program), apply), *inputs)  # type: ignore[return-value]
+
+
+def vfuse_backend(kind: str) -> object:
+    """strict=True: a failure to lower, generate or compile C++ raises instead of falling back."""
+    return vfuse.backend(strict=True, backend=kind)
+
+
+def compiled(fn: Callable, backend: object) -> Callable:
+    torch._dynamo.reset()
+    return torch.compile(fn, backend=backend, fullgraph=True, dynamic=False)
+
+
+def check_outputs(
+    got: Sequence[torch.Tensor],
+    eager: Sequence[torch.Tensor],
+    ref: Sequence[torch.Tensor],
+    what: str,
+    nudged: Sequence[torch.Tensor] | None = None,
+) -> None:
+    assert len(got) == len(eager), f"{what}: {len(got)} outputs, eager has {len(eager)}"
+    for i, (gi, ei, ri) in enumerate(zip(got, eager, ref)):
+        assert_close_to_reference(gi, ei, ri, f"{what}, output {i}", nudged[i] if nudged is not None else None)
+
+
+def check_forward(program: Program, export: bool) -> dict[str, object]:
+    """Dynamo capture on the C++ and the reference executors (and export when asked) vs eager."""
+    fn = build(program, apply)
+    _, inputs = make_inputs(program)
+    eager = quiet(fn, *inputs)
+    ref = reference(program)
+    nudged = quiet(fn, *make_inputs(program, perturb=True)[1])
+    stats: dict[str, object] = {}
+    for kind in ("cpp", "interp"):
+        backend = vfuse_backend(kind)
+        run = compiled(fn, backend)
+        got = quiet(run, *inputs)
+        check_outputs(got, eager, ref, f"torch.compile(backend=vfuse {kind})", nudged)  # type: ignore[arg-type]
+        # A second call on other values must leave the first call's outputs alone (output pool).
+        quiet(run, *make_inputs(dataclasses.replace(program, seed=program.seed + 1))[1])
+        check_outputs(got, eager, ref, f"vfuse {kind}, first outputs after a second call", nudged)  # type: ignore[arg-type]
+        stats[kind] = backend.stats  # type: ignore[attr-defined]
+    if export:
+        got = quiet(vfuse.compile(fn, inputs, strict=True, backend="cpp"), *inputs)
+        check_outputs(got, eager, ref, "vfuse.compile", nudged)  # type: ignore[arg-type]
+    return stats
+
+
+def _grads(program: Program, fn: Callable, double: bool = False, perturb: bool = False) -> tuple[list, list]:
+    leaves, inputs = make_inputs(program, grad=True, double=double, perturb=perturb)
+    outs = quiet(fn, *inputs)
+    weights = loss_weights(outs, program.seed)  # type: ignore[arg-type]
+    terms = [(o * w.to(o.dtype)).sum() for o, w in zip(outs, weights) if o.requires_grad]  # type: ignore[union-attr]
+    wrt = [x for x in leaves if x.requires_grad]
+    if not terms or not wrt:
+        return list(outs), []  # type: ignore[arg-type]
+    grads = torch.autograd.grad(sum(terms), wrt, allow_unused=True)
+    return [o.detach() for o in outs], [g if g is not None else torch.zeros_like(x) for g, x in zip(grads, wrt)]  # type: ignore[union-attr]
+
+
+def check_backward(program: Program) -> dict[str, object]:
+    """Outputs and the gradients of sum(output * random weights) w.r.t. every float input."""
+    fn = build(program, apply)
+    eager_out, eager_grads = _grads(program, fn)
+    nudged_out, nudged_grads = _grads(program, fn, perturb=True)
+    with float64_default():
+        ref_out, ref_grads = _grads(program, build(widen(program), apply), double=True)
+    stats: dict[str, object] = {}
+    for kind in ("cpp", "interp"):
+        backend = vfuse_backend(kind)
+        out, grads = _grads(program, compiled(fn, backend))
+        check_outputs(out, eager_out, ref_out, f"forward, vfuse {kind}", nudged_out)
+        check_outputs(grads, eager_grads, ref_grads, f"gradients, vfuse {kind}", nudged_grads)
+        stats[kind] = backend.stats  # type: ignore[attr-defined]
+    return stats

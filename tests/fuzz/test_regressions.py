@@ -1,0 +1,35 @@
+"""Shrunk fuzz counterexamples, kept as regression tests (each failed before its fix).
+
+Each program is checked as the fuzzer checks it: Dynamo capture into the generated C++ and into
+the reference executor (strict, so a lowering gap raises), against eager and a float64 reference.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from tests.fuzz.check import check_forward
+from tests.fuzz.ops import A, N, R
+from tests.fuzz.program import Input, Kind, Program, Step
+
+SCALAR_F32 = (Input(shape=(), dtype=torch.float32),)
+X = Step(kind=Kind.INPUT, params=(0,))
+
+# A reduction over dim 0 / -1 of a 0-d tensor (torch accepts both) failed to lower:
+# "axes (0,) must be sorted, unique dims of f32[]" or an IndexError.
+ZERO_DIM = [
+    Step(kind=Kind.NORM, fn=N.LOG_SOFTMAX, srcs=(0,), params=(-1, 0.0, False, False)),
+    Step(kind=Kind.NORM, fn=N.SOFTMAX, srcs=(0,), params=(0, 0.0, False, False)),
+    Step(kind=Kind.ARG, fn=A.MAX_VALUES, srcs=(0,), params=(0, True)),
+    Step(kind=Kind.ARG, fn=A.MAX_INDICES, srcs=(0,), params=(-1, False)),
+    Step(kind=Kind.ARG, fn=A.ARGMIN, srcs=(0,), params=(0, True)),
+    Step(kind=Kind.REDUCE, fn=R.SUM, srcs=(0,), params=((0,), False, 0)),
+    Step(kind=Kind.REDUCE, fn=R.AMAX, srcs=(0,), params=((-1,), True, 0)),
+    Step(kind=Kind.REDUCE, fn=R.VAR, srcs=(0,), params=((0,), False, 0)),
+    Step(kind=Kind.REDUCE, fn=R.LOGSUMEXP, srcs=(0,), params=((0,), False, 0)),
+]
+
+
+@pytest.mark.parametrize("step", ZERO_DIM, ids=lambda s: s.fn.value)
+def test_reductions_over_dim_0_of_a_0d_tensor(step: Step) -> None:
+    check_forward(Program(inputs=SCALAR_F32, steps=(X, step), outputs=(1,), seed=3), export=False)
