@@ -159,6 +159,8 @@ def _score_inputs(graph: Graph, node: Node) -> list[str]:
         return [factor[0]] if factor else []
     if node.op is Op.RESHAPE and _is_batch_view(graph, node):
         return [node.inputs[0]]
+    if _float_cast(graph, node):  # a half-precision scale computed at fp32 (eager's opmath)
+        return [node.inputs[0]]
     if node.op is Op.ADD and node.tensor_type.dtype.is_float:
         return [i for i in node.inputs if graph[i].type == node.type]
     if node.op is Op.WHERE:
@@ -194,6 +196,8 @@ def _fold_scores(graph: Graph, path: list[str]) -> tuple[float, tuple[_Mask, ...
             scale *= c
             # (s + m) * c = s * c + m * c; a -inf keep-mask is unchanged by c > 0
             masks = [replace(m, factor=m.factor * c) if m.kind != "keep" else m for m in masks]
+        elif node.op is Op.CAST:
+            continue
         elif node.op is Op.ADD:
             other = node.inputs[1] if node.inputs[0] == prev else node.inputs[0]
             masks.append(_Mask("add", other))
@@ -285,12 +289,13 @@ def _gqa(graph: Graph, name: str, batch: tuple[int, ...]) -> tuple[str, int] | N
     return node.inputs[0], n
 
 
+def _float_cast(graph: Graph, node: Node) -> bool:
+    return node.op is Op.CAST and graph[node.inputs[0]].tensor_type.dtype.is_float and node.tensor_type.dtype.is_float
+
+
 def _uncast(graph: Graph, name: str) -> tuple[str, list[str]]:
     """Look through a float->float CAST (softmax computed in fp32 for a half-precision model)."""
-    node = graph[name]
-    if node.op is Op.CAST and graph[node.inputs[0]].tensor_type.dtype.is_float and node.tensor_type.dtype.is_float:
-        return node.inputs[0], [name]
-    return name, []
+    return (graph[name].inputs[0], [name]) if _float_cast(graph, graph[name]) else (name, [])
 
 
 def _private(graph: Graph, chain: set[str], pv: str) -> bool:
