@@ -7,7 +7,7 @@ STAMP   := $(VENV)/.installed
 # and an unpinned install would pull a multi-GB CUDA build.
 TORCH   := torch==2.13.0
 
-.PHONY: demo test lint bench clean
+.PHONY: demo test fuzz lint bench clean
 
 $(STAMP): pyproject.toml Makefile
 	$(PY) -m venv $(VENV)
@@ -20,6 +20,11 @@ demo: $(STAMP)
 
 test: $(STAMP)
 	$(BIN)/python -m pytest
+
+# The differential fuzzer on fresh random programs for VFUSE_FUZZ_MINUTES (default 10), each
+# round's seed printed, then every OpInfo sample (VFUSE_FUZZ_OPINFO=0 skips that part).
+fuzz: $(STAMP)
+	$(BIN)/python -m tests.fuzz.soak
 
 lint: $(STAMP)
 	$(BIN)/ruff check src tests benchmarks
