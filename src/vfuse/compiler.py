@@ -96,8 +96,9 @@ def _verify(graph: Graph, where: str) -> None:
 
 
 def target_of(ctx: Context) -> Target:
-    """ctx.options.target as a Target (`cpu`: this machine, from the on-disk cache)."""
-    return get_target(ctx.options.target, ctx.options.cache_dir)
+    """ctx.options.target as a Target (`cpu`: this machine, from the on-disk cache, at the
+    instruction-set tier ctx.options.isa)."""
+    return get_target(ctx.options.target, ctx.options.cache_dir, isa=ctx.options.isa)
 
 
 def plan(graph: Graph, ctx: Context, target: Target | None = None) -> FusionPlan:
@@ -122,10 +123,11 @@ def render(program: Program, ctx: Context) -> str:
 
 
 def build(source: str, program: Program, ctx: Context) -> ctypes.CDLL | None:
-    """The compiled, loaded library: g++ through the kernel cache (none without native segments)."""
+    """The compiled, loaded library: g++ through the kernel cache (none without native segments),
+    with the flags of the instruction-set tier the program was scheduled for."""
     if not program.segments:
         return None
-    return load_library(source, ctx.options.cache_dir, find_toolchain())
+    return load_library(source, ctx.options.cache_dir, find_toolchain(isa=program.isa))
 
 
 def load(

@@ -20,6 +20,7 @@ ENV_VARS = {
     "raise_codegen_errors": "VFUSE_RAISE_CODEGEN_ERRORS",
     "verify": "VFUSE_VERIFY",
     "backend": "VFUSE_BACKEND",
+    "isa": "VFUSE_ISA",
     "dump_dir": "VFUSE_DUMP",
     "cache_dir": "VFUSE_CACHE_DIR",
 }
@@ -37,6 +38,8 @@ class Options:
     backend: "cpp" (generated C++), "interp" (reference executor) or "auto" (cpp if a
         C++ compiler works, else interp with a warning).
     target: name of the hardware target the planner plans for ("cpu", "a100", "h100", "h200").
+    isa: instruction-set tier of the generated code: "auto" (this CPU's own) or a lower one the CPU
+        has ("generic", "avx2", "avx512", "neon"; env VFUSE_ISA); one it lacks is refused.
     dump_dir: write every stage's printed form here (env VFUSE_DUMP).
     cache_dir: kernel cache (env VFUSE_CACHE_DIR, default ~/.cache/vfuse).
     static_outputs: reuse output buffers across calls (faster; an output is overwritten by
@@ -51,6 +54,7 @@ class Options:
     raise_codegen_errors: bool = False
     backend: str = "auto"
     target: str = "cpu"
+    isa: str = "auto"
     dump_dir: Path | None = None
     cache_dir: Path = field(default_factory=lambda: Path.home() / ".cache" / "vfuse")
     static_outputs: bool = False
@@ -65,6 +69,7 @@ class Options:
         hint = " (vfuse generates CPU code; target= plans for a GPU without running on one)"
         object.__setattr__(self, "backend", _choice("backend", self.backend, BACKENDS, hint))
         object.__setattr__(self, "target", _choice("target", self.target, target_names()))
+        object.__setattr__(self, "isa", _isa(self.isa))
         if self.dump_dir is not None:
             object.__setattr__(self, "dump_dir", _path("dump_dir", self.dump_dir))
         object.__setattr__(self, "cache_dir", _path("cache_dir", self.cache_dir))
@@ -121,6 +126,18 @@ def _choice(name: str, value: Any, choices: tuple[str, ...], hint: str = "") -> 
     if isinstance(value, str) and value.lower() in choices:
         return value.lower()
     raise _rejected(name, value, ", ".join(repr(c) for c in choices), hint)
+
+
+def _isa(value: Any) -> str:
+    """`value` as a tier name ("auto" or one this CPU has), lower case."""
+    from vfuse.targets.cpu import isa_for
+    from vfuse.targets.isa import parse_isa
+
+    tier = parse_isa(value)
+    if tier is None:
+        return "auto"
+    isa_for(tier)  # raises naming the flags the CPU lacks
+    return tier.value
 
 
 def _path(name: str, value: Any) -> Path:

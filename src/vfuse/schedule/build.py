@@ -233,7 +233,7 @@ def build(plan: FusionPlan, target: object) -> Program:
         for v, b in buffers.items()
     }
     steps = [_with_io(s, buffers) if isinstance(s, Segment) else s for s in steps]
-    return Program(tuple(steps), buffers, memory, tuple(seeds), vector)
+    return Program(tuple(steps), buffers, memory, tuple(seeds), vector, getattr(target, "isa", None))
 
 
 def _check_produced(graph: Graph, steps: list[Step], made: set[str]) -> None:

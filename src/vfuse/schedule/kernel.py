@@ -14,6 +14,7 @@ from typing import Any
 from vfuse.ir import DType, Op
 from vfuse.ir.types import TensorType
 from vfuse.schedule.expr import Lin
+from vfuse.targets.isa import Isa
 
 NAN_TRACKED = (Op.AMAX, Op.AMIN)
 
@@ -381,6 +382,7 @@ class Program:
     memory: MemoryPlan
     seeds: tuple[str, ...]  # RNG_SEED values in `seeds` slot order
     vector_width: int  # fp32 lanes per vector the kernels were decided for (`Target.simd_lanes`)
+    isa: Isa | None = None  # instruction-set tier the code is built for (`Target.isa`; None: this CPU's own)
 
     @property
     def segments(self) -> tuple[Segment, ...]:

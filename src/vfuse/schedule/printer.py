@@ -98,7 +98,8 @@ def format_kernel(k: AnyKernel) -> str:
 
 
 def format_program(program: Program) -> str:
-    lines = [f"program (vectors of {program.vector_width} fp32 lanes) {{"]
+    tier = f"{program.isa.value}, " if program.isa else ""
+    lines = [f"program ({tier}vectors of {program.vector_width} fp32 lanes) {{"]
     for s in program.steps:
         if isinstance(s, Segment):
             lines.append(f" segment {s.name}: in ({', '.join(s.inputs)}) out ({', '.join(s.outputs)})")

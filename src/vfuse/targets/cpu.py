@@ -15,13 +15,15 @@ import os
 import platform
 import tempfile
 import time
-from collections.abc import Callable
-from dataclasses import asdict, dataclass, fields
+from collections.abc import Callable, Iterable
+from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
+from typing import Any
 
 import torch
 
 from vfuse.cachedir import dir_problem, make_private_dir
+from vfuse.targets.isa import LANES, VECTOR_REGS, CpuIsa, Isa, IsaExtra, detect_isa, machine_arch, resolve_isa
 from vfuse.targets.target import Target
 
 CACHE_VERSION = 1
@@ -39,16 +41,20 @@ class CpuFacts:
     l1d: int
     l2: int
     l3: int
+    arch: str = field(default_factory=machine_arch)
+
+    @property
+    def isa(self) -> CpuIsa:
+        """The CPU's own instruction-set tier (what it is measured at)."""
+        return detect_isa(self.flags, self.arch)
 
     @property
     def simd_lanes(self) -> int:
-        if "avx512f" in self.flags:
-            return 16
-        return 8 if "avx2" in self.flags else 4
+        return LANES[self.isa.tier]
 
     @property
     def vector_regs(self) -> int:
-        return 32 if "avx512f" in self.flags else 16
+        return VECTOR_REGS[self.isa.tier]
 
     def fingerprint(self) -> str:
         return f"{self.model}|{self.cores}|{self.simd_lanes}|{self.l1d}|{self.l2}|{self.l3}"
@@ -57,18 +63,24 @@ class CpuFacts:
 def _first_cpu() -> dict[str, str]:
     """The fields of the first processor in /proc/cpuinfo ({} without it). Reads only that block:
     the kernel generates the file as it is read, one block per CPU."""
-    fields: dict[str, str] = {}
     try:
         with open("/proc/cpuinfo") as f:
-            for line in f:
-                if not line.strip():
-                    if fields:
-                        break
-                    continue
-                key, _, value = line.partition(":")
-                fields.setdefault(key.strip(), value.strip())
+            return first_block(f)
     except OSError:
-        pass
+        return {}
+
+
+def first_block(lines: Iterable[str]) -> dict[str, str]:
+    """The `key: value` fields of the first block of a /proc/cpuinfo text (x86: one per CPU;
+    aarch64: one per CPU, with `Features` for the flags)."""
+    fields: dict[str, str] = {}
+    for line in lines:
+        if not line.strip():
+            if fields:
+                break
+            continue
+        key, _, value = line.partition(":")
+        fields.setdefault(key.strip(), value.strip())
     return fields
 
 
@@ -78,7 +90,24 @@ def _cpuinfo() -> tuple[str, frozenset[str], float]:
         mhz = float(cpu.get("cpu MHz", "2500"))
     except ValueError:
         mhz = 2500.0
-    return cpu.get("model name", "unknown"), frozenset(cpu.get("flags", "").split()), mhz / 1000
+    return cpu.get("model name", "unknown"), flags_of(cpu), mhz / 1000
+
+
+def flags_of(cpu: dict[str, str]) -> frozenset[str]:
+    """The ISA flags of one /proc/cpuinfo block: `flags` on x86, `Features` on Arm."""
+    return frozenset((cpu.get("flags") or cpu.get("Features") or "").split())
+
+
+@functools.cache
+def machine_flags() -> frozenset[str]:
+    """This CPU's ISA flags, read once per process."""
+    return flags_of(_first_cpu())
+
+
+def isa_for(requested: Isa | None) -> CpuIsa:
+    """The tier code is compiled for on this CPU: its own (None) or a lower one it was asked for;
+    a tier the CPU lacks raises VfuseOptionError naming the missing flags."""
+    return resolve_isa(requested, machine_flags(), machine_arch())
 
 
 # The /proc/cpuinfo fields that tell what code -march=native emits (x86: model and ISA flags; Arm:
@@ -189,10 +218,7 @@ def measure(facts: CpuFacts) -> tuple[Target, list[str]]:
     cache_bw = max(dram_bw, _copy_bw(min(facts.l3 // 4 or 1 << 20, 4 << 20), 10))
     f32 = _plausible(_matmul_flops(), 0.1 * peak, 1.2 * peak, 0.5 * peak, bad, "peak_f32")
     launch = _plausible(_kernel_overhead(cache_bw), 1e-7, 5e-5, 2e-6, bad, "launch_s")
-    # Ratios of the matrix units to fp32 FMA throughput, from the ISA extensions present.
-    bf16 = f32 * (2 if "avx512_bf16" in facts.flags or "amx_bf16" in facts.flags else 1)
-    f16 = f32 * (2 if "avx512_fp16" in facts.flags else 1)
-    i8 = f32 * (4 if "avx512_vnni" in facts.flags or "avx_vnni" in facts.flags else 2)
+    isa = facts.isa
     source = f"measured on {facts.model}" + (f" (estimated: {', '.join(bad)})" if bad else "")
     target = Target(
         name="cpu",
@@ -208,16 +234,45 @@ def measure(facts: CpuFacts) -> tuple[Target, list[str]]:
         dram_bw=dram_bw,
         cache_bw=cache_bw,
         peak_f32=f32,
-        peak_f16=f16,
-        peak_bf16=bf16,
-        peak_i8=i8,
         # Pointwise IR flops are instruction counts: no FMA pairing, FMA_PIPES vector ops/cycle.
         vector_f32=peak / 2,
         launch_s=launch,
         max_threads=facts.cores,
         source=source,
+        isa=isa.tier,
+        isa_extras=isa.extras,
+        **matrix_peaks(f32, isa.extras),
     )
     return target, bad
+
+
+def matrix_peaks(f32: float, extras: frozenset[IsaExtra]) -> dict[str, float]:
+    """peak_f16/bf16/i8 as ratios to fp32 FMA throughput, from the tier's extensions."""
+    return {
+        "peak_bf16": f32 * (2 if IsaExtra.BF16 in extras or IsaExtra.AMX in extras else 1),
+        "peak_f16": f32 * (2 if IsaExtra.FP16 in extras else 1),
+        "peak_i8": f32 * (4 if IsaExtra.VNNI in extras else 2),
+    }
+
+
+def at_tier(target: Target, isa: CpuIsa) -> Target:
+    """`target`, measured at the CPU's own tier, as code compiled for `isa` sees it: its vector
+    width and registers, and vector and matrix peaks scaled by the ratio of vector widths."""
+    if target.isa is isa.tier and target.isa_extras == isa.extras:
+        return target
+    scale = LANES[isa.tier] / target.simd_lanes
+    f32 = target.peak_f32 * scale
+    return replace(
+        target,
+        isa=isa.tier,
+        isa_extras=isa.extras,
+        simd_lanes=LANES[isa.tier],
+        regs_per_thread=VECTOR_REGS[isa.tier],
+        regs_per_sm=VECTOR_REGS[isa.tier],
+        peak_f32=f32,
+        vector_f32=target.vector_f32 * scale,
+        **matrix_peaks(f32, isa.extras),
+    )
 
 
 # A measurement with implausible values (replaced by estimates) is cached too, and measured
@@ -237,7 +292,7 @@ def _read_cache(path: Path, facts: CpuFacts) -> tuple[Target, float] | None:
         names = {f.name for f in fields(Target)}
         if set(data["target"]) != names:
             return None
-        return Target(**data["target"]), float(data.get("remeasure_after", math.inf))
+        return _from_json(data["target"]), float(data.get("remeasure_after", math.inf))
     except (OSError, ValueError, TypeError, KeyError, AttributeError):
         return None
 
@@ -248,7 +303,7 @@ def _write_cache(path: Path, facts: CpuFacts, target: Target, estimated: list[st
     payload: dict[str, object] = {"version": CACHE_VERSION, "fingerprint": facts.fingerprint()}
     if estimated:
         payload |= {"estimated": estimated, "remeasure_after": time.time() + ESTIMATE_TTL_S}
-    payload["target"] = asdict(target)
+    payload["target"] = _to_json(target)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
     try:
         with os.fdopen(fd, "w") as f:
@@ -259,8 +314,27 @@ def _write_cache(path: Path, facts: CpuFacts, target: Target, estimated: list[st
         raise
 
 
-def cpu_target(cache_dir: Path, remeasure: bool = False) -> Target:
+def _to_json(target: Target) -> dict[str, Any]:
+    data = asdict(target)
+    data["isa"] = target.isa.value if target.isa else None
+    data["isa_extras"] = sorted(e.value for e in target.isa_extras)
+    return data
+
+
+def _from_json(data: dict[str, Any]) -> Target:
+    isa = Isa(data["isa"]) if data["isa"] else None
+    return Target(**{**data, "isa": isa, "isa_extras": frozenset(IsaExtra(e) for e in data["isa_extras"])})
+
+
+def cpu_target(cache_dir: Path, remeasure: bool = False, isa: Isa | None = None) -> Target:
+    """This machine at its own tier, or at the lower tier `isa` (VfuseOptionError when it lacks it).
+    The cache holds the measurement at the CPU's own tier; a forced tier is applied to it."""
     facts = detect()
+    tier = resolve_isa(isa, facts.flags, facts.arch)  # before measuring: an impossible tier fails at once
+    return at_tier(_machine_target(cache_dir, facts, remeasure), tier)
+
+
+def _machine_target(cache_dir: Path, facts: CpuFacts, remeasure: bool) -> Target:
     path = cache_dir / "target_cpu.json"
     trusted = _trusted(cache_dir)
     cached = None if remeasure or not trusted else _read_cache(path, facts)

@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from vfuse.ir import DType
+from vfuse.targets.isa import Isa, IsaExtra, describe_isa
 
 
 @dataclass(frozen=True, slots=True)
@@ -29,6 +30,8 @@ class Target:
     vector_f32: flop/s of plain (non-matrix) fp32 arithmetic, used for pointwise and reductions.
     launch_s: fixed cost of one kernel: GPU launch latency or CPU parallel-region fork/join.
     max_threads: hardware threads resident at once (CPU cores; GPU SMs * threads per SM).
+    isa / isa_extras: the instruction-set tier CPU kernels are compiled for and its optional
+        extensions (`targets.isa`; None on GPU presets).
     """
 
     name: str
@@ -51,10 +54,17 @@ class Target:
     launch_s: float
     max_threads: int
     source: str = ""
+    isa: Isa | None = None
+    isa_extras: frozenset[IsaExtra] = frozenset()
 
     @property
     def is_gpu(self) -> bool:
         return self.kind == "gpu"
+
+    @property
+    def isa_description(self) -> str:
+        """`avx512 (vbmi, vnni, bf16)`: the tier and its extensions ("" without a tier)."""
+        return describe_isa(self.isa, self.isa_extras) if self.isa else ""
 
     @property
     def llc_bytes(self) -> int:

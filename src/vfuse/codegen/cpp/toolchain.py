@@ -1,7 +1,8 @@
 """Compile a translation unit to a shared library, cached on disk by content hash.
 
 Key: sha256 of (source, compiler path and version, flags, this CPU's model and ISA flags: the
-library is built with -march=native). The .so is compiled to a unique temporary name in the cache
+library is built with -march=native, or the -march of a lower instruction-set tier: `targets.isa`,
+`flags_for`). The .so is compiled to a unique temporary name in the cache
 directory and moved into place with os.replace (atomic on POSIX), then a marker naming the key,
 size and sha256 is written last (`cache.py`); a library is loaded only after it was checked
 against its marker right before dlopen, so a half-written, truncated, planted or misnamed one is
@@ -28,7 +29,8 @@ from pathlib import Path
 from vfuse.cachedir import private_dir, usable_dir, warn_unused
 from vfuse.codegen.cpp.cache import atomic_write, entry, open_lock, publish, sweep_once, validated
 from vfuse.errors import VfuseCompileError, VfuseError
-from vfuse.targets.cpu import isa_fingerprint
+from vfuse.targets.cpu import isa_fingerprint, isa_for
+from vfuse.targets.isa import CpuIsa, Isa
 
 FLAGS = (
     "-O3",
@@ -60,8 +62,16 @@ class Toolchain:
     libs: tuple[str, ...] = LIBS
 
 
-def find_toolchain(cxx: str | None = None) -> Toolchain:
-    """The compiler named by `cxx`, else $VFUSE_CXX, else $CXX, else g++; raise CompilerNotFound."""
+def flags_for(isa: CpuIsa) -> tuple[str, ...]:
+    """FLAGS with the -march (and -mtune) of the instruction-set tier `isa`."""
+    return tuple(f for flag in FLAGS for f in (isa.march() if flag == "-march=native" else (flag,)))
+
+
+def find_toolchain(cxx: str | None = None, isa: Isa | None = None) -> Toolchain:
+    """The compiler named by `cxx`, else $VFUSE_CXX, else $CXX, else g++, with the flags of the
+    instruction-set tier `isa` (None: this CPU's own); raise CompilerNotFound, or VfuseOptionError
+    for a tier this CPU lacks."""
+    flags = flags_for(isa_for(isa))
     name = cxx or os.environ.get("VFUSE_CXX") or os.environ.get("CXX") or "g++"
     path = shutil.which(name)
     if path is None:
@@ -71,7 +81,7 @@ def find_toolchain(cxx: str | None = None) -> Toolchain:
         version = _version(path, (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns))
     except (OSError, subprocess.SubprocessError) as e:
         raise CompilerNotFound(f"C++ compiler '{path}' does not run: {e}") from e
-    return Toolchain(path, version)
+    return Toolchain(path, version, flags)
 
 
 @functools.lru_cache(maxsize=16)
