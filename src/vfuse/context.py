@@ -38,8 +38,8 @@ class Options:
     backend: "cpp" (generated C++), "interp" (reference executor) or "auto" (cpp if a
         C++ compiler works, else interp with a warning).
     target: name of the hardware target the planner plans for ("cpu", "a100", "h100", "h200").
-    isa: instruction-set tier of the generated code: "auto" (this CPU's own) or a lower one the CPU
-        has ("generic", "avx2", "avx512", "neon"; env VFUSE_ISA); one it lacks is refused.
+    isa: instruction-set tier of the generated code: "auto" (VFUSE_ISA's, else this CPU's own) or a
+        lower one the CPU has ("generic", "avx2", "avx512", "neon"); one it lacks is refused.
     dump_dir: write every stage's printed form here (env VFUSE_DUMP).
     cache_dir: kernel cache (env VFUSE_CACHE_DIR, default ~/.cache/vfuse).
     static_outputs: reuse output buffers across calls (faster; an output is overwritten by

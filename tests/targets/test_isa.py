@@ -86,6 +86,7 @@ def _on(monkeypatch: pytest.MonkeyPatch, name: str) -> list[int]:
     monkeypatch.setattr(cpu, "measure", measure)
     monkeypatch.setattr(cpu, "machine_flags", lambda: facts.flags)
     monkeypatch.setattr(cpu, "machine_arch", lambda: facts.arch)
+    monkeypatch.delenv("VFUSE_ISA", raising=False)
     return calls
 
 
@@ -142,6 +143,21 @@ def test_isa_option_is_validated_and_normalized(monkeypatch: pytest.MonkeyPatch)
         vfuse.backend()
 
 
+def test_vfuse_isa_applies_where_no_tier_is_asked_for(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Tools and tests that build with default options (isa="auto") follow VFUSE_ISA too."""
+    _on(monkeypatch, "zen4")
+    monkeypatch.setenv("VFUSE_ISA", "AVX2")
+    assert get_target("cpu", tmp_path).isa is Isa.AVX2 and get_target("cpu", tmp_path, isa="auto").isa is Isa.AVX2
+    assert get_target("cpu", tmp_path, isa="generic").isa is Isa.GENERIC  # an explicit tier wins
+    assert "-march=x86-64-v3" in find_toolchain().flags and "-march=native" in find_toolchain(isa=Isa.AVX512).flags
+    monkeypatch.setenv("VFUSE_ISA", "neon")
+    with pytest.raises(VfuseOptionError, match=r"isa='neon' \(set by the environment variable VFUSE_ISA\) is not"):
+        get_target("cpu", tmp_path)
+    monkeypatch.setenv("VFUSE_ISA", "sse")
+    with pytest.raises(VfuseOptionError, match=r"isa='sse' is not accepted.* \(set by the environment variable"):
+        find_toolchain()
+
+
 def test_flags_and_cache_key_differ_per_tier() -> None:
     march = {t: flags_for(CpuIsa(t, frozenset(), X86)) for t in (Isa.GENERIC, Isa.AVX2, Isa.AVX512)}
     assert "-march=x86-64" in march[Isa.GENERIC] and "-march=x86-64-v3" in march[Isa.AVX2]
@@ -152,16 +168,14 @@ def test_flags_and_cache_key_differ_per_tier() -> None:
 
 
 def test_the_programs_tier_reaches_the_compiler(tmp_path: Path) -> None:
-    """The library a compile at a forced tier loads is the one built with that tier's flags, and the
-    program dump names the tier."""
-    lowest = Isa.GENERIC
+    """The library a compile at a forced tier loads is the one built with that tier's flags (not the
+    CPU's own tier's, on any CPU above generic), and the program dump names the tier."""
     fn = vfuse.compile(lambda x: torch.tanh(x) * 3, (torch.randn(7, 5),), isa="generic", cache_dir=tmp_path / "c",
                        dump_dir=tmp_path / "d", backend="cpp")  # fmt: skip
     x = torch.randn(7, 5)
     torch.testing.assert_close(fn(x), torch.tanh(x) * 3)
     source = fn.compiled.executor.source
-    key = cache_key(source, find_toolchain(isa=lowest))
+    key = cache_key(source, find_toolchain(isa=Isa.GENERIC))
     assert [p.name for p in (tmp_path / "c").glob("vf_*.so")] == [f"vf_{key}.so"]
-    assert key != cache_key(source, find_toolchain())
     (program,) = (tmp_path / "d").rglob("05_program.txt")
     assert program.read_text().splitlines()[0] == "program (generic, vectors of 4 fp32 lanes) {"

@@ -15,8 +15,8 @@ def get_target(
     name: str, cache_dir: Path | None = None, remeasure: bool = False, isa: Isa | str | None = None
 ) -> Target:
     """The named target. `cpu` is this machine, measured once and cached in `cache_dir`
-    (default ~/.cache/vfuse); `remeasure=True` ignores the cache and rewrites it. `isa` ("auto" or
-    None: the CPU's own tier) compiles for a lower instruction-set tier; one the CPU lacks raises
+    (default ~/.cache/vfuse); `remeasure=True` ignores the cache and rewrites it. `isa` compiles for a lower
+    instruction-set tier ("auto" or None: VFUSE_ISA's, else the CPU's own); one the CPU lacks raises
     VfuseOptionError. GPU presets have no tier and ignore it."""
     key = name.lower()
     tier = parse_isa("auto" if isa is None else isa)

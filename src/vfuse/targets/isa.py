@@ -9,6 +9,7 @@ code built for it would die of SIGILL.
 from __future__ import annotations
 
 import enum
+import os
 import platform
 from dataclasses import dataclass
 
@@ -131,10 +132,27 @@ def isa_names() -> tuple[str, ...]:
     return ("auto", *(t.value for t in Isa))
 
 
+ENV_VAR = "VFUSE_ISA"
+
+
+def env_isa() -> Isa | None:
+    """The tier VFUSE_ISA names (None when unset or "auto"): what `auto` compiles for, process-wide,
+    so that tools and tests that build with default options follow it too."""
+    value = os.environ.get(ENV_VAR)
+    if not value:
+        return None
+    try:
+        return parse_isa(value)
+    except VfuseOptionError as e:
+        raise VfuseOptionError(f"{e} (set by the environment variable {ENV_VAR})") from None
+
+
 def resolve_isa(requested: Isa | None, flags: frozenset[str], arch: str) -> CpuIsa:
-    """The tier to compile for: the CPU's own, or `requested` when the CPU has it (with the CPU's
-    extensions of that tier); a tier the CPU lacks raises VfuseOptionError naming what is missing."""
+    """The tier to compile for: `requested`, else VFUSE_ISA's, else the CPU's own, with the CPU's
+    extensions of that tier; a tier the CPU lacks raises VfuseOptionError naming what is missing."""
     native = detect_isa(flags, arch)
+    from_env = requested is None and env_isa() is not None
+    requested = requested or env_isa()
     if requested is None or requested is native.tier:
         return native
     missing = missing_flags(requested, flags, arch)
@@ -142,8 +160,9 @@ def resolve_isa(requested: Isa | None, flags: frozenset[str], arch: str) -> CpuI
         lacks = f"the flags {' '.join(missing)}"
         if ARCH[requested] != arch:
             lacks = f"{lacks} of an {ARCH[requested]} CPU (this one is {arch})"
+        source = f" (set by the environment variable {ENV_VAR})" if from_env else ""
         raise VfuseOptionError(
-            f"vfuse option isa={requested.value!r} is not available on this CPU (its tier is {native.describe()}): "
-            f"it lacks {lacks}; code built for it would stop with SIGILL"
+            f"vfuse option isa={requested.value!r}{source} is not available on this CPU (its tier is "
+            f"{native.describe()}): it lacks {lacks}; code built for it would stop with SIGILL"
         )
     return CpuIsa(requested, _extras(requested, flags), arch)
