@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
 from vfuse.bench import contenders, workloads
 from vfuse.bench.checks import compare
+from vfuse.bench.render import run_table
+from vfuse.bench.results import MachineInfo, RunResult
 from vfuse.bench.timing import Stats, TimingConfig, copy_callables, measure
+from vfuse.targets.cpu import machine_isa
 
 
 def test_float_check_tolerance_and_max_error() -> None:
@@ -111,3 +116,15 @@ def test_vfuse_is_strict_unless_fallback_is_allowed() -> None:
     assert strict.name == lenient.name == "vfuse"
     assert strict.prepare is contenders.CONTENDERS["vfuse"].prepare
     assert lenient.prepare is not strict.prepare
+
+
+def test_machine_info_names_the_tier_vfuse_compiles_for(monkeypatch: pytest.MonkeyPatch) -> None:
+    own = machine_isa().describe()
+    monkeypatch.setenv("VFUSE_ISA", "generic")
+    info = MachineInfo.probe()
+    assert (info.isa, info.cpu_isa) == ("generic", own)
+    assert MachineInfo.from_dict(dataclasses.asdict(info)) == info
+    title = str(run_table(RunResult("t", info, ())).title)
+    assert "vfuse code generic" in title and (own == "generic" or f"(CPU: {own})" in title)
+    monkeypatch.delenv("VFUSE_ISA")
+    assert MachineInfo.probe().isa == own

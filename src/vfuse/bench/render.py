@@ -11,7 +11,7 @@ from rich.table import Table
 from rich.text import Text
 
 from vfuse.bench.contenders import REFERENCE
-from vfuse.bench.results import CompileTime, ContenderResult, RunResult, WorkloadResult
+from vfuse.bench.results import CompileTime, ContenderResult, MachineInfo, RunResult, WorkloadResult
 from vfuse.bench.timing import Stats
 
 if TYPE_CHECKING:
@@ -100,7 +100,8 @@ def run_table(run: RunResult) -> Table:
     m = run.machine
     tunables = f", GLIBC_TUNABLES={m.glibc_tunables}" if m.glibc_tunables else ""
     table = Table(
-        title=f"vfuse bench ({run.label}): {m.cpu_model}, {m.threads} threads, torch {m.torch_version}{tunables}",
+        title=f"vfuse bench ({run.label}): {m.cpu_model}, {_isa(m)}, {m.threads} threads, torch {m.torch_version}"
+        f"{tunables}",
         caption="median per call over interleaved rounds; ±IQR/2; ratios = eager (or inductor) median / this median",
     )
     for header in ("workload", "contender", "median", "±", "vs eager", "vs inductor", "GB/s", "% copy"):
@@ -111,6 +112,13 @@ def run_table(run: RunResult) -> Table:
     for workload in run.workloads:
         _add_workload_rows(table, workload)
     return table
+
+
+def _isa(m: MachineInfo) -> str:
+    """`vfuse code avx2 (CPU: avx512 (vbmi, vnni, bf16))` when a lower tier was forced."""
+    if not m.isa:
+        return "tier unknown"
+    return f"vfuse code {m.isa}" + (f" (CPU: {m.cpu_isa})" if m.cpu_isa and m.cpu_isa != m.isa else "")
 
 
 # A 1-minute load average above this when the run starts means other jobs were competing.

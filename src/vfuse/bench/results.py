@@ -20,6 +20,7 @@ import torch
 import vfuse
 from vfuse.bench.checks import Check
 from vfuse.bench.timing import Stats
+from vfuse.targets.cpu import isa_for, machine_isa
 
 SCHEMA = "vfuse-bench/1"
 _SIMD_FLAGS = ("avx2", "fma", "avx512f", "avx512bw", "avx512vl", "avx512_bf16", "amx_tile", "asimd", "sve")
@@ -38,11 +39,15 @@ class MachineInfo:
     date_utc: str
     glibc_tunables: str | None
     load_avg: tuple[float, float, float]  # 1, 5, 15 min, when the run started: others' load = noise
+    isa: str = ""  # the instruction-set tier vfuse compiled for (VFUSE_ISA or the CPU's own), with extensions
+    cpu_isa: str = ""  # the CPU's own tier
 
     @staticmethod
     def probe() -> MachineInfo:
         model, flags = _cpuinfo()
         return MachineInfo(
+            isa=isa_for(None).describe(),
+            cpu_isa=machine_isa().describe(),
             cpu_model=model,
             cpu_simd=tuple(f for f in _SIMD_FLAGS if f in flags),
             logical_cpus=os.cpu_count() or 0,

@@ -104,6 +104,11 @@ def machine_flags() -> frozenset[str]:
     return flags_of(_first_cpu())
 
 
+def machine_isa() -> CpuIsa:
+    """This CPU's own tier, whatever VFUSE_ISA says."""
+    return detect_isa(machine_flags(), machine_arch())
+
+
 def isa_for(requested: Isa | None) -> CpuIsa:
     """The tier code is compiled for on this CPU: its own (None) or a lower one it was asked for;
     a tier the CPU lacks raises VfuseOptionError naming the missing flags."""
