@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib
+import json
 import subprocess
 import sys
 import textwrap
@@ -32,12 +33,12 @@ def tiny_report(target: str) -> Any:
 
 
 @pytest.fixture
-def fake_explain(monkeypatch: pytest.MonkeyPatch) -> list[tuple[Any, tuple[Any, ...], str]]:
+def fake_explain(monkeypatch: pytest.MonkeyPatch) -> list[tuple[Any, tuple[Any, ...], str, dict[str, Any]]]:
     """Replace capture + planning with a hand-built report, recording what explain was given."""
-    calls: list[tuple[Any, tuple[Any, ...], str]] = []
+    calls: list[tuple[Any, tuple[Any, ...], str, dict[str, Any]]] = []
 
     def fake(model: Any, *inputs: Any, target: str = "cpu", **options: Any) -> Any:
-        calls.append((model, inputs, target))
+        calls.append((model, inputs, target, options))
         return tiny_report(target)
 
     monkeypatch.setattr(importlib.import_module("vfuse.report.explain"), "explain", fake)
@@ -84,10 +85,10 @@ def test_explain_prints_report_and_writes_files(
     rc = cli.main(["explain", f"{mod}:factory", "--target", "h100", "--html", str(html), "--dot", str(dot)])
     out, err = capsys.readouterr()
     assert rc == 0
-    ((model, inputs, target),) = fake_explain
-    assert (model.__name__, inputs, target) == ("double", (3,), "h100")
+    ((model, inputs, target, options),) = fake_explain
+    assert (model.__name__, inputs, target, options) == ("double", (3,), "h100", {"freeze": False})
     assert "vfuse fusion report (target: h100)" in out
-    assert "2 ops -> 1 kernel" in out
+    assert "1 native kernel in 1 native call, 0 torch calls" in out and "2 ops -> 1 planner group" in out
     assert "\x1b" not in out  # not a terminal: plain text
     assert html.read_text().startswith("<!DOCTYPE html>")
     assert dot.read_text().count("subgraph cluster_") == 1
@@ -97,7 +98,23 @@ def test_explain_prints_report_and_writes_files(
 def test_list_of_inputs_is_accepted(tmp_path: Path, fake_explain: list) -> None:
     mod = write_module(tmp_path, GOOD)
     assert cli.main(["explain", f"{mod}:as_list"]) == 0
-    assert fake_explain[0][1:] == ((3,), "cpu")
+    assert fake_explain[0][1:3] == ((3,), "cpu")
+
+
+def test_freeze_summary_and_json(tmp_path: Path, fake_explain: list, capsys: pytest.CaptureFixture[str]) -> None:
+    mod = write_module(tmp_path, GOOD)
+    assert cli.main(["explain", f"{mod}:factory", "--freeze", "--summary"]) == 0
+    assert fake_explain[-1][3] == {"freeze": True}
+    summary = capsys.readouterr().out
+    assert "decisions by rule" in summary and "decisions (producer -> consumer)" not in summary
+    assert cli.main(["explain", f"{mod}:factory", "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["runs"] == {"kernels": 1, "native_calls": 1, "torch_calls": 0}
+    assert data["time"]["baseline"] == "vs unfused (cost model)"
+    assert [k["name"] for k in data["kernels"]] == ["k0"]
+    with pytest.raises(SystemExit) as exit_:
+        cli.main(["explain", f"{mod}:factory", "--json", "--summary"])
+    assert exit_.value.code == 2 and "not allowed with argument" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize(
@@ -185,9 +202,9 @@ def test_explain_end_to_end(tmp_path: Path, capsys: pytest.CaptureFixture[str]) 
     assert cli.main(["explain", f"{mod}:factory", "--target", "h100", "--html", str(html)]) == 0
     out, err = capsys.readouterr()
     assert "vfuse fusion report (target: h100)" in out
-    assert "gemm" in out  # the Linear is planned as a GEMM kernel
+    assert "Linear+GELU GEMM epilogue" in out  # the Linear and its GELU run as one GEMM kernel
     assert f"wrote {html}" in err
-    assert 'class="node' in html.read_text()
+    assert 'class="kernel' in html.read_text()
 
 
 def test_capture_failure_is_one_line_exit_1(

@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import importlib.util
+import json
 import platform
 import sys
 from collections.abc import Callable, Sequence
@@ -31,7 +32,9 @@ tuple of the positional arguments to call it with, e.g.
         model = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.GELU())
         return model, (torch.randn(8, 64),)
 
-Nothing is compiled or run on the target: the report is the planner's prediction."""
+The report shows the kernels and torch calls that vfuse.compile would run with the same
+options (--freeze as freeze=True), with the cost model's predictions; nothing is built or run.
+--summary prints the totals and one line per kernel; --json prints everything as JSON."""
 
 
 class UsageError(Exception):
@@ -50,6 +53,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     ex.add_argument("spec", metavar="SPEC", help="module.py:factory (see above)")
     ex.add_argument("--target", default="cpu", help="hardware to plan for: cpu, a100, h100, h200 (default: cpu)")
+    ex.add_argument(
+        "--freeze", action="store_true", help="compile parameters in as constants (freeze=True: Conv-BN folding)"
+    )
+    mode = ex.add_mutually_exclusive_group()
+    mode.add_argument("--summary", action="store_true", help="print the totals and one line per kernel only")
+    mode.add_argument("--json", action="store_true", help="print the whole report as JSON instead of tables")
     ex.add_argument("--html", type=Path, metavar="PATH", help="also write the interactive HTML report here")
     ex.add_argument("--dot", type=Path, metavar="PATH", help="also write the Graphviz graph here")
     ex.add_argument("--width", type=int, default=120, help="width of the printed tables (default: 120)")
@@ -99,7 +108,7 @@ def run_explain(ns: argparse.Namespace) -> int:
     if ns.target.lower() not in {"cpu", *PRESETS}:
         raise UsageError(f"unknown target {ns.target!r}; known: cpu, {', '.join(sorted(PRESETS))}")
     try:
-        report = explain(model, *inputs, target=ns.target)
+        report = explain(model, *inputs, target=ns.target, freeze=ns.freeze)
     except Exception as e:
         if ns.traceback:
             raise
@@ -107,7 +116,10 @@ def run_explain(ns: argparse.Namespace) -> int:
         # a user either: say what failed and how to see more.
         print(f"vfuse explain: failed: {type(e).__name__}: {_one_line(e)} (rerun with --traceback)", file=sys.stderr)
         return 1
-    _print_report(report, ns.width)
+    if ns.json:
+        sys.stdout.write(json.dumps(report.to_json(), indent=1) + "\n")
+    else:
+        _print_report(report, ns.width, ns.summary)
     if ns.html is not None:
         _write(ns.html, report.to_html())
     if ns.dot is not None:
@@ -115,17 +127,17 @@ def run_explain(ns: argparse.Namespace) -> int:
     return 0
 
 
-def _print_report(report: FusionReport, width: int) -> None:
+def _print_report(report: FusionReport, width: int, summary: bool) -> None:
     if sys.stdout.isatty():
         from rich.console import Console
 
         from vfuse.report.text import renderables
 
         console = Console(width=width)
-        for part in renderables(report):
+        for part in renderables(report, summary):
             console.print(part)
     else:
-        sys.stdout.write(report.to_text(width=width))
+        sys.stdout.write(report.to_text(width=width, summary=summary))
 
 
 def _write(path: Path, text: str) -> None:

@@ -96,3 +96,20 @@ def build_recompute() -> tuple[Graph, FusionPlan]:
 @pytest.fixture(scope="session")
 def recompute() -> tuple[Graph, FusionPlan]:
     return build_recompute()
+
+
+def build_two_shapes() -> tuple[Graph, FusionPlan]:
+    """One planner group whose outputs differ in shape: code generation runs one nest per shape."""
+    b = GraphBuilder()
+    x = b.add(Op.INPUT, name="x", index=0, type=TensorType((8, 16), DType.F32))
+    y = b.add(Op.INPUT, name="y", index=1, type=TensorType((16,), DType.F32))
+    a = b.add(Op.EXP, [x], name="a")
+    c = b.add(Op.NEG, [y], name="c")
+    graph = b.build([a, c])
+    group = Group(0, ("a", "c"), Kind.ELEMENTWISE, "pointwise", ("x", "y"), ("a", "c"), cost(9.0, 1))
+    return graph, FusionPlan(graph, "cpu", (group,), ())
+
+
+@pytest.fixture(scope="session")
+def two_shapes() -> tuple[Graph, FusionPlan]:
+    return build_two_shapes()

@@ -1,11 +1,17 @@
-"""Render the HTML report in headless Chromium and check the screenshot shows the graph.
+"""The HTML report of a 6-block transformer in headless Chromium: the screenshot shows the graph;
+a probe script run in the page after report.js searches for a module, expands a kernel, expands
+all, filters the decisions and measures every drawn box (no two overlap).
 
 Skipped when no Chromium is installed (Debian: `apt-get install chromium`). The PNG is decoded
-with zlib and struct only, so the check adds no image library to the dependencies.
+with zlib and struct only, and the probe's findings come back through `--dump-dom`, so the checks
+add no browser driver or image library to the dependencies.
 """
 
 from __future__ import annotations
 
+import html
+import json
+import re
 import shutil
 import struct
 import subprocess
@@ -14,10 +20,10 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
+from tests.report.encoder import example
 
-from vfuse.fusion.plan import FusionPlan
-from vfuse.ir import Graph
-from vfuse.report import build_report
+import vfuse
+from vfuse.report import FusionReport
 from vfuse.report.colours import kernel_fill
 
 BROWSERS = ("chromium", "chromium-browser", "google-chrome")
@@ -28,11 +34,15 @@ def find_browser() -> str | None:
     return next((p for p in map(shutil.which, BROWSERS) if p), None)
 
 
+HEADLESS = (
+    "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+    "--disable-background-networking", "--disable-component-update", "--disable-sync",
+)  # fmt: skip
+
+
 def screenshot(browser: str, page: Path, png: Path, profile: Path, fragment: str = "") -> None:
     cmd = [
-        browser, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-        "--disable-background-networking", "--disable-component-update", "--disable-sync",
-        f"--user-data-dir={profile}", f"--screenshot={png}", f"--window-size={WIDTH},{HEIGHT}",
+        browser, *HEADLESS, f"--user-data-dir={profile}", f"--screenshot={png}", f"--window-size={WIDTH},{HEIGHT}",
         page.resolve().as_uri() + fragment,
     ]  # fmt: skip
     subprocess.run(cmd, capture_output=True, timeout=60, check=False)
@@ -107,45 +117,118 @@ def near(counts: Colours, hex_colour: str, tolerance: int = 6) -> int:
     return sum(n for c, n in counts.items() if sum(abs(x - y) for x, y in zip(c, want, strict=True)) <= tolerance)
 
 
-# Chromium takes seconds to start: each page state is shot once and shared by the tests.
+# Chromium takes seconds to start: one page, shot once and read once through the DOM.
 @pytest.fixture(scope="module")
-def page(graph: Graph, plan: FusionPlan, tmp_path_factory: pytest.TempPathFactory) -> Path:
+def encoder_report() -> FusionReport:
+    model, x = example(blocks=6)
+    return vfuse.explain(model, x, freeze=True)
+
+
+@pytest.fixture(scope="module")
+def page(encoder_report: FusionReport, tmp_path_factory: pytest.TempPathFactory) -> Path:
     path = tmp_path_factory.mktemp("report") / "report.html"
-    build_report(graph, plan, "h100").to_html(path)
+    encoder_report.to_html(path)
     return path
 
 
-@pytest.fixture(scope="module")
-def before(browser: str, page: Path) -> Colours:
-    return shot_colours(browser, page, page.parent / "plain")
+def test_report_renders_in_chromium(browser: str, page: Path) -> None:
+    shot = shot_colours(browser, page, page.parent / "plain")
+    background, most = shot.most_common(1)[0]
+    assert len(shot) > 50, "too few colours: blank page?"
+    assert most < 0.9 * sum(shot.values()), f"page is mostly {background}"
+    # The boxes of the first kernels are on screen in their colours: the SVG graph was drawn.
+    assert near(shot, kernel_fill(0)) > 500
+    assert near(shot, kernel_fill(1)) > 500
+
+
+# Run in the page after report.js: search, expand, filter, and measure every drawn box.
+PROBE = """
+<script>
+(function () {
+  function rects(sel) {
+    return Array.from(document.querySelectorAll(sel)).filter(function (e) {
+      return e.getClientRects().length > 0;
+    }).map(function (e) { var r = e.getBoundingClientRect(); return [r.left, r.top, r.right, r.bottom]; });
+  }
+  function overlaps(list) {
+    var n = 0;
+    for (var i = 0; i < list.length; i++) for (var j = i + 1; j < list.length; j++) {
+      var a = list[i], b = list[j];
+      if (a[0] < b[2] - 0.5 && b[0] < a[2] - 0.5 && a[1] < b[3] - 0.5 && b[1] < a[3] - 0.5) n++;
+    }
+    return n;
+  }
+  function within() {  // overlaps among the node boxes of each open kernel
+    return Array.from(document.querySelectorAll(".inner")).reduce(function (n, g) {
+      var sel = '.inner[data-id="' + g.dataset.id + '"] .node > rect';
+      return n + (g.style.display === "none" ? 0 : overlaps(rects(sel)));
+    }, 0);
+  }
+  var out = {}, boxes = ".kernel > rect, .inner > rect.panel";
+  out.kernels = document.querySelectorAll(".kernel").length;
+  out.collapsed = overlaps(rects(boxes));
+  var search = document.getElementById("search");
+  search.value = "layers.3.attn.norm";
+  search.dispatchEvent(new Event("input"));
+  out.matches = Array.from(document.querySelectorAll(".kernel.match")).map(function (e) { return +e.dataset.id; });
+  out.count = document.getElementById("matches").textContent;
+  var view = document.getElementById("graphbox").getBoundingClientRect();
+  var hit = document.querySelector(".kernel.match").getBoundingClientRect();
+  out.inView = hit.top >= view.top && hit.bottom <= view.bottom && hit.left >= view.left && hit.right <= view.right;
+  var toggle = document.querySelector('.kernel[data-id="' + out.matches[0] + '"] .toggle');
+  toggle.dispatchEvent(new MouseEvent("click", { bubbles: true }));
+  out.open = rects('.inner[data-id="' + out.matches[0] + '"] .node').length;
+  out.panel = document.getElementById("panel").textContent;
+  out.expanded = overlaps(rects(boxes));
+  document.getElementById("expand-all").click();
+  out.allOpen = rects(".inner > rect.panel").length;
+  out.expandedAll = overlaps(rects(boxes));
+  out.nodesOverlap = within();
+  var verdict = document.getElementById("f-verdict");
+  verdict.value = "rejected";
+  verdict.dispatchEvent(new Event("change"));
+  out.rejectedRows = rects("#decisions tbody tr").length;
+  var pre = document.createElement("pre");
+  pre.id = "probe-out";
+  pre.textContent = JSON.stringify(out);
+  document.body.appendChild(pre);
+})();
+</script>
+"""
 
 
 @pytest.fixture(scope="module")
-def after(browser: str, page: Path) -> Colours:
-    return shot_colours(browser, page, page.parent / "selected", "#node=g")
+def probed(browser: str, page: Path) -> dict:
+    probe = page.parent / "probe.html"
+    probe.write_text(page.read_text(encoding="utf-8").replace("</body>", PROBE + "</body>"), encoding="utf-8")
+    cmd = [browser, *HEADLESS, f"--user-data-dir={page.parent / 'dom'}", f"--window-size={WIDTH},{HEIGHT}"]
+    run = subprocess.run([*cmd, "--dump-dom", probe.resolve().as_uri()], capture_output=True, text=True, timeout=60)
+    found = re.search(r'<pre id="probe-out">(.*?)</pre>', run.stdout, re.DOTALL)
+    assert found, f"the probe did not run: {run.stderr[-2000:]}"
+    return json.loads(html.unescape(found.group(1)))
 
 
-def test_report_renders_in_chromium(before: Colours) -> None:
-    background, most = before.most_common(1)[0]
-    assert len(before) > 50, "too few colours: blank page?"
-    assert most < 0.9 * sum(before.values()), f"page is mostly {background}"
-    # The boxes of kernels 0 and 1 are on screen in their colours: the SVG graph was drawn.
-    assert near(before, kernel_fill(0)) > 500
-    assert near(before, kernel_fill(1)) > 500
+def test_six_blocks_are_readable(probed: dict, encoder_report: FusionReport) -> None:
+    assert probed["kernels"] == len(encoder_report.kernels) > 60
+    assert probed["collapsed"] == 0, "kernel boxes overlap"
+    assert probed["expanded"] == 0 and probed["expandedAll"] == 0, "an expanded kernel overlaps other boxes"
+    assert probed["allOpen"] == probed["kernels"] and probed["nodesOverlap"] == 0
 
 
-def test_selecting_a_node_shows_its_decisions(before: Colours, after: Colours) -> None:
-    # "#node=g" makes the script pin %g: its decision cards, with green (accepted) and red
-    # (rejected) left borders, appear in the side panel. More of both colours than on the
-    # unselected page proves that the inline script ran and read the data block.
-    assert near(after, ACCEPTED_GREEN, 10) > near(before, ACCEPTED_GREEN, 10) + 60
-    assert near(after, REJECTED_RED, 10) > near(before, REJECTED_RED, 10) + 40
-    # ...the rows of those decisions in the table below are highlighted, and %g has the
-    # selection outline.
-    assert near(after, HIGHLIGHT_ROW, 3) > near(before, HIGHLIGHT_ROW, 3) + 5000
-    assert near(before, SELECTED_BLUE, 10) == 0
-    assert near(after, SELECTED_BLUE, 10) > 100
+def test_search_finds_a_module(probed: dict, encoder_report: FusionReport) -> None:
+    expected = [k.id for k in encoder_report.kernels if "layers.3.attn.norm" in k.modules]
+    assert probed["matches"] == expected and len(expected) >= 1
+    assert encoder_report.kernels[expected[0]].pattern == "LayerNorm row kernel"
+    assert probed["count"] == f"{len(expected)} kernel{'s' if len(expected) > 1 else ''} match"
+    assert probed["inView"], "the graph did not scroll to the match"
 
 
-# Colours from template.html: --ok, --no, a highlighted table row, the selected node's outline.
-ACCEPTED_GREEN, REJECTED_RED, HIGHLIGHT_ROW, SELECTED_BLUE = "#15803d", "#b91c1c", "#fef9c3", "#2563eb"
+def test_a_collapsed_kernel_expands(probed: dict, encoder_report: FusionReport) -> None:
+    k = encoder_report.kernels[probed["matches"][0]]
+    assert probed["open"] == len(k.nodes) + len(k.inputs)  # its ops and the values it reads, drawn
+    assert "LayerNorm row kernel" in probed["panel"] and "layers.3.attn.norm" in probed["panel"]
+    assert "generated C++" in probed["panel"]
+
+
+def test_decisions_filter(probed: dict, encoder_report: FusionReport) -> None:
+    assert probed["rejectedRows"] == len(encoder_report.rejected) > 0

@@ -1,4 +1,4 @@
-"""Graphviz output: one cluster per kernel holding exactly its nodes, sources outside, styled edges."""
+"""Graphviz output: one cluster per kernel that runs, holding exactly its nodes; sources outside; styled edges."""
 
 from __future__ import annotations
 
@@ -26,8 +26,9 @@ def test_one_cluster_per_kernel(graph: Graph, plan: FusionPlan) -> None:
     dot = build_report(graph, plan, "h100").to_dot()
     assert dot.startswith("digraph vfuse {") and dot.rstrip().endswith("}")
     assert dot.count("{") == dot.count("}")
-    assert clusters(dot) == {str(g.id): list(g.nodes) for g in plan.groups}
-    assert 'label="kernel 0: gemm (contraction)\\n8 µs, 385 KiB, compute-bound"' in dot
+    assert clusters(dot) == {str(g.id): list(g.nodes) for g in plan.groups}  # each group runs as one kernel
+    assert 'label="#0 k0_c: matmul+add+GELU GEMM epilogue\\n8 µs, 385 KiB, compute-bound"' in dot
+    assert 'label="#2 torch2: torch: flip\\n4 µs, 128 KiB, memory-bound"' in dot
 
 
 def test_every_node_declared_once_with_op_and_type(graph: Graph, plan: FusionPlan) -> None:
@@ -64,3 +65,9 @@ def test_recomputed_node_gets_a_copy_per_extra_kernel(recompute: tuple[Graph, Fu
     edges = re.findall(r'^  "([\w@]+)" -> "([\w@]+)"(.*);$', dot, re.MULTILINE)
     assert [(a, b) for a, b, _ in edges] == [("x", "n"), ("x", "n@k1"), ("n", "a"), ("n@k1", "s")]
     assert [style for *_, style in edges][2:] == ["", ""]  # fused: plain edges
+
+
+def test_a_split_group_is_one_cluster_per_kernel(two_shapes: tuple[Graph, FusionPlan]) -> None:
+    dot = build_report(*two_shapes, "h100").to_dot()
+    assert clusters(dot) == {"0": ["a"], "1": ["c"]}
+    assert '"#1 k0_1: pointwise chain (neg)' in dot

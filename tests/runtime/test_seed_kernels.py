@@ -1,5 +1,5 @@
 """Every seed pattern of the brief runs as exactly the kernels the planner planned: one generated
-kernel, no torch call, one native call, and the result equals eager."""
+kernel, no torch call, one native call, and the result equals eager; vfuse.explain reports the same."""
 
 from __future__ import annotations
 
@@ -81,6 +81,8 @@ def test_seed_pattern_is_one_generated_kernel(name: str) -> None:
     assert len(compiled.plan.groups) == 1, f"planned {len(compiled.plan.groups)} kernels"
     stats = compiled.stats
     assert (stats.backend, stats.kernels, stats.native_calls, stats.torch_calls) == ("cpp", 1, 1, 0)
+    report = vfuse.explain(fn, *inputs, freeze=True)
+    assert (report.num_kernels, report.native_calls, report.torch_calls) == (1, 1, 0)
 
 
 def test_gelu_dropout_residual_is_one_kernel_with_real_dropout() -> None:

@@ -1,6 +1,7 @@
-"""Explain a fusion plan: what vfuse fuses into which kernels, and why (text, HTML, Graphviz)."""
+"""Explain what vfuse runs for a model and why: kernels, bytes, decisions (text, JSON, HTML, Graphviz)."""
 
 from vfuse.report.explain import build_report, explain
-from vfuse.report.model import FusionReport, KernelRow
+from vfuse.report.model import FusionReport
+from vfuse.report.rows import KernelRow, RunKind
 
-__all__ = ["FusionReport", "KernelRow", "build_report", "explain"]
+__all__ = ["FusionReport", "KernelRow", "RunKind", "build_report", "explain"]

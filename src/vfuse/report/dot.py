@@ -1,7 +1,7 @@
-"""The report as Graphviz text: one `subgraph cluster_<id>` per kernel, edges styled like the HTML.
+"""The report as Graphviz text: one `subgraph cluster_<id>` per kernel that runs, edges styled like the HTML.
 
-Inputs and constants stay outside every cluster; a node the planner recomputes in several
-kernels appears once per kernel (dashed after the first). Edges between kernels (values
+Inputs and constants stay outside every cluster; a node recomputed in several kernels appears
+once per kernel (dashed after the first). Edges between kernels (values
 materialized to DRAM) are dashed red, edges inside a kernel solid: `dot -Tsvg` then shows the
 kernel boundaries without the reader having to compare node colours.
 """
@@ -41,38 +41,39 @@ def render_dot(report: FusionReport) -> str:
         '  node [shape=box, style="rounded,filled", fontname="monospace", fontsize=10, fillcolor="#ffffff"];',
     ]
     for n in graph.nodes:
-        if not report.groups_of(n.name):
+        if not report.kernels_of(n.name):
             fill = SOURCE_FILL if n.kind is Kind.SOURCE else "#ffffff"
             lines.append(f"  {quote(n.name)} [label={quote(node_label(n))}, fillcolor={quote(fill)}];")
-    for g in report.groups:
-        lines += _cluster(report, g)
+    for k in report.kernels:
+        lines += _cluster(report, k)
     lines += [f"  {edge}" for n in graph.nodes for edge in _edges_into(report, n)]
     lines.append("}")
     return "\n".join(lines) + "\n"
 
 
-def node_id(report: FusionReport, name: str, group: KernelRow | None) -> str:
-    """The DOT id of `name` as computed in `group`: a node recomputed in several kernels gets
+def node_id(report: FusionReport, name: str, kernel: KernelRow | None) -> str:
+    """The DOT id of `name` as computed in `kernel`: a node recomputed in several kernels gets
     a copy in each cluster after its first (Graphviz puts a node in one cluster only)."""
-    first = report.group_of(name)
-    return name if group is None or first is None or first.id == group.id else f"{name}@k{group.id}"
+    first = report.kernel_of(name)
+    return name if kernel is None or first is None or first.id == kernel.id else f"{name}@k{kernel.id}"
 
 
 def _edges_into(report: FusionReport, n: Node) -> list[str]:
     """Edges into every copy of `n`; an input computed in the same kernel comes from its copy there."""
     edges = []
-    for group in report.groups_of(n.name) or (None,):
-        dst = quote(node_id(report, n.name, group))
+    for kernel in report.kernels_of(n.name) or (None,):
+        dst = quote(node_id(report, n.name, kernel))
         for p in dict.fromkeys(n.inputs):
-            local = group is not None and p in group.nodes
-            src = quote(node_id(report, p, group if local else None))
+            local = kernel is not None and p in kernel.nodes
+            src = quote(node_id(report, p, kernel if local else None))
             kind = "fused" if local else ("input" if report.graph[p].kind is Kind.SOURCE else "dram")
             edges.append(f"{src} -> {dst}{_EDGE_STYLE[kind]};")
     return edges
 
 
 def _cluster(report: FusionReport, g: KernelRow) -> list[str]:
-    title = f"kernel {g.id}: {g.label} ({g.kind})\n{fmt_time(g.time_s)}, {fmt_bytes(g.bytes)}, {g.bound}-bound"
+    where = f"\n{g.module}" if g.module else ""
+    title = f"#{g.id} {g.name}: {g.pattern}{where}\n{fmt_time(g.time_s)}, {fmt_bytes(g.bytes)}, {g.bound}-bound"
     lines = [
         f"  subgraph cluster_{g.id} {{",
         f"    label={quote(title)};",

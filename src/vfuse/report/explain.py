@@ -1,8 +1,11 @@
-"""`explain(model, *inputs)`: capture, plan, and describe what vfuse would fuse and why.
+"""`explain(model_or_fn, *inputs, **options)`: what vfuse runs for a model, and why.
 
-`build_report(graph, plan, target)` holds all the logic and needs no torch capture, so it is
-tested on hand-built graphs. It only reads the graph, the plan and its decision log: every
-figure about kernels comes from the planner's own Cost records, never from a second opinion.
+`explain` goes through the stages `vfuse.compile` goes through (export, lower, freeze, optimize,
+plan, schedule, render: `compiler.py`) with the same options, and stops before g++: the report's
+kernels are the schedule's Program, the kernels and torch calls a compiled graph runs.
+`build_report(graph, plan, target, ...)` holds the logic and needs no torch capture, so it is
+tested on hand-built graphs. Every figure about kernels comes from the planner's cost model; the
+report never re-decides anything.
 """
 
 from __future__ import annotations
@@ -12,79 +15,115 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from vfuse.context import Context, Options
-from vfuse.fusion.plan import Cost, FusionPlan, Group
+from vfuse.fusion.plan import Cost, FusionPlan
 from vfuse.ir import Graph, Kind, Node, Op, opdef
-from vfuse.report.model import FusionReport, KernelRow
+from vfuse.report.model import FusionReport
+from vfuse.report.modules import Source, exported_sources, node_sources
+from vfuse.report.runs import Facts, UnfusedCosts, program_rows, reference_rows
+from vfuse.schedule import Program
+from vfuse.targets import Target, get_target
 
-# Per-node cost of running an op alone, as the planner's cost model predicts it.
-UnfusedCosts = Mapping[str, Cost]
+Scheduled = tuple[Program, str]  # the Program and its C++ source
 
 
-def explain(model_or_fn: Callable[..., Any], *example_inputs: Any, target: str = "cpu", **options: Any) -> FusionReport:
-    """Capture `model_or_fn` on `example_inputs`, plan fusion for `target`, and report on it.
+def explain(
+    model_or_fn: Callable[..., Any], *example_inputs: Any, target: str | None = None, **options: Any
+) -> FusionReport:
+    """Capture `model_or_fn` on `example_inputs` and report the kernels vfuse.compile would run.
 
-    `options` are `vfuse.context.Options` fields (e.g. strict=True). Nothing is compiled or run.
+    `options` are every `vfuse.context.Options` field (freeze=True folds BatchNorm into the
+    convolution as the compiled graph does; backend="interp" reports the reference executor;
+    dump_dir writes each stage). Nothing is built with g++ or run.
     """
     # The pipeline imports torch capture; importing it here keeps `vfuse.report` light.
-    from vfuse.compiler import plan as plan_graph
-    from vfuse.entry.aot import to_ir
+    from vfuse import compiler
+    from vfuse.entry.aot import _freezable, export
+    from vfuse.entry.dumps import graph_context
 
-    ctx = Context(options=Options.from_env(target=target, **options))
-    graph = to_ir(model_or_fn, tuple(example_inputs), ctx)
-    plan = plan_graph(graph, ctx)
-    return build_report(graph, plan, target, unfused_costs(graph, ctx))
+    ctx = graph_context(Options.from_env(target=target, **options), "explain0", "explain", example_inputs)
+    program = export(model_or_fn, example_inputs)
+    frozen = _freezable(program) if ctx.options.freeze else {}
+    graph = compiler.lower_fx(program.graph_module, ctx)
+    graph = compiler.optimize(compiler.freeze(graph, frozen, ctx), ctx)
+    hardware = compiler.target_of(ctx)
+    plan = compiler.plan(graph, ctx, hardware)
+    sources = node_sources(graph, exported_sources(program, model_or_fn))
+    scheduled, note = _schedule(graph, plan, hardware, ctx)
+    unfused = unfused_costs(graph, hardware)
+    return build_report(
+        graph, plan, ctx.options.target, unfused, scheduled, sources=sources, hardware=hardware, note=note
+    )
 
 
-def unfused_costs(graph: Graph, ctx: Context) -> dict[str, Cost] | None:
+def _schedule(graph: Graph, plan: FusionPlan, hardware: Target, ctx: Context) -> tuple[Scheduled | None, str]:
+    """(program, C++ source) as compile_fx makes them, or None and why the reference executor runs."""
+    from vfuse import compiler
+
+    if ctx.options.backend == "interp":
+        return None, "backend='interp': the reference executor runs every op through torch"
+    try:
+        program = compiler.schedule(plan, hardware, ctx)
+        return (program, compiler.render(program, ctx)), ""
+    except Exception as e:
+        # As compile_fx: a warning and the reference executor, or raise (strict, backend="cpp").
+        return None, "native code failed: " + compiler.reference_after(e, graph, ctx).stats.native_error
+
+
+def unfused_costs(graph: Graph, target: Target) -> dict[str, Cost] | None:
     """Each compute op's cost as a kernel of its own, from the planner's cost model: the baseline
     the fused time is compared with. None when the cost model cannot price some op."""
     from vfuse.fusion.cost import estimate
-    from vfuse.targets import get_target
 
-    target = get_target(ctx.options.target, ctx.options.cache_dir)
     try:
         return {n.name: estimate([n.name], graph, target) for n in graph.compute_nodes}
     except ValueError:
         return None
 
 
-def build_report(graph: Graph, plan: FusionPlan, target: str, unfused: UnfusedCosts | None = None) -> FusionReport:
-    """Describe `plan` for `graph`. `unfused` gives each compute node's cost when run alone;
-    without it (or with a gap in it) the unfused time is shown as unknown rather than guessed.
+def build_report(
+    graph: Graph,
+    plan: FusionPlan,
+    target: str,
+    unfused: UnfusedCosts | None = None,
+    scheduled: Scheduled | None = None,
+    *,
+    sources: Mapping[str, Source] | None = None,
+    hardware: Target | None = None,
+    note: str = "",
+) -> FusionReport:
+    """Describe what runs for `plan`: `scheduled` (the Program and its C++) when given; without
+    it and without a `note` the plan is scheduled here; with a `note` (why native code does not
+    run) every op runs on the reference executor. `unfused` gives each compute node's cost when
+    run alone; without it (or with a gap in it) the unfused time is shown as unknown.
     """
+    hardware = hardware or get_target(target)
+    if scheduled is None and not note:
+        from vfuse.schedule import build
+
+        scheduled = (build(plan, hardware), "")
+    program, source = scheduled if scheduled is not None else (None, "")
+    facts = Facts(graph, plan, hardware, unfused, sources or {})
+    kernels = program_rows(facts, program) if program is not None else reference_rows(facts, note)
     compute = graph.compute_nodes
+    times = [k.time_s for k in kernels]
     return FusionReport(
         target=target,
         graph=graph,
         plan=plan,
-        groups=tuple(_kernel_row(graph, g) for g in plan.groups),
+        kernels=kernels,
         decisions=tuple(plan.decisions),
         num_ops=len(compute),
         bytes_unfused=sum(node_bytes(graph, n) for n in compute),
-        bytes_fused=sum(g.cost.bytes for g in plan.groups),
+        bytes_fused=sum(k.bytes for k in kernels),
         bytes_lower_bound=bytes_lower_bound(graph),
         time_unfused_s=_unfused_time(compute, unfused),
-        time_fused_s=sum(g.cost.time_s for g in plan.groups),
+        time_fused_s=None if None in times else sum(t for t in times if t is not None),
         fallbacks=fallback_counts(graph),
-    )
-
-
-def _kernel_row(graph: Graph, group: Group) -> KernelRow:
-    c = group.cost
-    return KernelRow(
-        id=group.id,
-        nodes=tuple(group.nodes),
-        ops=tuple(graph[n].op.value for n in group.nodes),
-        kind=group.kind.name.lower(),
-        label=group.label,
-        time_s=c.time_s,
-        flops=c.flops,
-        bytes=c.bytes,
-        bound=c.bound,
-        pressure=c.pressure,
-        parallelism=c.parallelism,
-        inputs=tuple(group.inputs),
-        outputs=tuple(group.outputs),
+        backend="cpp" if program is not None else "interp",
+        native_calls=len(program.segments) if program is not None else 0,
+        sources=dict(sources or {}),
+        source=source,
+        note=note,
     )
 
 

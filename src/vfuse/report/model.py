@@ -1,82 +1,93 @@
-"""What a fusion report holds: per-kernel rows, the planner's decisions and whole-graph totals.
+"""What a fusion report holds: the kernels that run, the planner's decisions and whole-graph totals.
 
-A `FusionReport` is plain data read off the IR graph and the `FusionPlan`; rendering it as
-text, HTML or Graphviz lives in sibling modules so that this record stays easy to test.
+A `FusionReport` is plain data read off the IR graph, the `FusionPlan` and the schedule's
+`Program`; rendering it as text, JSON, HTML or Graphviz lives in sibling modules so that this
+record stays easy to test.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from vfuse.fusion.plan import Decision, FusionPlan
 from vfuse.ir import Graph, Kind
+from vfuse.report.modules import Source
+from vfuse.report.rows import KernelRow, RunKind
 from vfuse.report.units import op_label
-
-
-@dataclass(frozen=True, slots=True)
-class KernelRow:
-    """One kernel (a planner Group) as the report shows it.
-
-    ops: op names of the group's nodes, in the same order as `nodes` (`op_label` spells out
-        which torch op a fallback calls).
-    kind: the group's dominant op kind (lower-case Kind name); label: the planner's kernel label.
-    bytes: unique DRAM traffic the cost model predicts for the fused kernel.
-    """
-
-    id: int
-    nodes: tuple[str, ...]
-    ops: tuple[str, ...]
-    kind: str
-    label: str
-    time_s: float
-    flops: int
-    bytes: int
-    bound: str
-    pressure: float
-    parallelism: float
-    inputs: tuple[str, ...]
-    outputs: tuple[str, ...]
 
 
 @dataclass(frozen=True)
 class FusionReport:
-    """The explanation of one fusion plan.
+    """What vfuse runs for one graph, and why.
 
+    kernels: what runs, in order: the schedule's generated kernels and torch steps (a planner
+        group may run as several kernels); with the reference executor, every op through torch.
     num_ops: compute nodes of the graph (not inputs or constants).
     bytes_unfused: every compute op reading its inputs from and writing its output to DRAM.
     bytes_fused: the sum of the kernels' predicted DRAM traffic.
     bytes_lower_bound: graph inputs and constants that are read (once) plus graph outputs
         written once: no schedule can move less.
-    time_unfused_s: predicted time with one kernel per op; None when the cost model that
-        would give it is not available (the report never invents it).
+    time_unfused_s / time_fused_s: predicted time with one kernel per op / of the kernels that
+        run; None when the cost model cannot price them (the report never invents a figure).
     fallbacks: torch ops run through the OPAQUE fallback, with how many times each occurs.
+    backend: "cpp" (generated kernels) or "interp" (the reference executor runs every op).
+    native_calls: native entry points called per run (one per segment of consecutive kernels).
+    sources: where each IR node came from in the model (module path, class, source line).
+    source: the generated C++ translation unit ("" when nothing is generated).
+    note: why the reference executor runs the graph, when code generation could not schedule it.
     """
 
     target: str
     graph: Graph = field(repr=False)
     plan: FusionPlan = field(repr=False)
-    groups: tuple[KernelRow, ...]
-    decisions: tuple[Decision, ...]
+    kernels: tuple[KernelRow, ...]
+    decisions: tuple[Decision, ...] = field(repr=False)
     num_ops: int
     bytes_unfused: int
     bytes_fused: int
     bytes_lower_bound: int
     time_unfused_s: float | None
-    time_fused_s: float
+    time_fused_s: float | None
     fallbacks: dict[str, int]
+    backend: str = "cpp"
+    native_calls: int = 0
+    sources: Mapping[str, Source] = field(default_factory=dict, repr=False)
+    source: str = field(default="", repr=False)
+    note: str = ""
     _by_node: dict[str, tuple[KernelRow, ...]] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         by_node: dict[str, list[KernelRow]] = {}
-        for g in self.groups:
-            for n in g.nodes:
-                by_node.setdefault(n, []).append(g)
-        object.__setattr__(self, "_by_node", {n: tuple(gs) for n, gs in by_node.items()})
+        for k in self.kernels:
+            for n in k.nodes:
+                by_node.setdefault(n, []).append(k)
+        object.__setattr__(self, "_by_node", {n: tuple(ks) for n, ks in by_node.items()})
 
     @property
     def num_kernels(self) -> int:
-        return len(self.groups)
+        """Generated kernels that run (what `CompiledGraph.stats.kernels` counts)."""
+        return sum(1 for k in self.kernels if k.runs is not RunKind.TORCH)
+
+    @property
+    def torch_calls(self) -> int:
+        """IR nodes run through torch per run (what `CompiledGraph.stats.torch_calls` counts)."""
+        return sum(len(k.nodes) for k in self.kernels if k.runs is RunKind.TORCH)
+
+    @property
+    def num_groups(self) -> int:
+        """The planner's kernel groups (before code generation splits any)."""
+        return len(self.plan.groups)
+
+    @property
+    def split_groups(self) -> dict[int, tuple[int, ...]]:
+        """Planner groups that run as several kernels (code generation splits them), with those kernels' ids."""
+        by_group: dict[int, list[int]] = {}
+        for k in self.kernels:
+            by_group.setdefault(k.group, []).append(k.id)
+        return {g: tuple(ids) for g, ids in by_group.items() if len(ids) > 1}
 
     @property
     def accepted(self) -> tuple[Decision, ...]:
@@ -86,20 +97,20 @@ class FusionReport:
     def rejected(self) -> tuple[Decision, ...]:
         return tuple(d for d in self.decisions if not d.accepted)
 
-    def groups_of(self, node: str) -> tuple[KernelRow, ...]:
-        """Every kernel that computes `node`: none for inputs and constants, several when the
-        planner recomputes a cheap producer inside each consumer's kernel."""
+    def kernels_of(self, node: str) -> tuple[KernelRow, ...]:
+        """Every kernel that computes `node`: none for inputs and constants, several when a
+        cheap producer is recomputed inside each consumer's kernel."""
         return self._by_node.get(node, ())
 
-    def group_of(self, node: str) -> KernelRow | None:
+    def kernel_of(self, node: str) -> KernelRow | None:
         """The first kernel that computes `node`, or None for inputs and constants."""
-        groups = self.groups_of(node)
-        return groups[0] if groups else None
+        kernels = self.kernels_of(node)
+        return kernels[0] if kernels else None
 
     @property
     def recomputed(self) -> dict[str, tuple[int, ...]]:
         """Nodes computed in more than one kernel, with those kernels' ids."""
-        return {n: tuple(g.id for g in gs) for n, gs in self._by_node.items() if len(gs) > 1}
+        return {n: tuple(k.id for k in ks) for n, ks in self._by_node.items() if len(ks) > 1}
 
     def edge_kind(self, producer: str, consumer: str) -> str:
         """How the value `producer` reaches `consumer`: "fused" (one kernel computes both, so the
@@ -107,24 +118,42 @@ class FusionReport:
         "input" (a graph input or constant read from memory)."""
         if self.graph[producer].kind is Kind.SOURCE:
             return "input"
-        return "fused" if self.shared_group(producer, consumer) is not None else "dram"
+        return "fused" if self.shared_kernel(producer, consumer) is not None else "dram"
 
-    def shared_group(self, producer: str, consumer: str) -> KernelRow | None:
+    def shared_kernel(self, producer: str, consumer: str) -> KernelRow | None:
         """The first kernel that computes both values, if any."""
-        theirs = {g.id for g in self.groups_of(consumer)}
-        return next((g for g in self.groups_of(producer) if g.id in theirs), None)
+        theirs = {k.id for k in self.kernels_of(consumer)}
+        return next((k for k in self.kernels_of(producer) if k.id in theirs), None)
 
-    def op_chain(self, group: KernelRow) -> str:
+    def module_of(self, node: str) -> str:
+        """The module path `node` came from ("" when unknown)."""
+        src = self.sources.get(node)
+        return src.label if src is not None else ""
+
+    def op_chain(self, kernel: KernelRow) -> str:
         """A kernel's ops in order as one readable string: "matmul > add > gelu"."""
-        return " > ".join(op_label(self.graph[n]) for n in group.nodes)
+        return " > ".join(op_label(self.graph[n]) for n in kernel.nodes)
 
-    def to_text(self, width: int = 120) -> str:
+    def kernel_source(self, kernel: KernelRow) -> str:
+        """The generated C++ of `kernel` (its function and the template functions it calls)."""
+        from vfuse.report.source import kernel_source
+
+        return kernel_source(self.source, kernel.name, tuple(k.name for k in self.kernels))
+
+    def to_text(self, width: int = 120, summary: bool = False) -> str:
+        """Tables as plain text; `summary`: the totals and one line per kernel, no decision log."""
         from vfuse.report.text import render_text
 
-        return render_text(self, width=width)
+        return render_text(self, width=width, summary=summary)
 
     def __str__(self) -> str:
         return self.to_text()
+
+    def to_json(self) -> dict[str, Any]:
+        """Everything the report says as plain JSON-able data (`vfuse explain --json`)."""
+        from vfuse.report.data import report_data
+
+        return report_data(self)
 
     def to_dot(self) -> str:
         from vfuse.report.dot import render_dot

@@ -1,4 +1,4 @@
-"""The report as rich tables: a summary, one row per kernel, and the planner's decision log.
+"""The report as rich tables: a summary, one row per kernel that runs, and the planner's decision log.
 
 `renderables` gives the tables (the CLI prints them in colour on a terminal); `render_text`
 records them into plain text without escape codes, which is what `str(report)` returns.
@@ -15,21 +15,26 @@ from rich.table import Table
 from rich.text import Text
 
 from vfuse.fusion.plan import Decision
+from vfuse.report.rows import BASELINE, KernelRow, RunKind
 from vfuse.report.units import fmt_bytes, fmt_names, fmt_ratio, fmt_time
 
 if TYPE_CHECKING:
     from vfuse.report.model import FusionReport
 
 
-def render_text(report: FusionReport, width: int = 120) -> str:
+def render_text(report: FusionReport, width: int = 120, summary: bool = False) -> str:
     console = Console(record=True, width=width, file=io.StringIO(), color_system=None, force_terminal=False)
-    for part in renderables(report):
+    for part in renderables(report, summary):
         console.print(part)
     # rich pads every line to the full width; trailing blanks only make diffs and pipes noisy.
     return "\n".join(line.rstrip() for line in console.export_text(styles=False).splitlines()) + "\n"
 
 
-def renderables(report: FusionReport) -> list[RenderableType]:
+def renderables(report: FusionReport, summary: bool = False) -> list[RenderableType]:
+    """Full: totals, one row per kernel with its ops, every decision. Summary: totals, one line
+    per kernel, decisions counted by rule (a 6-block transformer fits on a screen or two)."""
+    if summary:
+        return [summary_table(report), kernel_table(report, ops=False), rule_table(report)]
     return [summary_table(report), kernel_table(report), decision_table(report)]
 
 
@@ -37,19 +42,15 @@ def summary_table(report: FusionReport) -> Table:
     t = Table(title=f"vfuse fusion report (target: {report.target})", box=box.SIMPLE, show_header=False)
     t.add_column("what", style="bold")
     t.add_column("value")
-    t.add_row("ops -> kernels", f"{_count(report.num_ops, 'op')} -> {_count(report.num_kernels, 'kernel')}")
+    t.add_row("runs", runs_line(report))
+    t.add_row("planned", planned_line(report))
     t.add_row(
         "DRAM bytes",
         f"unfused {fmt_bytes(report.bytes_unfused)} -> fused {fmt_bytes(report.bytes_fused)}"
         f" ({fmt_ratio(report.bytes_unfused, report.bytes_fused) or 'n/a'} less);"
         f" lower bound {fmt_bytes(report.bytes_lower_bound)}",
     )
-    speedup = fmt_ratio(report.time_unfused_s, report.time_fused_s)
-    t.add_row(
-        "predicted time",
-        f"unfused {fmt_time(report.time_unfused_s)} -> fused {fmt_time(report.time_fused_s)}"
-        + (f" ({speedup} faster)" if speedup else ""),
-    )
+    t.add_row("predicted time", time_line(report))
     t.add_row("decisions", f"{len(report.accepted)} accepted, {len(report.rejected)} rejected")
     if report.recomputed:
         items = [f"%{n} in kernels {_ids(k)}" for n, k in report.recomputed.items()]
@@ -60,28 +61,65 @@ def summary_table(report: FusionReport) -> Table:
     return t
 
 
-def kernel_table(report: FusionReport) -> Table:
-    t = Table(title="kernels", box=box.SIMPLE_HEAD, title_justify="left", expand=True)
-    # Figures and names never wrap (value lists go one per line); the op chain takes the rest.
+def runs_line(report: FusionReport) -> str:
+    """What a call runs, as CompiledGraph.stats counts it: '11 native kernels in 1 native call, 0 torch calls'."""
+    line = (
+        f"{_count(report.num_kernels, 'native kernel')} in {_count(report.native_calls, 'native call')},"
+        f" {_count(report.torch_calls, 'torch call')}"
+    )
+    return line + (f" ({report.note})" if report.note else "")
+
+
+def planned_line(report: FusionReport) -> str:
+    """'59 ops -> 7 planner groups; code generation runs 2 of them as several kernels'."""
+    line = f"{_count(report.num_ops, 'op')} -> {_count(report.num_groups, 'planner group')}"
+    split = report.split_groups
+    return line + (f"; code generation runs {len(split)} of them as several kernels" if split else "")
+
+
+def time_line(report: FusionReport) -> str:
+    speedup = fmt_ratio(report.time_unfused_s, report.time_fused_s)
+    return f"unfused {fmt_time(report.time_unfused_s)} -> fused {fmt_time(report.time_fused_s)}" + (
+        f" ({speedup} faster {BASELINE})" if speedup else ""
+    )
+
+
+def kernel_table(report: FusionReport, ops: bool = True) -> Table:
+    t = Table(title="kernels (in run order)", box=box.SIMPLE_HEAD, title_justify="left", expand=True)
+    # Figures and names never wrap; the op chain takes the width that is left.
     t.add_column("#", justify="right", no_wrap=True)
-    t.add_column("label", no_wrap=True)
-    t.add_column("ops", ratio=1)
+    t.add_column("kernel", no_wrap=True)
+    t.add_column("pattern / module", ratio=1 if not ops else None, max_width=None if not ops else 40)
+    if ops:
+        t.add_column("ops", ratio=1)
     t.add_column("time", justify="right", no_wrap=True)
     t.add_column("bytes", justify="right", no_wrap=True)
     t.add_column("bound", no_wrap=True)
-    t.add_column("reads", no_wrap=True)
-    t.add_column("writes", no_wrap=True)
-    for g in report.groups:
-        t.add_row(
-            str(g.id),
-            g.label,  # the kind is implied by the label (gemm, row, ...) and shown in the HTML table
-            report.op_chain(g),
-            fmt_time(g.time_s),
-            fmt_bytes(g.bytes),
-            g.bound,
-            _column(g.inputs),
-            _column(g.outputs),
-        )
+    for k in report.kernels:
+        what = k.pattern + (f"\n{k.module}" if k.module else "")
+        cells = [str(k.id), _kernel_name(k), what, *([report.op_chain(k)] if ops else [])]
+        t.add_row(*cells, fmt_time(k.time_s), fmt_bytes(k.bytes), k.bound)
+    return t
+
+
+def _kernel_name(k: KernelRow) -> str:
+    """'k2_c' with how it runs: 'k2_c\ntemplate'; a torch step says torch."""
+    return k.name if k.runs is RunKind.TORCH else f"{k.name}\n{k.runs.value}"
+
+
+def rule_table(report: FusionReport) -> Table | Text:
+    """Decisions counted by rule, most frequent first."""
+    if not report.decisions:
+        return Text("decisions: none logged (nothing could be fused)")
+    counts: dict[str, list[int]] = {}
+    for d in report.decisions:
+        counts.setdefault(d.rule.value, [0, 0])[0 if d.accepted else 1] += 1
+    t = Table(title="decisions by rule", box=box.SIMPLE_HEAD, title_justify="left")
+    t.add_column("rule")
+    t.add_column("accepted", justify="right")
+    t.add_column("rejected", justify="right")
+    for rule, (yes, no) in sorted(counts.items(), key=lambda kv: -sum(kv[1])):
+        t.add_row(rule, str(yes), str(no))
     return t
 
 
@@ -119,11 +157,6 @@ def _count(n: int, noun: str) -> str:
     return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
 
 
-def _ids(ids: tuple[int, ...]) -> str:
-    return ", ".join(map(str, ids))
-
-
-def _column(names: tuple[str, ...], limit: int = 3) -> str:
-    """Value names one per line, so that no name is ever broken: '%a\\n%b\\n+2 more'."""
-    lines = [f"%{n}" for n in names[:limit]]
-    return "\n".join(lines + ([f"+{len(names) - limit} more"] if len(names) > limit else []))
+def _ids(ids: tuple[int, ...], limit: int = 6) -> str:
+    shown = ", ".join(f"#{i}" for i in ids[:limit])
+    return shown + (f" +{len(ids) - limit} more" if len(ids) > limit else "")

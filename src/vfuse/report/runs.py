@@ -1,0 +1,195 @@
+"""The kernels that run, read off the schedule's Program: one row per generated kernel and per
+torch step, each with the IR nodes it computes and the cost model's figures for exactly them.
+
+A kernel does not list its IR nodes; it stores some values and loads others, and computes
+everything in between (`schedule/lower.py` lowers by demand from the stores). So its nodes are
+the closure from its stores back to its loads. A group that runs as one kernel keeps the
+planner's own cost; a kernel split off a group (a GEMM's separate epilogue pass, one pointwise
+nest per output shape) is priced by the same cost model on its own nodes.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
+
+from vfuse.fusion.cost import estimate
+from vfuse.fusion.plan import Cost, FusionPlan, Group
+from vfuse.ir import Graph, Kind, Op, opdef
+from vfuse.report.modules import Source
+from vfuse.report.patterns import pattern_of
+from vfuse.report.rows import KernelRow, RunKind
+from vfuse.report.units import op_label
+from vfuse.schedule.kernel import AnyKernel, ContractionKernel, Program, Segment, Store, TorchStep
+from vfuse.targets import Target
+
+UnfusedCosts = Mapping[str, Cost]
+
+
+@dataclass(frozen=True)
+class Facts:
+    """What every row needs to know about the graph, besides the kernel itself."""
+
+    graph: Graph
+    plan: FusionPlan
+    target: Target
+    unfused: UnfusedCosts | None
+    sources: Mapping[str, Source]
+
+
+def stored(kernel: AnyKernel) -> tuple[str, ...]:
+    """The values a kernel writes to memory."""
+    if isinstance(kernel, ContractionKernel):
+        return (kernel.out,)
+    stores = [s for p in kernel.passes for s in p.body if isinstance(s, Store)]
+    stores += [s for s in kernel.after if isinstance(s, Store)]
+    return tuple(dict.fromkeys(s.buf for s in stores))
+
+
+def computed(graph: Graph, kernel: AnyKernel) -> tuple[str, ...]:
+    """The IR nodes a kernel computes, in graph order: from its stores back to what it loads."""
+    outs = stored(kernel)
+    loaded = set(kernel.buffers) - set(outs)
+    seen: set[str] = set()
+    stack = list(outs)
+    while stack:
+        v = stack.pop()
+        if v in seen or v in loaded or graph[v].kind is Kind.SOURCE:
+            continue
+        seen.add(v)
+        stack += graph[v].inputs
+    return tuple(n.name for n in graph.nodes if n.name in seen)
+
+
+def program_rows(facts: Facts, program: Program) -> tuple[KernelRow, ...]:
+    """One row per kernel and torch step of `program`, in run order."""
+    items: list[tuple[AnyKernel | TorchStep, str]] = []
+    for step in program.steps:
+        if isinstance(step, Segment):
+            items += [(k, step.name) for k in step.kernels]
+        else:
+            items.append((step, ""))
+    per_group = Counter(item.group for item, _ in items)
+    groups = {g.id: g for g in facts.plan.groups}
+    rows = []
+    for i, (item, segment) in enumerate(items):
+        group = groups[item.group]
+        whole = per_group[item.group] == 1
+        if isinstance(item, TorchStep):
+            rows.append(_torch_row(facts, i, item.nodes, group, whole, item.reason))
+        else:
+            rows.append(_kernel_row(facts, i, item, segment, group, whole))
+    return tuple(rows)
+
+
+def reference_rows(facts: Facts, note: str) -> tuple[KernelRow, ...]:
+    """The reference executor: every compute op through torch (get_item only selects)."""
+    compute = [n for n in facts.graph.compute_nodes if n.op is not Op.GET_ITEM]
+    group = {n: g for g in facts.plan.groups for n in g.nodes}
+    return tuple(
+        _torch_row(facts, i, (n.name,), group[n.name], False, note) if n.name in group else _orphan(facts, i, n.name)
+        for i, n in enumerate(compute)
+    )
+
+
+def _orphan(facts: Facts, i: int, node: str) -> KernelRow:
+    """A node no planner group holds (a hand-made plan): it still runs, alone."""
+    group = Group(-1, (node,), facts.graph[node].kind, "", (), (), Cost(0, 0, 0.0, 0.0, 0.0, 0.0, 0.0, 1.0))
+    return _torch_row(facts, i, (node,), group, False, "reference executor")
+
+
+def _kernel_row(facts: Facts, i: int, k: AnyKernel, segment: str, group: Group, whole: bool) -> KernelRow:
+    graph = facts.graph
+    nodes = computed(graph, k)
+    writes = stored(k)
+    reads = tuple(v for v in k.buffers if v not in writes)
+    cost = group.cost if whole else _estimate(facts, nodes, writes)
+    runs = RunKind.TEMPLATE if isinstance(k, ContractionKernel) else RunKind.NATIVE
+    anchor = k.node if isinstance(k, ContractionKernel) else _anchor(graph, nodes)
+    return _row(facts, i, k.name, runs, segment, group, nodes, cost, anchor, reads, writes)
+
+
+def _torch_row(facts: Facts, i: int, nodes: Sequence[str], group: Group, whole: bool, note: str) -> KernelRow:
+    graph = facts.graph
+    inside = set(nodes)
+    reads = tuple(dict.fromkeys(v for n in nodes for v in graph[n].inputs if v not in inside))
+    writes = tuple(n for n in nodes if graph.is_output(n) or any(u not in inside for u in graph.users(n)))
+    cost = group.cost if whole else _sum_unfused(facts, nodes)
+    row = _row(facts, i, f"torch{i}", RunKind.TORCH, "", group, tuple(nodes), cost, nodes[0], reads, writes)
+    return replace(row, note=note)
+
+
+def _row(
+    facts: Facts,
+    i: int,
+    name: str,
+    runs: RunKind,
+    segment: str,
+    group: Group,
+    nodes: tuple[str, ...],
+    cost: Cost | None,
+    anchor: str,
+    reads: tuple[str, ...],
+    writes: tuple[str, ...],
+) -> KernelRow:
+    graph, sources = facts.graph, facts.sources
+    src = sources.get(anchor)
+    # Not nodes without inputs (FULL): CSE keeps one of equal constants, with the first one's origin.
+    modules = tuple(dict.fromkeys(sources[n].label for n in nodes if n in sources and graph[n].inputs))
+    c = cost or Cost(0, 0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0)
+    return KernelRow(
+        id=i,
+        name=name,
+        runs=runs,
+        group=group.id,
+        segment=segment,
+        nodes=nodes,
+        ops=tuple(op_label(graph[n]) for n in nodes),
+        kind=group.kind.name.lower(),
+        label=group.label,
+        pattern=pattern_of(graph, nodes, sources, torch=runs is RunKind.TORCH),
+        module=src.label if src is not None else "",
+        modules=modules,
+        time_s=cost.time_s if cost is not None else None,
+        flops=c.flops,
+        bytes=c.bytes,
+        bound=c.bound if cost is not None else "unknown",
+        pressure=c.pressure,
+        parallelism=c.parallelism,
+        inputs=reads,
+        outputs=writes,
+    )
+
+
+def _anchor(graph: Graph, nodes: Sequence[str]) -> str:
+    """The node that names a kernel's module: its first reduction, else its first real op."""
+    ns = [graph[n] for n in nodes]
+    first = next((n for n in ns if n.kind is Kind.REDUCE), None) or next(
+        (n for n in ns if not opdef(n.op).layout_only), None
+    )
+    return first.name if first is not None else (nodes[0] if nodes else "")
+
+
+def _estimate(facts: Facts, nodes: Sequence[str], writes: Sequence[str]) -> Cost | None:
+    try:
+        return estimate(nodes, facts.graph, facts.target, writes)
+    except ValueError:
+        return None
+
+
+def _sum_unfused(facts: Facts, nodes: Sequence[str]) -> Cost | None:
+    """Torch runs each node as its own kernel: the sum of their unfused costs."""
+    if facts.unfused is None or any(n not in facts.unfused for n in nodes):
+        return None
+    cs = [facts.unfused[n] for n in nodes]
+    return Cost(
+        sum(c.flops for c in cs),
+        sum(c.bytes for c in cs),
+        sum(c.compute_s for c in cs),
+        sum(c.memory_s for c in cs),
+        sum(c.launch_s for c in cs),
+        sum(c.time_s for c in cs),
+        max(c.pressure for c in cs),
+        min(c.parallelism for c in cs),
+    )

@@ -1,0 +1,48 @@
+"""A kernel's generated C++ out of the whole translation unit (06_kernels.cpp).
+
+The renderer writes every function at the top level, opened by a line starting with `static`
+or `extern "C"` and closed by a `}` alone on a line. A kernel `k2_c` owns its function and the
+template functions named after it (`k2_c_mm`, `k2_c_mm_one`), but not another kernel's
+(`k2_c` is not part of `k2`).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+
+_START = re.compile(r'^(?:static|extern "C")\s[^\n;]*?\b(\w+)\s*\(', re.M)
+
+
+def functions(source: str) -> list[tuple[str, str]]:
+    """(name, text) of every top-level function, in source order."""
+    out = []
+    for m in _START.finditer(source):
+        end = source.find("\n}\n", m.end())
+        if end < 0:
+            continue
+        text = source[m.start() : end + 2]
+        if "{" in text and ";" not in text.split("{", 1)[0]:  # a definition, not a declaration
+            out.append((m.group(1), text))
+    return out
+
+
+def owner(function: str, kernels: Sequence[str]) -> str | None:
+    """The kernel a function belongs to: the longest kernel name it is, or starts with + "_"."""
+    mine = [k for k in kernels if function == k or function.startswith(k + "_")]
+    return max(mine, key=len) if mine else None
+
+
+def kernel_sources(source: str, kernels: Sequence[str]) -> dict[str, str]:
+    """Each kernel's functions, helpers first (as in the source); kernels without any are left out."""
+    parts: dict[str, list[str]] = {}
+    for name, text in functions(source):
+        k = owner(name, kernels)
+        if k is not None:
+            parts.setdefault(k, []).append(text)
+    return {k: "\n".join(texts) for k, texts in parts.items()}
+
+
+def kernel_source(source: str, kernel: str, kernels: Sequence[str]) -> str:
+    """`kernel`'s functions; "" when it has none."""
+    return kernel_sources(source, kernels).get(kernel, "")
