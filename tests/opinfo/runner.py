@@ -44,6 +44,11 @@ def compile_and_run(cases: Sequence[Case], fullgraph: bool = True) -> tuple[list
 
 
 def compare(case: Case, got: Any, expected: Any, dtype: torch.dtype) -> Result:
+    """MATCH when `got` is within the OpInfo's tolerance of eager. In float16/bfloat16, else
+    NEAR_REFERENCE when it is no farther from the op computed in float64 than 4x eager is (the
+    fuzzer's criterion, and Inductor's fp64 reference): vfuse keeps fused intermediates in float32
+    (docs/semantics.md) where eager rounds each op, and a cancellation near 0 turns that ulp into
+    a large relative difference."""
     name = op_id(case.info)
     try:
         if case.info.name in UNSPECIFIED:
@@ -52,8 +57,33 @@ def compare(case: Case, got: Any, expected: Any, dtype: torch.dtype) -> Result:
             atol, rtol = tolerance(case.info, dtype)
             torch.testing.assert_close(got, expected, atol=atol, rtol=rtol, equal_nan=True)
     except AssertionError as e:
+        if dtype in (torch.float16, torch.bfloat16) and _near_reference(case, got, expected):
+            return Result(name, dtype, case.index, Outcome.NEAR_REFERENCE)
         return Result(name, dtype, case.index, Outcome.MISMATCH, f"{_describe(case)}: {_first_lines(str(e))}")
     return Result(name, dtype, case.index, Outcome.MATCH)
+
+
+def _near_reference(case: Case, got: Any, expected: Any) -> bool:
+    wide = [t.double() if t.is_floating_point() else t for t in case.tensors]
+    try:
+        ref = _quiet(case.call, *wide)
+        trio = zip(*(pytree.tree_leaves(x) for x in (got, expected, ref)), strict=True)
+        return all(_no_farther(g, e, r) for g, e, r in trio)
+    except Exception:
+        return False
+
+
+def _no_farther(got: Any, eager: Any, ref: Any) -> bool:
+    if not isinstance(eager, torch.Tensor) or not eager.is_floating_point():
+        return bool(torch.equal(got, eager)) if isinstance(eager, torch.Tensor) else got == eager
+    g, e, r = got.double(), eager.double(), ref.double()
+    if not torch.equal(g.isnan(), e.isnan()) or not torch.equal(g.isinf(), e.isinf()):
+        return False
+    finite = e.isfinite() & r.isfinite()
+    if not finite.any():
+        return True
+    err_got, err_eager = ((x - r)[finite].abs().max().item() for x in (g, e))
+    return err_got <= 4 * err_eager + 2 * torch.finfo(eager.dtype).eps * r[finite].abs().max().item()
 
 
 def _same_meta(g: Any, e: Any) -> None:
