@@ -65,7 +65,9 @@ def _summary_html(report: FusionReport) -> str:
         (
             "planned",
             f"{report.num_ops} ops → {report.num_groups} groups",
-            f"{split} groups run as several kernels" if split else "one kernel per group",
+            f"{_count(split, 'group')} {'runs' if split == 1 else 'run'} as several kernels"
+            if split
+            else "one kernel per group",
         ),
         (
             "DRAM bytes (predicted)",

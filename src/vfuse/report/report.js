@@ -18,10 +18,11 @@
     });
   }
   var graphbox = document.getElementById("graphbox");
-  // Scroll the graph (not the page) so that `el` is in the middle of it.
-  function reveal(el) {
+  // Scroll the graph (not the page) so that `el` is in the middle of it, or near its top (`top`:
+  // an expanded kernel, whose nodes follow below it).
+  function reveal(el, top) {
     var r = el.getBoundingClientRect(), b = graphbox.getBoundingClientRect();
-    graphbox.scrollTop += r.top - b.top - (b.height - r.height) / 2;
+    graphbox.scrollTop += r.top - b.top - (top ? 24 : (b.height - r.height) / 2);
     graphbox.scrollLeft += r.left - b.left - (b.width - r.width) / 2;
   }
   function names(list) { return list.map(function (n) { return "%" + n; }).join(", "); }
@@ -231,7 +232,8 @@
     var id = m[1] === "kernel" ? m[2] : (data.nodes[m[2]] || { kernels: [] }).kernels[0];
     if (id === undefined || !kernels[id]) return;
     setOpen(String(id), true);
-    selectKernel(String(id), true);
+    selectKernel(String(id), false);
+    reveal(kernels[id], true);
     if (m[1] === "node") {
       var el = inners[id].querySelector('.node[data-node="' + CSS.escape(m[2]) + '"]');
       if (el) { selectNode(el); reveal(el); }

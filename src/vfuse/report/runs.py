@@ -135,8 +135,7 @@ def _row(
 ) -> KernelRow:
     graph, sources = facts.graph, facts.sources
     src = sources.get(anchor)
-    # Not nodes without inputs (FULL): CSE keeps one of equal constants, with the first one's origin.
-    modules = tuple(dict.fromkeys(sources[n].label for n in nodes if n in sources and graph[n].inputs))
+    modules = _modules(graph, nodes, sources)
     c = cost or Cost(0, 0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0)
     return KernelRow(
         id=i,
@@ -160,6 +159,14 @@ def _row(
         inputs=reads,
         outputs=writes,
     )
+
+
+def _modules(graph: Graph, nodes: Sequence[str], sources: Mapping[str, Source]) -> tuple[str, ...]:
+    """The modules a kernel's work came from: of its real ops (a view feeding the next layer is
+    that layer's), never of nodes without inputs (CSE keeps one of equal constants, first origin)."""
+    known = [n for n in nodes if n in sources and graph[n].inputs]
+    real = [n for n in known if not opdef(graph[n].op).layout_only] or known
+    return tuple(dict.fromkeys(sources[n].label for n in real))
 
 
 def _anchor(graph: Graph, nodes: Sequence[str]) -> str:
