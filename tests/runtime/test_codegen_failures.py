@@ -107,7 +107,7 @@ def test_an_exception_while_generating_code_is_a_bug(monkeypatch: pytest.MonkeyP
 
 
 def test_a_missing_compiler_is_not_a_bug(monkeypatch: pytest.MonkeyPatch) -> None:
-    def missing(cxx: str | None = None) -> None:
+    def missing(cxx: str | None = None, isa: object = None) -> None:
         raise CompilerNotFound("no g++ here")
 
     monkeypatch.setattr(compiler, "find_toolchain", missing)
