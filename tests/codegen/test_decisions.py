@@ -23,6 +23,7 @@ from vfuse.ir import DType, Graph, GraphBuilder, Op
 from vfuse.runtime.native import NativeExecutor
 from vfuse.schedule import build
 from vfuse.schedule.kernel import Accumulate, Kernel, Pass, Program, Reduction, Segment, Walk
+from vfuse.schedule.strategy import lanes
 
 # What a renderer may read of the schedule: its data and index expressions, no decision.
 SCHEDULE_DATA = {"vfuse.schedule.kernel", "vfuse.schedule.expr"}
@@ -101,7 +102,8 @@ def test_fewer_chains_and_a_shorter_prefetch_render_as_decided() -> None:
 
 
 def test_rows_one_at_a_time_without_lanes_render_as_decided() -> None:
-    graph, _ = norm_graph("layernorm", 33, 200)
+    d = 3 * lanes(target().simd_lanes) + 8  # rows of lanes and row groups at this vector width (200 at 16 lanes)
+    graph, _ = norm_graph("layernorm", 33, d)
     plan = _one(graph)
     prog = build(plan, target())
     (k,) = prog.kernels
@@ -112,7 +114,7 @@ def test_rows_one_at_a_time_without_lanes_render_as_decided() -> None:
     ex = _load(plan, prog)
     src = _kernel_source(ex)
     assert "_rg[" not in src and "_ln[" not in src and "_blk)" in src
-    _check_norm(ex, "layernorm", 33, 200)
+    _check_norm(ex, "layernorm", 33, d)
 
 
 def test_softmax_without_row_facts_renders_as_decided() -> None:

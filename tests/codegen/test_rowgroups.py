@@ -8,18 +8,20 @@ import pytest
 import torch
 import torch.nn.functional as F
 from tests.codegen.kernel_graphs import norm_graph
-from tests.codegen.native_helpers import check, executor, hand_plan, inputs, scalar
+from tests.codegen.native_helpers import check, executor, hand_plan, inputs, scalar, target
 
 from vfuse.ir import DType, Graph, GraphBuilder, Op
-from vfuse.schedule.strategy import ROW_GROUP
+from vfuse.schedule.strategy import ROW_GROUP, lanes
+
+SHORT = 4 * lanes(target().simd_lanes)  # the longest row walked in row groups at this machine's vector width
 
 
 @pytest.mark.parametrize("n", [8 * ROW_GROUP, 8 * ROW_GROUP + 1, 8 * ROW_GROUP + ROW_GROUP - 1])
 @pytest.mark.parametrize("kind", ["layernorm", "rms"])
 def test_row_groups_match(kind: str, n: int) -> None:
-    graph, _ = norm_graph(kind, n, 256)
+    graph, _ = norm_graph(kind, n, SHORT)
     plan = hand_plan(graph, [[nd.name for nd in graph.compute_nodes]])
-    ex = check(graph, [torch.randn(n, 256) * 4 + 1, torch.randn(256), torch.randn(256)], plan)
+    ex = check(graph, [torch.randn(n, SHORT) * 4 + 1, torch.randn(SHORT), torch.randn(SHORT)], plan)
     assert "_rg[" in ex.source
 
 
