@@ -19,6 +19,7 @@ from vfuse.ir.shapes import reduce as reduced_shape
 from vfuse.schedule import expr
 from vfuse.schedule.contraction import Caches, plan_contraction
 from vfuse.schedule.expr import Lin, Var
+from vfuse.schedule.gpu import decide_gpu
 from vfuse.schedule.kernel import (
     AnyKernel,
     Buffer,
@@ -139,8 +140,11 @@ def _contraction_steps(graph: Graph, g: Group, caches: Caches) -> tuple[list[Any
         return [TorchStep(g.id, g.label, tuple(torch_nodes), f"contraction through torch: {e}")], rest
 
 
-def group_steps(graph: Graph, g: Group, caches: Caches = DEFAULT_CACHES) -> list[AnyKernel | TorchStep]:
-    """The kernels and torch steps that run one group."""
+def group_steps(
+    graph: Graph, g: Group, caches: Caches = DEFAULT_CACHES, templates: bool = True
+) -> list[AnyKernel | TorchStep]:
+    """The kernels and torch steps that run one group (`templates`: contractions get a generated
+    kernel; without, they run through torch and the rest of their group as ordinary kernels)."""
     name = f"k{g.id}"
     if g.label in TORCH_LABELS or g.kind is Kind.OPAQUE:
         return [TorchStep(g.id, g.label, g.nodes, "opaque op")]
@@ -149,8 +153,11 @@ def group_steps(graph: Graph, g: Group, caches: Caches = DEFAULT_CACHES) -> list
         return [TorchStep(g.id, g.label, g.nodes, "empty tensors")]
     out: list[AnyKernel | TorchStep] = []
     nodes = set(g.nodes)
-    if any(graph[n].kind is Kind.CONTRACTION for n in g.nodes):
+    if any(graph[n].kind is Kind.CONTRACTION for n in g.nodes) and templates:
         out, nodes = _contraction_steps(graph, g, caches)
+    elif any(graph[n].kind is Kind.CONTRACTION for n in g.nodes):
+        torch_nodes, nodes = _contraction_split(graph, g)
+        out = [TorchStep(g.id, g.label, tuple(torch_nodes), "contraction through torch: no template for this backend")]
     # The planner may recompute a node in several groups: only the group's outputs are stored.
     outs = [o for o in g.outputs if o in nodes]
     if not outs:
@@ -212,16 +219,20 @@ def _segments(items: list[AnyKernel | TorchStep]) -> list[Step]:
     return steps
 
 
-def build(plan: FusionPlan, target: object) -> Program:
+def build(plan: FusionPlan, target: object, templates: bool = True) -> Program:
     """Schedule every group of `plan` for `target`: its `simd_lanes` (fp32 lanes per vector
-    instruction) is the vector width every kernel's walk and reductions are decided for."""
+    instruction) is the vector width every kernel's walk and reductions are decided for; a GPU
+    target also gets each kernel's GPU launch (`gpu.py`). `templates=False`: contractions run
+    through torch (a backend without contraction templates: Triton, for now)."""
     graph = plan.graph
     caches = tuple(int(getattr(target, f"l{n}_bytes", d)) for n, d in zip((1, 2, 3), DEFAULT_CACHES, strict=True))
     items: list[AnyKernel | TorchStep] = []
     for g in plan.groups:
-        items += group_steps(graph, g, caches)  # type: ignore[arg-type]
+        items += group_steps(graph, g, caches, templates)  # type: ignore[arg-type]
     vector = int(getattr(target, "simd_lanes", 16))
     items = [decide(with_streaming(with_table(k), caches[2]), vector) if isinstance(k, Kernel) else k for k in items]
+    if getattr(target, "is_gpu", False):
+        items = [decide_gpu(k, target, graph) if isinstance(k, Kernel) else k for k in items]
     steps = _segments(items)
     stored = {st.buf for s in steps if isinstance(s, Segment) for k in s.kernels for st in _stores(k)}
     torch_made = {n for s in steps if isinstance(s, TorchStep) for n in s.nodes} - stored

@@ -201,6 +201,28 @@ class Reduction:
     vector: int = 0  # STRIPS: lanes of the lane loop (one vector of fp32)
 
 
+class GpuWalk(enum.Enum):
+    """How GPU programs walk a kernel (`schedule/gpu.py`); the Triton renderer is chosen by it."""
+
+    FLAT = "flat"  # no reductions: each program takes `block` consecutive elements of the flattened nest
+    ROWS = "rows"  # `rows` rows per program, each reduced along the row in chunks of `block` elements
+    COLUMNS = "columns"  # `rows` adjacent columns (kept elements) per program, reduced in chunks of `block` rows
+
+
+@dataclass(frozen=True)
+class GpuLaunch:
+    """A kernel's GPU launch and tiling, decided from the target's preset table (`schedule/gpu.py`)."""
+
+    walk: GpuWalk
+    block: int  # FLAT: elements per program; ROWS / COLUMNS: reduced elements per chunk (a power of two)
+    rows: int  # ROWS / COLUMNS: rows (columns) per program (a power of two); FLAT: 1
+    programs: int  # the grid
+    warps: int
+    persistent: bool = False  # the row is one chunk: loaded once, every pass reads it from registers
+    wide: bool = False  # 64-bit index arithmetic: an index or the grid's span reaches 2^31
+    check_block: int = 0  # elements per program of the kernel's gather-index checks (0: none)
+
+
 @dataclass(frozen=True)
 class Pass:
     """One walk over the row of a row kernel: `before` runs once per row before it, `body` per element.
@@ -277,6 +299,7 @@ class Kernel:
     row_group: int = 0  # ROW_GROUPS: rows per group
     prefetch: RowPrefetch | None = None  # ROWS: rows read ahead
     table_flat: bool = False  # LOOKUP_TABLE: contiguous bytes in and out, one flat loop
+    gpu: GpuLaunch | None = None  # GPU targets: launch and tiling for the Triton renderer (`gpu.py`)
 
     @property
     def is_row(self) -> bool:

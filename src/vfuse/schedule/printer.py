@@ -7,6 +7,8 @@ from vfuse.schedule.kernel import (
     Accumulate,
     AnyKernel,
     ContractionKernel,
+    GpuLaunch,
+    GpuWalk,
     Kernel,
     Loop,
     Pass,
@@ -51,6 +53,22 @@ def _prefetch(pf: RowPrefetch) -> str:
     return f"prefetch {pf.distance} rows ahead (locality {pf.locality}): {loads}"
 
 
+def _gpu(g: GpuLaunch) -> str:
+    """The GPU launch (`schedule/gpu.py`): walk, tile, warps, grid."""
+    if g.walk is GpuWalk.FLAT:
+        parts = [f"gpu {g.walk.value}, {g.block} elements per program"]
+    else:
+        what = "rows" if g.walk is GpuWalk.ROWS else "columns"
+        kept = "persistent" if g.persistent else "looped per pass"
+        parts = [f"gpu {g.walk.value}, {g.rows} {what} x {g.block} per program ({kept})"]
+    parts.append(f"{g.warps} warps, {g.programs} programs")
+    if g.wide:
+        parts.append("64-bit offsets")
+    if g.check_block:
+        parts.append(f"index checks in blocks of {g.check_block}")
+    return ", ".join(parts)
+
+
 def _reduction(red: Reduction) -> str:
     if red.kind is Accumulate.LANES:
         return f"{red.lanes} lanes" + (", whole row" if red.whole_row else f", block {red.block}")
@@ -93,6 +111,8 @@ def format_kernel(k: AnyKernel) -> str:
         return f"  kernel {k.name} (group {k.group}, {k.label}): {k.op.value}({ins}){layout} -> %{k.out}; {epi}"
     lines = [f"  kernel {k.name} (group {k.group}, {k.label}): outer {_loops(k.outer)} | inner {_loops(k.inner)}"]
     lines.append(f"    {_walk(k)}")
+    if k.gpu:
+        lines.append(f"    {_gpu(k.gpu)}")
     lines += [_pass(n, p) for n, p in enumerate(k.passes)]
     return "\n".join(lines)
 
