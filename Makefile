@@ -12,7 +12,7 @@ TORCH   := torch==2.13.0
 $(STAMP): pyproject.toml Makefile
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install --quiet $(TORCH)
-	$(BIN)/pip install --quiet -e '.[dev,bench]'
+	$(BIN)/pip install --quiet -e '.[dev,bench,gpu]'
 	touch $(STAMP)
 
 demo: $(STAMP)

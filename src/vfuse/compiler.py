@@ -2,6 +2,7 @@
 
     FX graph (ATen) --lower--> IR --freeze--> IR --optimize--> IR --plan--> FusionPlan
       --schedule--> Program --render--> C++ --build--> library --load--> NativeExecutor
+                    (backend="triton": --render--> Triton module --load--> TritonExecutor)
 
 Each stage is a function of its inputs and an explicit Context; with VFUSE_DUMP=dir every
 stage's printed form lands in dir/<graph id>/ (01_fx.txt, 02_ir.txt, 03_optimized.txt,
@@ -24,6 +25,8 @@ import torch
 # op tables) would otherwise be billed to the first call of every process.
 from vfuse.codegen.cpp import render as render_cpp
 from vfuse.codegen.cpp.toolchain import CompileError, find_toolchain, load_library
+from vfuse.codegen.triton import TritonProgram
+from vfuse.codegen.triton import render as render_triton_source
 from vfuse.context import Context
 from vfuse.errors import VfuseCodegenError, VfuseError
 from vfuse.frontend.lower import lower
@@ -33,6 +36,7 @@ from vfuse.passes import PIPELINE
 from vfuse.passes.freeze import freeze_inputs
 from vfuse.runtime.compiled import CompiledGraph, Executor, InterpExecutor
 from vfuse.runtime.native import NativeExecutor
+from vfuse.runtime.triton import TritonExecutor
 from vfuse.schedule import Program
 from vfuse.schedule import build as build_schedule
 from vfuse.schedule.printer import format_program
@@ -56,6 +60,9 @@ def compile_fx(
     executor: Executor
     if ctx.options.backend == "interp":
         executor = InterpExecutor(graph)
+    elif ctx.options.backend == "triton":
+        program = schedule(fusion_plan, target, ctx, templates=False)
+        executor = load_triton(fusion_plan, program, render_triton(program, ctx), ctx)
     else:
         try:
             program = schedule(fusion_plan, target, ctx)
@@ -108,9 +115,10 @@ def plan(graph: Graph, ctx: Context, target: Target | None = None) -> FusionPlan
     return fusion_plan
 
 
-def schedule(fusion_plan: FusionPlan, target: Target, ctx: Context) -> Program:
-    """Loops, vectorization, kernels, segments and the arena: every decision a renderer acts on."""
-    program = build_schedule(fusion_plan, target)
+def schedule(fusion_plan: FusionPlan, target: Target, ctx: Context, templates: bool = True) -> Program:
+    """Loops, vectorization, kernels, segments and the arena: every decision a renderer acts on
+    (`templates=False`: contractions through torch, for a backend without their templates)."""
+    program = build_schedule(fusion_plan, target, templates)
     ctx.dump("05_program.txt", format_program(program))
     return program
 
@@ -120,6 +128,22 @@ def render(program: Program, ctx: Context) -> str:
     source = render_cpp(program)
     ctx.dump("06_kernels.cpp", source)
     return source
+
+
+def render_triton(program: Program, ctx: Context) -> TritonProgram:
+    """The Program (scheduled for a GPU target) as one Triton module."""
+    rendered = render_triton_source(program)
+    ctx.dump("06_kernels.py", rendered.source)
+    return rendered
+
+
+def load_triton(fusion_plan: FusionPlan, program: Program, rendered: TritonProgram, ctx: Context) -> TritonExecutor:
+    """The executor of the Triton module (on CPU tensors: Triton's interpreter); needs the `gpu` extra."""
+    try:
+        import triton  # noqa: F401
+    except ImportError as e:
+        raise VfuseError(f"vfuse: backend='triton' needs triton (pip install 'vfuse[gpu]'): {e}") from e
+    return TritonExecutor(fusion_plan, program, rendered, ctx.options.cache_dir, ctx.options.static_outputs)
 
 
 def build(source: str, program: Program, ctx: Context) -> ctypes.CDLL | None:

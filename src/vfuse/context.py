@@ -12,7 +12,8 @@ from typing import Any
 
 from vfuse.errors import VfuseOptionError
 
-BACKENDS = ("auto", "cpp", "interp")
+BACKENDS = ("auto", "cpp", "interp", "triton")
+GPU_TARGETS = ("a100", "h100", "h200")
 _FLAGS = ("strict", "raise_codegen_errors", "static_outputs", "freeze", "verify")
 # Options an environment variable sets (keyword arguments win over it).
 ENV_VARS = {
@@ -35,8 +36,9 @@ class Options:
         compile (g++ rejects it, or scheduling/rendering fails): always a vfuse bug. Without it
         the graph runs on the reference executor with a warning (env VFUSE_RAISE_CODEGEN_ERRORS;
         the test suite sets it).
-    backend: "cpp" (generated C++), "interp" (reference executor) or "auto" (cpp if a
-        C++ compiler works, else interp with a warning).
+    backend: "cpp" (generated C++), "interp" (reference executor), "auto" (cpp if a
+        C++ compiler works, else interp with a warning) or "triton" (Triton kernels for a GPU
+        target; CPU tensors run them in Triton's interpreter: docs/gpu.md).
     target: name of the hardware target the planner plans for ("cpu", "a100", "h100", "h200").
     isa: instruction-set tier of the generated code: "auto" (VFUSE_ISA's, else this CPU's own) or a
         lower one the CPU has ("generic", "avx2", "avx512", "neon"); one it lacks is refused.
@@ -70,6 +72,8 @@ class Options:
         object.__setattr__(self, "backend", _choice("backend", self.backend, BACKENDS, hint))
         object.__setattr__(self, "target", _choice("target", self.target, target_names()))
         object.__setattr__(self, "isa", _isa(self.isa))
+        if self.backend == "triton" and self.target not in GPU_TARGETS:
+            raise _rejected("target", self.target, ", ".join(map(repr, GPU_TARGETS)), " with backend='triton'")
         if self.dump_dir is not None:
             object.__setattr__(self, "dump_dir", _path("dump_dir", self.dump_dir))
         object.__setattr__(self, "cache_dir", _path("cache_dir", self.cache_dir))

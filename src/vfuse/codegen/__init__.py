@@ -1,1 +1,2 @@
-"""Code generators: `cpp` (C++17 + OpenMP for CPUs) renders a schedule Program to source."""
+"""Code generators: `cpp` (C++17 + OpenMP for CPUs) and `triton` (GPUs; CPU tensors through
+Triton's interpreter) render a schedule Program to source."""
