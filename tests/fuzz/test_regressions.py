@@ -33,3 +33,16 @@ ZERO_DIM = [
 @pytest.mark.parametrize("step", ZERO_DIM, ids=lambda s: s.fn.value)
 def test_reductions_over_dim_0_of_a_0d_tensor(step: Step) -> None:
     check_forward(Program(inputs=SCALAR_F32, steps=(X, step), outputs=(1,), seed=3), export=False)
+
+
+# any/all of a uint8 tensor is uint8 in torch (every other dtype gives bool); vfuse returned bool.
+U8 = (Input(shape=(1, 1), dtype=torch.uint8, low=0, high=256), Input(shape=(2, 3), dtype=torch.uint8, low=0, high=3))
+
+
+@pytest.mark.parametrize("fn", [R.ANY, R.ALL])
+@pytest.mark.parametrize("dims", [None, (1,)])
+def test_any_all_of_uint8_stay_uint8(fn: R, dims: tuple[int, ...] | None) -> None:
+    steps = (X, Step(kind=Kind.INPUT, params=(1,)), Step(kind=Kind.REDUCE, fn=fn, srcs=(1,), params=(dims, True, 0)))
+    check_forward(
+        Program(inputs=U8, steps=(*steps, Step(Kind.REDUCE, fn, (0,), (dims, False, 0))), outputs=(2, 3)), False
+    )

@@ -205,6 +205,13 @@ class Case:
     def constants(self) -> list[Any]:
         return [x for x in self.leaves if x is not _TENSOR]
 
+    def widened(self) -> Case:
+        """The case in float64: float tensors and float16/bfloat16 dtype arguments (factories)."""
+        low = (torch.float16, torch.bfloat16)
+        leaves = tuple(torch.float64 if x in low else x for x in self.leaves)
+        tensors = tuple(t.double() if t.is_floating_point() else t for t in self.tensors)
+        return Case(self.info, self.index, tensors, leaves, self.spec)
+
     def call(self, *tensors: torch.Tensor) -> Any:
         it = iter(tensors)
         inp, args, kwargs = pytree.tree_unflatten([next(it) if x is _TENSOR else x for x in self.leaves], self.spec)

@@ -64,9 +64,9 @@ def compare(case: Case, got: Any, expected: Any, dtype: torch.dtype) -> Result:
 
 
 def _near_reference(case: Case, got: Any, expected: Any) -> bool:
-    wide = [t.double() if t.is_floating_point() else t for t in case.tensors]
+    wide = case.widened()
     try:
-        ref = _quiet(case.call, *wide)
+        ref = _quiet(wide.call, *wide.tensors)
         trio = zip(*(pytree.tree_leaves(x) for x in (got, expected, ref)), strict=True)
         return all(_no_farther(g, e, r) for g, e, r in trio)
     except Exception:

@@ -129,7 +129,8 @@ def lower_any_all(em: Emitter, node: torch.fx.Node) -> str:
     a = bind(node)
     x = em.cast(em.value(a["self"]), DType.BOOL)
     op = Op.ANY if node.target.overloadpacket is aten.any else Op.ALL  # type: ignore[union-attr]
-    return reduce(em, op, x, axes_of(em, x, a.get("dim")), bool(a.get("keepdim")))
+    out = reduce(em, op, x, axes_of(em, x, a.get("dim")), bool(a.get("keepdim")))
+    return em.cast(out, em.out_dtype())  # torch keeps uint8 for a uint8 input, bool otherwise
 
 
 def _correction(a: dict[str, Any]) -> float:
