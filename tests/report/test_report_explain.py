@@ -109,3 +109,24 @@ def test_demo_model_report_equals_runtime(freeze: bool) -> None:
     assert "attention" in patterns
     for k in r.kernels:
         assert f" {k.name}(" in r.kernel_source(k)
+
+
+def test_the_report_names_the_instruction_set_tier() -> None:
+    import vfuse
+    from vfuse.compiler import target_of
+    from vfuse.context import Context, Options
+
+    report = vfuse.explain(lambda x: torch.softmax(x, -1) * 2, torch.randn(8, 64))
+    tier = target_of(Context(Options.from_env())).isa_description
+    assert tier and report.isa == tier
+    assert f"(target: cpu, {tier})" in str(report)
+
+
+def test_explain_follows_the_triton_backend() -> None:
+    """As compile_fx: contractions through torch, the rest as Triton kernels."""
+    import vfuse
+
+    fn = lambda x, w: torch.nn.functional.gelu(x @ w).softmax(-1)  # noqa: E731
+    report = vfuse.explain(fn, torch.randn(8, 16), torch.randn(16, 32), target="h100", backend="triton")
+    assert report.backend == "triton" and report.isa == ""
+    assert report.torch_calls >= 1 and "def " in report.source

@@ -10,6 +10,7 @@ report never re-decides anything.
 
 from __future__ import annotations
 
+import dataclasses
 from collections import Counter
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -50,9 +51,12 @@ def explain(
     sources = node_sources(graph, exported_sources(program, model_or_fn))
     scheduled, note = _schedule(graph, plan, hardware, ctx)
     unfused = unfused_costs(graph, hardware)
-    return build_report(
+    report = build_report(
         graph, plan, ctx.options.target, unfused, scheduled, sources=sources, hardware=hardware, note=note
     )
+    if report.backend != "interp" and ctx.options.backend == "triton":
+        report = dataclasses.replace(report, backend="triton")
+    return report
 
 
 def _schedule(graph: Graph, plan: FusionPlan, hardware: Target, ctx: Context) -> tuple[Scheduled | None, str]:
@@ -62,6 +66,9 @@ def _schedule(graph: Graph, plan: FusionPlan, hardware: Target, ctx: Context) ->
     if ctx.options.backend == "interp":
         return None, "backend='interp': the reference executor runs every op through torch"
     try:
+        if ctx.options.backend == "triton":  # as compile_fx: contractions through torch, Triton kernels
+            program = compiler.schedule(plan, hardware, ctx, templates=False)
+            return (program, compiler.render_triton(program, ctx).source), ""
         program = compiler.schedule(plan, hardware, ctx)
         return (program, compiler.render(program, ctx)), ""
     except Exception as e:
@@ -120,6 +127,7 @@ def build_report(
         time_fused_s=None if None in times else sum(t for t in times if t is not None),
         fallbacks=fallback_counts(graph),
         backend="cpp" if program is not None else "interp",
+        isa=hardware.isa_description,
         native_calls=len(program.segments) if program is not None else 0,
         sources=dict(sources or {}),
         source=source,

@@ -34,7 +34,7 @@ SOURCE_LIMIT = 40_000  # characters of one kernel's C++ embedded in the page
 def render_html(report: FusionReport) -> str:
     kernels, *inners = layout_all([kernel_spec(report), *(inner_spec(report, k) for k in report.kernels)])
     parts = {
-        "title": html.escape(f"vfuse fusion report ({report.target})"),
+        "title": html.escape(f"vfuse fusion report ({report.target}{', ' + report.isa if report.isa else ''})"),
         "summary": _summary_html(report),
         "notes": _notes_html(report, kernels.engine),
         "svg": graph_svg(report, kernels, inners),

@@ -33,7 +33,8 @@ class FusionReport:
     time_unfused_s / time_fused_s: predicted time with one kernel per op / of the kernels that
         run; None when the cost model cannot price them (the report never invents a figure).
     fallbacks: torch ops run through the OPAQUE fallback, with how many times each occurs.
-    backend: "cpp" (generated kernels) or "interp" (the reference executor runs every op).
+    backend: "cpp" (generated C++), "triton" (generated Triton) or "interp" (the reference executor runs every op).
+    isa: the CPU instruction-set tier the kernels are built for ("avx512 (vbmi, vnni)"; "" for a GPU).
     native_calls: native entry points called per run (one per segment of consecutive kernels).
     sources: where each IR node came from in the model (module path, class, source line).
     source: the generated C++ translation unit ("" when nothing is generated).
@@ -53,6 +54,7 @@ class FusionReport:
     time_fused_s: float | None
     fallbacks: dict[str, int]
     backend: str = "cpp"
+    isa: str = ""
     native_calls: int = 0
     sources: Mapping[str, Source] = field(default_factory=dict, repr=False)
     source: str = field(default="", repr=False)

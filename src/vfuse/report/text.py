@@ -39,7 +39,8 @@ def renderables(report: FusionReport, summary: bool = False) -> list[RenderableT
 
 
 def summary_table(report: FusionReport) -> Table:
-    t = Table(title=f"vfuse fusion report (target: {report.target})", box=box.SIMPLE, show_header=False)
+    tier = f", {report.isa}" if report.isa else ""
+    t = Table(title=f"vfuse fusion report (target: {report.target}{tier})", box=box.SIMPLE, show_header=False)
     t.add_column("what", style="bold")
     t.add_column("value")
     t.add_row("runs", runs_line(report))
