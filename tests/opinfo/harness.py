@@ -218,6 +218,17 @@ class Case:
         return self.info.op(inp, *args, **kwargs)
 
 
+def fresh_copies(cases: Sequence[Case]) -> list[Case]:
+    """The cases on copies of their tensors (shared tensors stay shared): ops that update an input
+    in place (native_batch_norm's running stats) must start from the same values in every run."""
+    memo: dict[int, torch.Tensor] = {}
+
+    def copy(t: torch.Tensor) -> torch.Tensor:
+        return memo.setdefault(id(t), t.clone())
+
+    return [Case(c.info, c.index, tuple(copy(t) for t in c.tensors), c.leaves, c.spec) for c in cases]
+
+
 def batched(cases: Sequence[Case]) -> tuple[Callable, list[torch.Tensor]]:
     """One function running every case (tensors as arguments, everything else a constant)."""
     counts = [len(c.tensors) for c in cases]

@@ -9,7 +9,18 @@ from typing import Any
 
 import torch
 import torch.utils._pytree as pytree
-from tests.opinfo.harness import UNSPECIFIED, Case, Outcome, Result, batched, lowered_opinfos, op_id, samples, tolerance
+from tests.opinfo.harness import (
+    UNSPECIFIED,
+    Case,
+    Outcome,
+    Result,
+    batched,
+    fresh_copies,
+    lowered_opinfos,
+    op_id,
+    samples,
+    tolerance,
+)
 
 import vfuse
 
@@ -35,7 +46,7 @@ def compile_and_run(cases: Sequence[Case], fullgraph: bool = True) -> tuple[list
     stats["eager_graphs"]), which is what a user gets. fullgraph=True keeps a batch one graph
     (one translation unit); a case with a graph break (`.item()`) runs alone with
     fullgraph=False, where the recompile limit is lifted so that no piece silently runs eagerly."""
-    fn, tensors = batched(cases)
+    fn, tensors = batched(fresh_copies(cases))
     torch._dynamo.reset()
     backend = vfuse.backend(backend="cpp")
     with torch._dynamo.config.patch(recompile_limit=100_000, accumulated_recompile_limit=100_000):
@@ -102,7 +113,7 @@ def _describe(case: Case) -> str:
 
 def run_cases(cases: Sequence[Case], dtype: torch.dtype, fallbacks: Counter[str] | None = None) -> list[Result]:
     """Results for `cases` (one compile; on a failure, halves compiled apart to pin it on a sample)."""
-    expected = [eager(c) for c in cases]
+    expected = [eager(c) for c in fresh_copies(cases)]
     runnable = [(c, e) for c, e in zip(cases, expected) if not isinstance(e, Exception)]
     return _run(runnable, dtype, fallbacks if fallbacks is not None else Counter())
 
