@@ -1,5 +1,6 @@
 """One small graph per kernel family (pointwise, row reductions, column and multi-axis reductions,
-gathers, integer division, casts, random numbers), shared by the tests that run every family on
+gathers, integer division, casts, random numbers; GEMM, conv, flash attention, quantized GEMM and
+byte lookup tables in CONTRACTIONS), shared by the tests that run every family on
 another instruction set: ARM64 under qemu, and every tier of this CPU."""
 
 from __future__ import annotations
@@ -28,6 +29,72 @@ FAMILIES: dict[str, tuple[Callable, tuple[torch.Tensor, ...]]] = {
     "casts_bf16": (lambda x: (x.to(torch.bfloat16) * 3).float().exp(), (torch.randn(5, 70),)),
     "dropout": (lambda x: F.dropout(x, 0.3, training=True) + 1, (torch.randn(1000),)),
 }
+
+
+def _qlinear(xq: torch.Tensor, wq: torch.Tensor, ws: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+    """int8 dequantize -> linear + bias -> relu -> quantize, as the qlinear benchmark (relu for gelu).
+    Power-of-two scales keep every product and sum exact in fp32 whatever the summation order, so
+    the int8 result is the same on every tier (a rounding tie flips with the order otherwise)."""
+    x = (xq.float() - 2.0) * 0.0625
+    w = wq.float() * ws[:, None]
+    y = torch.relu(F.linear(x, w, bias))
+    return torch.clamp(torch.round(y * 8.0) + 1.0, -128, 127).to(torch.int8)
+
+
+def _byte_table(q: torch.Tensor) -> torch.Tensor:
+    """int8 dequantize -> gelu -> quantize (the dequant_quant benchmark): a 256-entry lookup table."""
+    y = torch.round(F.gelu((q.float() - 3) * 0.05) / 0.04) - 5
+    return torch.clamp(y, -128, 127).to(torch.int8)
+
+
+_G = torch.Generator().manual_seed(12)
+
+
+def _rand(*shape: int) -> torch.Tensor:
+    return torch.randn(*shape, generator=_G)
+
+
+def _int8(*shape: int) -> torch.Tensor:
+    return torch.randint(-128, 128, shape, generator=_G, dtype=torch.int8)
+
+
+_KEEP = torch.rand(19, 23, generator=_G) > 0.3
+_KEEP[..., 0] = True  # no row without a key (eager gives NaN there, vfuse zeros: docs/semantics.md)
+
+# The hand-written families (GEMM, conv, flash attention, quantized GEMM, byte tables): odd sizes
+# pad every register tile; head size 20 is not whole vectors on x86 (DV != D, torch decomposes SDPA).
+CONTRACTIONS: dict[str, tuple[Callable, tuple[torch.Tensor, ...]]] = {
+    "linear_bias_gelu": (lambda x, w, b: F.gelu(F.linear(x, w, b)), (_rand(19, 40), _rand(37, 40), _rand(37))),
+    "linear_small_k": (lambda x, w: torch.relu(F.linear(x, w)), (_rand(50, 5), _rand(24, 5))),
+    "batched_matmul": (lambda a, b: torch.matmul(a, b) * 0.5, (_rand(3, 13, 17), _rand(3, 17, 29))),
+    "conv3x3": (
+        lambda x, w, b: torch.relu(F.conv2d(x, w, b, padding=1)),
+        (_rand(2, 5, 9, 11), _rand(7, 5, 3, 3), _rand(7)),
+    ),
+    "conv3x3_stride2_groups": (
+        lambda x, w: F.conv2d(x, w, stride=2, padding=1, groups=2) + 1,
+        (_rand(1, 6, 10, 9), _rand(4, 3, 3, 3)),
+    ),
+    "attention_causal": (
+        lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True),
+        (_rand(1, 2, 21, 20), _rand(1, 2, 21, 20), _rand(1, 2, 21, 20)),
+    ),
+    "attention_masked": (
+        lambda q, k, v, m: F.scaled_dot_product_attention(q, k, v, attn_mask=m),
+        (_rand(1, 2, 19, 8), _rand(1, 2, 23, 8), _rand(1, 2, 23, 8), _KEEP),
+    ),
+    "qlinear": (
+        _qlinear,
+        (
+            _int8(9, 24),
+            _int8(13, 24),
+            2.0 ** -torch.randint(6, 9, (13,), generator=_G),
+            torch.randint(-64, 64, (13,), generator=_G) / 64,
+        ),
+    ),
+    "byte_table": (_byte_table, (torch.arange(-128, 128, dtype=torch.int8).repeat(3),)),
+}
+FAMILIES |= CONTRACTIONS
 # Families whose result depends on the random stream: compared with the reference executor
 # under the same seed rather than with eager torch (whose stream differs).
 RANDOM = frozenset({"dropout"})

@@ -35,6 +35,7 @@ from vfuse.schedule.kernel import (
 )
 from vfuse.schedule.lower import Lowerer, RowSpace, Unsupported, index_buffer
 from vfuse.schedule.memory import plan_memory
+from vfuse.schedule.microtile import AVX512, VectorUnit, vector_unit
 from vfuse.schedule.nest import make_kernel, with_streaming
 from vfuse.schedule.strategy import decide
 from vfuse.schedule.table import with_table
@@ -127,10 +128,12 @@ def _contraction_split(graph: Graph, g: Group) -> tuple[list[str], set[str]]:
     return [n for n in g.nodes if n in torch_side], members - torch_side
 
 
-def _contraction_steps(graph: Graph, g: Group, caches: Caches) -> tuple[list[AnyKernel | TorchStep], set[str]]:
+def _contraction_steps(
+    graph: Graph, g: Group, caches: Caches, unit: VectorUnit
+) -> tuple[list[AnyKernel | TorchStep], set[str]]:
     """The steps running the contraction of `g`, and the group nodes left for ordinary kernels."""
     try:
-        cp = plan_contraction(graph, g.nodes, g.outputs, g.id, g.label, caches)
+        cp = plan_contraction(graph, g.nodes, g.outputs, g.id, g.label, caches, unit)
         copies: list[AnyKernel | TorchStep] = []
         for i, v in enumerate(cp.copies):
             copies += _pointwise_kernels(graph, g.id, g.label, set(cp.prologue), f"k{g.id}_in{i}", [v])
@@ -141,7 +144,7 @@ def _contraction_steps(graph: Graph, g: Group, caches: Caches) -> tuple[list[Any
 
 
 def group_steps(
-    graph: Graph, g: Group, caches: Caches = DEFAULT_CACHES, templates: bool = True
+    graph: Graph, g: Group, caches: Caches = DEFAULT_CACHES, templates: bool = True, unit: VectorUnit = AVX512
 ) -> list[AnyKernel | TorchStep]:
     """The kernels and torch steps that run one group (`templates`: contractions get a generated
     kernel; without, they run through torch and the rest of their group as ordinary kernels)."""
@@ -154,7 +157,7 @@ def group_steps(
     out: list[AnyKernel | TorchStep] = []
     nodes = set(g.nodes)
     if any(graph[n].kind is Kind.CONTRACTION for n in g.nodes) and templates:
-        out, nodes = _contraction_steps(graph, g, caches)
+        out, nodes = _contraction_steps(graph, g, caches, unit)
     elif any(graph[n].kind is Kind.CONTRACTION for n in g.nodes):
         torch_nodes, nodes = _contraction_split(graph, g)
         out = [TorchStep(g.id, g.label, tuple(torch_nodes), "contraction through torch: no template for this backend")]
@@ -227,8 +230,9 @@ def build(plan: FusionPlan, target: object, templates: bool = True) -> Program:
     graph = plan.graph
     caches = tuple(int(getattr(target, f"l{n}_bytes", d)) for n, d in zip((1, 2, 3), DEFAULT_CACHES, strict=True))
     items: list[AnyKernel | TorchStep] = []
+    unit = vector_unit(int(getattr(target, "simd_lanes", 16)), int(getattr(target, "regs_per_thread", 32)))
     for g in plan.groups:
-        items += group_steps(graph, g, caches, templates)  # type: ignore[arg-type]
+        items += group_steps(graph, g, caches, templates, unit)  # type: ignore[arg-type]
     vector = int(getattr(target, "simd_lanes", 16))
     items = [decide(with_streaming(with_table(k), caches[2]), vector) if isinstance(k, Kernel) else k for k in items]
     if getattr(target, "is_gpu", False):

@@ -35,6 +35,7 @@ from vfuse.schedule import expr
 from vfuse.schedule.expr import Lin, Var
 from vfuse.schedule.kernel import ContractionKernel, Load, OperandPrologue, Stmt
 from vfuse.schedule.lower import Lowerer, Unsupported
+from vfuse.schedule.microtile import AVX512, Tile, VectorUnit, attention_tile, pick_micro_tile
 
 Caches = tuple[int, int, int]
 
@@ -230,9 +231,21 @@ def _lower_epilogue(graph: Graph, node: str, rest: frozenset[str], out: str) -> 
     return lw.stmts, result, lw.loaded
 
 
+def _register_tile(graph: Graph, node: str, unit: VectorUnit) -> Tile:
+    """The micro-kernel's mr x nr for the contraction's output matrix (conv: channels of a group x pixels)."""
+    n = graph[node]
+    shape = n.tensor_type.shape
+    if n.op is Op.SDPA:
+        return attention_tile(unit)
+    if n.op is Op.CONV2D:
+        return pick_micro_tile(shape[1] // n.attrs["groups"], shape[2] * shape[3], unit)
+    return pick_micro_tile(shape[-2], shape[-1], unit)
+
+
 def plan_contraction(graph: Graph, nodes: tuple[str, ...], outputs: tuple[str, ...], gid: int, label: str,
-                     caches: Caches) -> ContractionPlan:  # fmt: skip
-    """How one contraction group runs natively (raises Unsupported for the torch path)."""
+                     caches: Caches, unit: VectorUnit = AVX512) -> ContractionPlan:  # fmt: skip
+    """How one contraction group runs natively (raises Unsupported for the torch path), its register
+    tile chosen for `unit` (the target's vector width and registers)."""
     node, prologue, rest = _split(graph, nodes)
     _check_types(graph, node)
     op = graph[node].op
@@ -251,7 +264,7 @@ def plan_contraction(graph: Graph, nodes: tuple[str, ...], outputs: tuple[str, .
     kernel = ContractionKernel(
         f"k{gid}_c", gid, label, op, node, tuple(ops.names), tuple(ops.shapes), graph[node].tensor_type.shape,
         graph[out].tensor_type.shape, out, tuple(stmts), result, tuple(sorted(extras | ops.loads)),
-        graph[node].attrs, trans_b, caches, tuple(ops.prologues),
+        graph[node].attrs, trans_b, caches, tuple(ops.prologues), unit.lanes, *_register_tile(graph, node, unit),
     )  # fmt: skip
     # Split: the leftover kernels recompute the (cheap) prologue values they read, and store
     # those other groups read, as torch used to leave them in its env.

@@ -347,6 +347,11 @@ class ContractionKernel:
     trans_b: bool = False  # MATMUL: B is read as its transpose (nn.Linear's weight)
     caches: tuple[int, int, int] = (48 << 10, 1 << 20, 32 << 20)  # target L1/L2/L3 bytes
     prologues: tuple[OperandPrologue | None, ...] = ()  # MATMUL: per operand, computed while packing
+    # The register tile (schedule/microtile.py) for the target's vector unit: fp32 lanes per vector
+    # and mr x nr elements (GEMM / conv: rows x columns of C; attention: 4 x query rows of scores).
+    vector: int = 16
+    mr: int = 14
+    nr: int = 32
 
     def prologue(self, i: int) -> OperandPrologue | None:
         return self.prologues[i] if i < len(self.prologues) else None

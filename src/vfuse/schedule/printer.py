@@ -108,7 +108,8 @@ def format_kernel(k: AnyKernel) -> str:
         layout = " (B transposed)" if k.trans_b else ""
         ins = ", ".join(f"%{v}{list(s)}" for v, s in zip(k.operands, k.shapes, strict=True))
         epi = f"epilogue {len(k.epilogue)} stmt(s)" + (f" reading {', '.join(k.extras)}" if k.extras else "")
-        return f"  kernel {k.name} (group {k.group}, {k.label}): {k.op.value}({ins}){layout} -> %{k.out}; {epi}"
+        tile = f"register tile {k.mr}x{k.nr} of {k.vector}-lane vectors"
+        return f"  kernel {k.name} (group {k.group}, {k.label}): {k.op.value}({ins}){layout} -> %{k.out}; {epi}; {tile}"
     lines = [f"  kernel {k.name} (group {k.group}, {k.label}): outer {_loops(k.outer)} | inner {_loops(k.inner)}"]
     lines.append(f"    {_walk(k)}")
     if k.gpu:

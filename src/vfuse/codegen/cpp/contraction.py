@@ -11,15 +11,26 @@ are rendered the same way into the packers, over the operand's coordinates (b, r
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 from vfuse.codegen.cpp.attention import AttentionSpec, MaskKind, render_flash_attention
-from vfuse.codegen.cpp.gemm import ConvSpec, Epilogue, EpilogueArg, GemmSpec, render_conv2d, render_gemm
+from vfuse.codegen.cpp.gemm import (
+    Blocking,
+    ConvSpec,
+    Epilogue,
+    EpilogueArg,
+    GemmSpec,
+    choose_blocking,
+    render_conv2d,
+    render_gemm,
+)
 from vfuse.codegen.cpp.gemm.prologue import Prologue
 from vfuse.codegen.cpp.rules import STORAGE_TYPE, STORE_CONVERT
 from vfuse.codegen.cpp.writer import StatementWriter, pointer, pointer_line
 from vfuse.ir import DType, Op
 from vfuse.schedule.kernel import ContractionKernel, Program
+from vfuse.schedule.microtile import VectorUnit
 
 Names = dict[int, str]  # loop variable id -> C++ expression
 
@@ -101,13 +112,19 @@ def _extras(k: ContractionKernel, program: Program) -> tuple[EpilogueArg, ...]:
 def _gemm(k: ContractionKernel, program: Program) -> tuple[str, str]:
     a, b = k.shapes
     pa, pb = _prologue(k, 0), _prologue(k, 1)
+    m, n, kk = a[-2], k.out_shape[-1], a[-1]
     spec = GemmSpec.from_shapes(
-        f"{k.name}_mm", a, b, k.trans_b, linkage="static", caches=k.caches, a_prologue=pa, b_prologue=pb
+        f"{k.name}_mm", a, b, k.trans_b, linkage="static", blocking=_blocking(k, m, n, kk), a_prologue=pa, b_prologue=pb
     )
     out = program.buffers[k.out].type.dtype
     stmts = tuple(_statements(k, _gemm_names(k), out))
     epi = Epilogue(k.op.value, _extras(k, program), stmts, _store(k, out), STORAGE_TYPE[out])
     return render_gemm(spec, epi), f"{spec.name}({_args(k)}, {_out(k)}{epi.names()}, nt);"
+
+
+def _blocking(k: ContractionKernel, m: int, n: int, kk: int) -> Blocking:
+    """Cache blocking around the register tile and vector width the schedule chose."""
+    return choose_blocking(m, n, kk, *k.caches, micro=(k.mr, k.nr), unit=VectorUnit(k.vector))
 
 
 def _conv(k: ContractionKernel, program: Program) -> tuple[str, str]:
@@ -117,6 +134,7 @@ def _conv(k: ContractionKernel, program: Program) -> tuple[str, str]:
         f"{k.name}_conv", n, c, h, w, o, kh, kw, tuple(a["stride"]), tuple(a["padding"]), tuple(a["dilation"]),
         a["groups"], linkage="static", caches=k.caches,
     )  # fmt: skip
+    spec = dataclasses.replace(spec, blocking=_blocking(k, *spec.gemm_mnk))
     epi = Epilogue(k.op.value, _extras(k, program), tuple(_statements(k, _conv_names(k))))
     return render_conv2d(spec, epi), f"{spec.name}({_args(k)}, {_out(k)}{epi.names()}, nt);"
 
@@ -138,7 +156,9 @@ def _attention(k: ContractionKernel, program: Program) -> tuple[str, str]:
     if has_mask:
         mask = MaskKind.BOOL if program.buffers[k.operands[3]].type.dtype is DType.BOOL else MaskKind.ADDITIVE
     body = " ".join(["float v = o;", *_statements(k, _attention_names(k)), "o = v;"])
-    spec = AttentionSpec(f"{k.name}_attn", q[-1], v[-1], bool(k.attrs["causal"]), mask, epilogue=body)
+    spec = AttentionSpec(
+        f"{k.name}_attn", q[-1], v[-1], bool(k.attrs["causal"]), mask, epilogue=body, lanes=k.vector, tile=k.nr
+    )
     batch, heads, kv_heads = (q[0] if len(q) == 4 else 1), q[-3], kk[-3]
     scale = k.attrs["scale"] if k.attrs["scale"] is not None else 1.0 / math.sqrt(q[-1])
     ptrs = [pointer(x) for x in k.operands[:3]]

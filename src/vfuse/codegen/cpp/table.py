@@ -8,8 +8,8 @@ into this code. It is filled by rendering the kernel's statements with the load 
 the byte value, so every entry is what the plain loop computes for that byte (bit-identical).
 The loop: the kernel's usual nest with the load kept (its index map too: broadcasts and
 permutes) and each stored value looked up; where the schedule found input and outputs
-contiguous (`Kernel.table_flat`) it is `vf_table_bytes` / `vf_table_dwords` instead,
-four-register `vpermi2b` shuffles on AVX-512 VBMI.
+contiguous (`Kernel.table_flat`) it is `vf_table_bytes` / `vf_table_dwords` instead: byte
+shuffles on every tier (`TABLE_HELPER`), the scalar loop on the generic one.
 """
 
 from __future__ import annotations
@@ -22,15 +22,30 @@ from vfuse.codegen.cpp.writer import KernelWriter, pointer
 from vfuse.ir import DType
 from vfuse.schedule.kernel import Kernel, Load, Program, Stmt, Store
 
-# 64 registers' worth per step: the shuffle reads its 4 table registers once per 64 bytes.
+# One lookup per tier (what vector extensions cannot say: a byte shuffle), each with the scalar loop
+# as its tail and as the generic tier: AVX-512 VBMI vpermi2b over the 4 table registers per 64 bytes;
+# AVX2 vpshufb on nibbles (16 rows of 16 entries) and dword gathers; NEON tbl over 4 registers (64
+# entries) and st4 to interleave 4 byte planes into dwords.
 TABLE_HELPER = """#ifndef VF_TABLE_BYTES
 #define VF_TABLE_BYTES
+#if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
+#elif defined(__aarch64__)
+#include <arm_neon.h>
+#endif
+#if defined(__AVX512F__)
 // Non-temporal when the schedule streams the kernel (nest.with_streaming) and `p` is aligned.
 static inline void vf_tstore(void* p, __m512i v, bool nt) {
   if (nt) _mm512_stream_si512((__m512i*)p, v);
   else _mm512_storeu_si512(p, v);
 }
+#endif
+#if defined(__AVX2__)
+static inline void vf_tstore32(void* p, __m256i v, bool nt) {
+  if (nt) _mm256_stream_si256((__m256i*)p, v);
+  else _mm256_storeu_si256((__m256i*)p, v);
+}
+#endif
 // out[i] = t[in[i]] for a 256-byte table t.
 static inline void vf_table_bytes(const uint8_t* t, const uint8_t* __restrict in, uint8_t* __restrict out, int64_t n,
                                   bool nt) {
@@ -46,17 +61,54 @@ static inline void vf_table_bytes(const uint8_t* t, const uint8_t* __restrict in
     const __m512i hi = _mm512_permutex2var_epi8(t2, x, t3);
     vf_tstore(out + i, _mm512_mask_blend_epi8(_mm512_movepi8_mask(x), lo, hi), nt);
   }
+#elif defined(__AVX2__)
+  // Rows of 16 entries, looked up by vpshufb, which gives 0 where the index has bit 7 set. Index
+  // x - 16h has it clear exactly when row h <= x's row, for x < 128 and rows 0-7; (x - 128) - 16h
+  // likewise for x >= 128 and rows 8-15. So each half XORs deltas d[h] = row h ^ row h-1 (rows 0
+  // and 8 whole) up to x's row: two chains of 8 shuffles, picked by x's bit 7.
+  alignas(32) uint8_t d[16][16];
+  for (int h = 0; h < 16; ++h)
+    for (int l = 0; l < 16; ++l) d[h][l] = (uint8_t)(t[16 * h + l] ^ (h % 8 ? t[16 * h + l - 16] : 0));
+  __m256i rows[16];
+  for (int h = 0; h < 16; ++h) rows[h] = _mm256_broadcastsi128_si256(_mm_load_si128((const __m128i*)d[h]));
+  const __m256i sixteen = _mm256_set1_epi8(16), top = _mm256_set1_epi8((char)0x80);
+  for (; i + 32 <= n; i += 32) {
+    const __m256i x = _mm256_loadu_si256((const __m256i*)(in + i));
+    __m256i ia = x, ib = _mm256_xor_si256(x, top);
+    __m256i a = _mm256_shuffle_epi8(rows[0], ia), b = _mm256_shuffle_epi8(rows[8], ib);
+    for (int h = 1; h < 8; ++h) {
+      ia = _mm256_sub_epi8(ia, sixteen);
+      ib = _mm256_sub_epi8(ib, sixteen);
+      a = _mm256_xor_si256(a, _mm256_shuffle_epi8(rows[h], ia));
+      b = _mm256_xor_si256(b, _mm256_shuffle_epi8(rows[h + 8], ib));
+    }
+    vf_tstore32(out + i, _mm256_blendv_epi8(a, b, x), nt);
+  }
+#elif defined(__aarch64__)
+  // tbl over 4 registers is a 64-entry lookup that gives 0 out of range: one per quarter of the
+  // table, the index moved down by 64 for each, OR-ed.
+  const uint8x16x4_t q0 = vld1q_u8_x4(t), q1 = vld1q_u8_x4(t + 64);
+  const uint8x16x4_t q2 = vld1q_u8_x4(t + 128), q3 = vld1q_u8_x4(t + 192);
+  const uint8x16_t step = vdupq_n_u8(64);
+  for (; i + 16 <= n; i += 16) {
+    const uint8x16_t x0 = vld1q_u8(in + i), x1 = vsubq_u8(x0, step);
+    const uint8x16_t x2 = vsubq_u8(x1, step), x3 = vsubq_u8(x2, step);
+    const uint8x16_t lo = vorrq_u8(vqtbl4q_u8(q0, x0), vqtbl4q_u8(q1, x1));
+    vst1q_u8(out + i, vorrq_u8(lo, vorrq_u8(vqtbl4q_u8(q2, x2), vqtbl4q_u8(q3, x3))));
+  }
 #endif
   for (; i < n; ++i) out[i] = t[in[i]];
 }
-// out[i] = entry in[i] of a table of 4-byte entries split into 4 byte planes (pl[k * 256 + j]:
-// byte k of entry j): four byte shuffles, then unpacks interleave the planes into dwords.
-static inline void vf_table_dwords(const uint8_t* pl, const uint8_t* __restrict in, uint32_t* __restrict out,
-                                   int64_t n, bool nt) {
+// out[i] = entry in[i] of a table of 4-byte entries t32, also split into 4 byte planes (pl[k * 256 + j]:
+// byte k of entry j) for the tiers that shuffle bytes.
+static inline void vf_table_dwords(const uint32_t* t32, const uint8_t* pl, const uint8_t* __restrict in,
+                                   uint32_t* __restrict out, int64_t n, bool nt) {
   int64_t i = 0;
   nt = nt && (uintptr_t)out % 64 == 0;
+  (void)pl;
 #if defined(__AVX512VBMI__)
-  // Unpacks work inside 128-bit lanes: byte 16L + 4r + m must hold element 16r + 4L + m.
+  // Four byte shuffles, then unpacks interleave the planes into dwords. Unpacks work inside
+  // 128-bit lanes: byte 16L + 4r + m must hold element 16r + 4L + m.
   alignas(64) uint8_t order[64];
   for (int p = 0; p < 64; ++p) order[p] = (uint8_t)(16 * ((p % 16) / 4) + 4 * (p / 16) + p % 4);
   const __m512i ord = _mm512_load_si512(order);
@@ -77,11 +129,21 @@ static inline void vf_table_dwords(const uint8_t* pl, const uint8_t* __restrict 
     vf_tstore(out + i + 32, _mm512_unpacklo_epi16(hi01, hi23), nt);
     vf_tstore(out + i + 48, _mm512_unpackhi_epi16(hi01, hi23), nt);
   }
-#endif
-  for (; i < n; ++i) {
-    const uint8_t j = in[i];
-    out[i] = (uint32_t)pl[j] | (uint32_t)pl[256 + j] << 8 | (uint32_t)pl[512 + j] << 16 | (uint32_t)pl[768 + j] << 24;
+#elif defined(__AVX2__)
+  // A dword gather per 8 entries: 16 byte shuffles per plane would cost more.
+  for (; i + 8 <= n; i += 8) {
+    const __m256i x = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i*)(in + i)));
+    vf_tstore32(out + i, _mm256_i32gather_epi32((const int*)t32, x, 4), nt);
   }
+#elif defined(__aarch64__)
+  uint8_t b[4][16];
+  for (; i + 16 <= n; i += 16) {
+    for (int k = 0; k < 4; ++k) vf_table_bytes(pl + 256 * k, in + i, b[k], 16, false);
+    const uint8x16x4_t planes = {{vld1q_u8(b[0]), vld1q_u8(b[1]), vld1q_u8(b[2]), vld1q_u8(b[3])}};
+    vst4q_u8((uint8_t*)(out + i), planes);  // st4 interleaves: byte k of entry j from plane k
+  }
+#endif
+  for (; i < n; ++i) out[i] = t32[in[i]];
 }
 #endif"""
 
@@ -177,7 +239,8 @@ class TableWriter(KernelWriter):
                     self.w(f"  vf_table_bytes((const uint8_t*)vf_tb.t_{s.arg}, {src}, {dst}, ve - vb, {nt});")
                 else:
                     dst = f"(uint32_t*){pointer(s.buf)} + vb"
-                    self.w(f"  vf_table_dwords(vf_tb.pl_{s.arg}, {src}, {dst}, ve - vb, {nt});")
+                    t32 = f"(const uint32_t*)vf_tb.t_{s.arg}"
+                    self.w(f"  vf_table_dwords({t32}, vf_tb.pl_{s.arg}, {src}, {dst}, ve - vb, {nt});")
         if self.k.stream:
             self.w("  vf_stream_fence();  // each thread's streamed stores land before the loop's barrier")
         self.w("}")

@@ -2,15 +2,18 @@
 //
 // vfuse.codegen.cpp.attention.render prepends the configuration: VF_NAME, VF_WORKSPACE_NAME, VF_D (q/k head size),
 // VF_DV (v head size), VF_BQ / VF_BK (tile rows of Q / K), VF_CAUSAL (0/1), VF_MASK (0 none,
-// 1 additive float, 2 boolean keep-mask) and VF_EPILOGUE(o, b, h, i, c), a statement applied
+// 1 additive float, 2 boolean keep-mask), VF_VEC / VF_LANES (the fp32 vector type of codegen/cpp/simd.py
+// and its lanes), VF_TILE (register tile width: 4 keys x VF_TILE rows of scores, 4 rows x VF_TILE
+// columns of P @ V) and VF_EPILOGUE(o, b, h, i, c), a statement applied
 // to each output element `o` (a float lvalue) at batch b, head h, row i, column c.
 //
 // Work: parallel over (batch, head, Q tile); each task streams K/V tiles and keeps a running
 // row max m, row sum l and unnormalized output acc (online softmax: when the max grows, l and
 // acc are rescaled by exp(m_old - m_new)). Scores are kept transposed (st[key][row]): the Q
 // tile is transposed once per task, K rows are read in place (no per-tile packing), and the
-// softmax statistics of 16 rows are one vector. Extra memory is one `Work` per thread: O(tile), never
-// the Lq x Lk score matrix. With VF_CAUSAL (top-left aligned, like torch's is_causal) K tiles
+// softmax statistics of VF_LANES rows are one vector. One source for every instruction set: vector
+// extensions at the schedule's width (AVX-512, AVX2, NEON, SSE2 all from this text). Extra memory
+// is one `Work` per thread: O(tile), never the Lq x Lk score matrix. With VF_CAUSAL (top-left aligned, like torch's is_causal) K tiles
 // entirely above the diagonal are skipped; a row that keeps no key at all outputs zeros.
 #include <algorithm>
 #include <cmath>
@@ -19,17 +22,17 @@
 #include <limits>
 
 #include <omp.h>
-#if defined(__AVX512F__)
-#include <immintrin.h>
-#endif
 
 // A namespace per instance (VF_NS): several kernels can share one translation unit.
 namespace VF_NS {
 
-constexpr int64_t D = VF_D, DV = VF_DV, BQ = VF_BQ, BK = VF_BK;
-constexpr int64_t DVP = (DV + 15) / 16 * 16;  // accumulator rows padded to whole vectors
+typedef VF_VEC V;
+constexpr int64_t D = VF_D, DV = VF_DV, BQ = VF_BQ, BK = VF_BK, W = VF_LANES, TILE = VF_TILE;
+constexpr int NT = TILE / W;                    // vectors across the register tile
+constexpr int64_t DVP = (DV + W - 1) / W * W;  // accumulator rows padded to whole vectors
 constexpr float NEG_INF = -std::numeric_limits<float>::infinity();
-static_assert(BQ % 16 == 0 && BK % 4 == 0, "tiles: BQ a multiple of 16, BK of 4");
+static_assert(sizeof(V) == 4 * W && TILE % W == 0 && BQ % TILE == 0 && BK % 4 == 0,
+              "tiles: BQ a multiple of TILE, TILE of the vector width, BK of 4");
 
 // Everything the kernel allocates, once per thread; its size does not depend on Lq or Lk.
 struct alignas(64) Work {
@@ -55,50 +58,34 @@ struct Task {  // one (batch, head, Q tile)
   float scale;
 };
 
-#if defined(__AVX512F__)
-// exp(x) = 2^n * e^r, n = round(x / ln2), r = x - n ln2 (two-part ln2); e^r by a degree-6
-// Taylor polynomial (|r| <= 0.35: relative error ~1e-7). Inputs below -127 (and -inf) give 0.
-inline __m512 exp512(__m512 x) {
-  x = _mm512_max_ps(x, _mm512_set1_ps(-127.0f));
-  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
-                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693145751953125f), x);
-  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(1.428606765330187e-06f), r);
-  __m512 p = _mm512_set1_ps(1.0f / 720);
-  for (float c : {1.0f / 120, 1.0f / 24, 1.0f / 6, 0.5f, 1.0f, 1.0f}) p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(c));
-  return _mm512_scalef_ps(p, n);
-}
-#endif
+template <class T> static inline T& at(float* p) { return *reinterpret_cast<T*>(p); }
 
 // st[j][:] = k[j] . qt for keys [0, nk) in blocks of 4; a block's rows past nk repeat the
-// last key (they are never read).
+// last key (they are never read). Per block, the Q rows go by register tiles of TILE.
 void scores(Work& w, const float* k, int64_t nk) {
-#if defined(__AVX512F__)
-  constexpr int NV = BQ / 16;
   for (int64_t j = 0; j < nk; j += 4) {
     const float* kr[4];
     for (int r = 0; r < 4; ++r) kr[r] = k + std::min(j + r, nk - 1) * D;
-    __m512 acc[4][NV];
-    for (auto& row : acc)
-      for (auto& a : row) a = _mm512_setzero_ps();
-    for (int64_t d = 0; d < D; ++d) {
-      __m512 qv[NV];
-      for (int c = 0; c < NV; ++c) qv[c] = _mm512_load_ps(&w.qt[d][16 * c]);
-      for (int r = 0; r < 4; ++r) {
-        const __m512 kb = _mm512_set1_ps(kr[r][d]);
-        for (int c = 0; c < NV; ++c) acc[r][c] = _mm512_fmadd_ps(kb, qv[c], acc[r][c]);
+    for (int64_t c0 = 0; c0 < BQ; c0 += TILE) {
+      V acc[4][NT] = {};
+      for (int64_t d = 0; d < D; ++d) {
+        V qv[NT];
+#pragma GCC unroll 16
+        for (int c = 0; c < NT; ++c) {
+          qv[c] = at<V>(&w.qt[d][c0 + W * c]);
+          vs_keep(qv[c]);
+        }
+#pragma GCC unroll 4
+        for (int r = 0; r < 4; ++r) {
+          const V kb = vs_splat<V>(kr[r][d]);
+#pragma GCC unroll 16
+          for (int c = 0; c < NT; ++c) acc[r][c] += kb * qv[c];
+        }
       }
+      for (int r = 0; r < 4; ++r)
+        for (int c = 0; c < NT; ++c) at<V>(&w.st[j + r][c0 + W * c]) = acc[r][c];
     }
-    for (int r = 0; r < 4; ++r)
-      for (int c = 0; c < NV; ++c) _mm512_store_ps(&w.st[j + r][16 * c], acc[r][c]);
   }
-#else
-  for (int64_t j = 0; j < nk; ++j) {
-    for (int64_t i = 0; i < BQ; ++i) w.st[j][i] = 0.0f;
-    for (int64_t d = 0; d < D; ++d)
-      for (int64_t i = 0; i < BQ; ++i) w.st[j][i] += k[j * D + d] * w.qt[d][i];
-  }
-#endif
 }
 
 // Apply the mask and the causal cut to the scores of keys [k0, k0 + nk).
@@ -118,85 +105,71 @@ void mask_tile(Work& w, const Mask& m, const Task& t, int64_t k0, int64_t nk) {
   }
 }
 
-// Online softmax over one K tile, 16 rows per step: st -> probabilities, update m, l, alpha.
+// Online softmax over one K tile, W rows per step: st -> probabilities, update m, l, alpha.
 // A row that has kept no key yet uses 0 as its max, so exp gives 0 instead of NaN.
 void softmax_tile(Work& w, int64_t nk) {
-#if defined(__AVX512F__)
-  const __m512 neg_inf = _mm512_set1_ps(NEG_INF);
-  for (int64_t c = 0; c < BQ; c += 16) {
-    const __m512 m_old = _mm512_load_ps(w.m + c);
-    __m512 m_new = m_old;
-    for (int64_t j = 0; j < nk; ++j) m_new = _mm512_max_ps(m_new, _mm512_load_ps(&w.st[j][c]));
-    const __m512 m_use = _mm512_mask_blend_ps(_mm512_cmp_ps_mask(m_new, neg_inf, _CMP_EQ_OQ), m_new,
-                                              _mm512_setzero_ps());
-    const __m512 alpha = exp512(_mm512_sub_ps(m_old, m_use));
-    __m512 sum = _mm512_setzero_ps();
+  const V neg_inf = vs_splat<V>(NEG_INF);
+  for (int64_t c = 0; c < BQ; c += W) {
+    const V m_old = at<V>(w.m + c);
+    V m_new = m_old;
+    for (int64_t j = 0; j < nk; ++j) m_new = vs_max(m_new, at<V>(&w.st[j][c]));
+    const V m_use = m_new == neg_inf ? V{} : m_new;
+    const V alpha = vs_exp(m_old - m_use);
+    V sum = {};
     for (int64_t j = 0; j < nk; ++j) {
-      const __m512 p = exp512(_mm512_sub_ps(_mm512_load_ps(&w.st[j][c]), m_use));
-      _mm512_store_ps(&w.st[j][c], p);
-      sum = _mm512_add_ps(sum, p);
+      const V p = vs_exp(at<V>(&w.st[j][c]) - m_use);
+      at<V>(&w.st[j][c]) = p;
+      sum += p;
     }
-    _mm512_store_ps(w.l + c, _mm512_fmadd_ps(_mm512_load_ps(w.l + c), alpha, sum));
-    _mm512_store_ps(w.m + c, m_new);
-    _mm512_store_ps(w.alpha + c, alpha);
+    at<V>(w.l + c) = at<V>(w.l + c) * alpha + sum;
+    at<V>(w.m + c) = m_new;
+    at<V>(w.alpha + c) = alpha;
   }
-#else
-  for (int64_t i = 0; i < BQ; ++i) {
-    float m_new = w.m[i];
-    for (int64_t j = 0; j < nk; ++j) m_new = std::max(m_new, w.st[j][i]);
-    const float m_use = m_new == NEG_INF ? 0.0f : m_new;
-    float sum = 0.0f;
-    for (int64_t j = 0; j < nk; ++j) sum += (w.st[j][i] = std::exp(w.st[j][i] - m_use));
-    w.alpha[i] = std::exp(w.m[i] - m_use);
-    w.l[i] = w.l[i] * w.alpha[i] + sum;
-    w.m[i] = m_new;
-  }
-#endif
 }
 
-#if defined(__AVX512F__)
-// acc[i][c0 : c0 + 16 NC] = alpha[i] acc[i][...] + sum_j p[j][i] v[j][...] for rows [0, nq)
+// n < W floats of a V row's end (only when DV is not whole vectors), zeros after them.
+static inline V load_part(const float* p, int64_t n) {
+  V r = {};
+  for (int64_t q = 0; q < n; ++q) r[q] = p[q];
+  return r;
+}
+
+// acc[i][c0 : c0 + W NC] = alpha[i] acc[i][...] + sum_j p[j][i] v[j][...] for rows [0, nq)
 // in blocks of 4 (padded rows have p = 0).
 template <int NC>
 void pv_chunk(Work& w, const float* v, int64_t nq, int64_t nk, int64_t c0) {
-  __mmask16 lanes[NC];
-  for (int c = 0; c < NC; ++c) {
-    const int64_t n = std::min<int64_t>(16, DV - c0 - 16 * c);
-    lanes[c] = n >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << n) - 1);
-  }
   for (int64_t i = 0; i < nq; i += 4) {
-    __m512 acc[4][NC];
+    V acc[4][NC];
+#pragma GCC unroll 4
     for (int r = 0; r < 4; ++r) {
-      const __m512 a = _mm512_set1_ps(w.alpha[i + r]);
-      for (int c = 0; c < NC; ++c) acc[r][c] = _mm512_mul_ps(a, _mm512_load_ps(&w.acc[i + r][c0 + 16 * c]));
+      const V a = vs_splat<V>(w.alpha[i + r]);
+#pragma GCC unroll 16
+      for (int c = 0; c < NC; ++c) acc[r][c] = a * at<V>(&w.acc[i + r][c0 + W * c]);
     }
     for (int64_t j = 0; j < nk; ++j) {
-      __m512 vv[NC];
-      for (int c = 0; c < NC; ++c) vv[c] = _mm512_maskz_loadu_ps(lanes[c], v + j * DV + c0 + 16 * c);
+      V vv[NC];
+#pragma GCC unroll 16
+      for (int c = 0; c < NC; ++c) {
+        const float* p = v + j * DV + c0 + W * c;
+        vv[c] = DV % W == 0 || c0 + W * (c + 1) <= DV ? vs_loadu<V>(p) : load_part(p, DV - c0 - W * c);
+        vs_keep(vv[c]);
+      }
+#pragma GCC unroll 4
       for (int r = 0; r < 4; ++r) {
-        const __m512 p = _mm512_set1_ps(w.st[j][i + r]);
-        for (int c = 0; c < NC; ++c) acc[r][c] = _mm512_fmadd_ps(p, vv[c], acc[r][c]);
+        const V p = vs_splat<V>(w.st[j][i + r]);
+#pragma GCC unroll 16
+        for (int c = 0; c < NC; ++c) acc[r][c] += p * vv[c];
       }
     }
     for (int r = 0; r < 4; ++r)
-      for (int c = 0; c < NC; ++c) _mm512_store_ps(&w.acc[i + r][c0 + 16 * c], acc[r][c]);
+      for (int c = 0; c < NC; ++c) at<V>(&w.acc[i + r][c0 + W * c]) = acc[r][c];
   }
 }
-#endif
 
 void accumulate_pv(Work& w, const float* v, int64_t nq, int64_t nk) {
-#if defined(__AVX512F__)
-  constexpr int64_t FULL = DVP / 64, TAIL = (DVP % 64) / 16;
-  for (int64_t c = 0; c < FULL; ++c) pv_chunk<4>(w, v, nq, nk, 64 * c);
-  if constexpr (TAIL > 0) pv_chunk<TAIL>(w, v, nq, nk, 64 * FULL);
-#else
-  for (int64_t i = 0; i < nq; ++i)
-    for (int64_t c = 0; c < DV; ++c) {
-      float a = w.acc[i][c] * w.alpha[i];
-      for (int64_t j = 0; j < nk; ++j) a += w.st[j][i] * v[j * DV + c];
-      w.acc[i][c] = a;
-    }
-#endif
+  constexpr int64_t FULL = DVP / TILE, TAIL = (DVP % TILE) / W;
+  for (int64_t c = 0; c < FULL; ++c) pv_chunk<NT>(w, v, nq, nk, TILE * c);
+  if constexpr (TAIL > 0) pv_chunk<TAIL>(w, v, nq, nk, TILE * FULL);
 }
 
 void load_q(Work& w, const Task& t) {

@@ -5,6 +5,7 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass
 
+from vfuse.codegen.cpp.simd import SIMD_WIDTHS
 from vfuse.ir import DType, Graph, Node, Op
 
 _FLOAT = 4  # bytes; the kernel is fp32
@@ -36,14 +37,26 @@ class AttentionSpec:
     block_q: int = 64
     block_k: int = 64
     epilogue: str = ""
+    lanes: int = 16  # fp32 lanes per vector (the schedule's Target.simd_lanes)
+    tile: int = 64  # register tile width: 4 keys x `tile` query rows (schedule/microtile.py)
 
     def __post_init__(self) -> None:
         if not self.name.isidentifier():
             raise ValueError(f"kernel name {self.name!r} is not a C identifier")
-        if self.block_q % 16 or self.block_k % 4 or self.block_q <= 0 or self.block_k <= 0:
-            raise ValueError(f"block_q must be a multiple of 16 and block_k of 4, got {self.block_q}, {self.block_k}")
+        if self.lanes not in SIMD_WIDTHS or self.tile % self.lanes or self.tile <= 0:
+            raise ValueError(f"lanes must be one of {SIMD_WIDTHS}, tile whole vectors: got {self.lanes}, {self.tile}")
+        if self.block_q % self.lanes or self.block_k % 4 or self.block_q <= 0 or self.block_k <= 0:
+            raise ValueError(
+                f"block_q must be a multiple of the {self.lanes} lanes and block_k of 4, "
+                f"got {self.block_q}, {self.block_k}"
+            )
         if self.head_dim <= 0 or self.dv <= 0:
             raise ValueError("head sizes must be positive")
+
+    @property
+    def tile_cols(self) -> int:
+        """The register tile's width in the kernel: the widest whole-vector width <= tile dividing block_q."""
+        return max(c for c in range(self.lanes, self.tile + 1, self.lanes) if self.block_q % c == 0)
 
     @property
     def dv(self) -> int:
@@ -56,7 +69,7 @@ class AttentionSpec:
         number of threads, where unfused attention materializes B*H*Lq*Lk scores.
         """
         bq, bk, d = self.block_q, self.block_k, self.head_dim
-        dvp = (self.dv + 15) // 16 * 16
+        dvp = (self.dv + self.lanes - 1) // self.lanes * self.lanes
         floats = d * bq + bk * bq + bq * dvp + 3 * bq  # qt, st, acc, m / l / alpha
         return (floats * _FLOAT + 63) // 64 * 64
 

@@ -12,42 +12,31 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from vfuse.schedule.microtile import AVX512, VectorUnit, micro_tiles, pick_micro_tile
+
 
 @dataclass(frozen=True, slots=True)
 class Blocking:
-    """Tile sizes in elements. mr x nr is the register tile; nr is a multiple of 16 (one zmm)."""
+    """Tile sizes in elements. mr x nr is the register tile of `lanes`-wide fp32 vectors (nr whole vectors)."""
 
     mr: int
     nr: int
     mc: int
     kc: int
     nc: int
+    lanes: int = 16
 
     def __post_init__(self) -> None:
-        if min(self.mr, self.nr, self.mc, self.kc, self.nc) < 1 or self.nr % 16:
-            raise ValueError(f"bad blocking {self}: sizes must be positive and nr a multiple of 16")
+        if min(self.mr, self.nr, self.mc, self.kc, self.nc, self.lanes) < 1 or self.nr % self.lanes:
+            raise ValueError(f"bad blocking {self}: sizes must be positive and nr a multiple of lanes")
 
 
-# Register tiles that fit 32 zmm registers: mr * nr/16 accumulators + nr/16 B vectors + 1 broadcast.
-MICRO_TILES: tuple[tuple[int, int], ...] = ((14, 32), (8, 48), (6, 64))
+# AVX-512's register tiles (the default unit); the schedule picks per target (schedule/microtile.py).
+MICRO_TILES: tuple[tuple[int, int], ...] = micro_tiles(AVX512)
 
 
 def _round_up(x: int, m: int) -> int:
     return -(-x // m) * m
-
-
-def _pick_micro_tile(m: int, n: int) -> tuple[int, int]:
-    """14x32 (fastest in isolation: most FMAs per load), unless another tile pads >3% less work.
-
-    E.g. 64 output channels: 14x32 computes 70 rows (9% waste), 8x48 exactly 64.
-    """
-
-    def padded(tile: tuple[int, int]) -> float:
-        mr, nr = tile
-        return (_round_up(m, mr) * _round_up(n, nr)) / (m * n)
-
-    best = min(MICRO_TILES, key=padded)
-    return best if padded(best) < padded(MICRO_TILES[0]) / 1.03 else MICRO_TILES[0]
 
 
 def _split(k: int, cap: int) -> int:
@@ -59,7 +48,14 @@ def _split(k: int, cap: int) -> int:
 
 
 def choose_blocking(
-    m: int, n: int, k: int, l1_bytes: int, l2_bytes: int, l3_bytes: int, micro: tuple[int, int] | None = None
+    m: int,
+    n: int,
+    k: int,
+    l1_bytes: int,
+    l2_bytes: int,
+    l3_bytes: int,
+    micro: tuple[int, int] | None = None,
+    unit: VectorUnit = AVX512,
 ) -> Blocking:
     """Tile sizes for an m x k @ k x n fp32 GEMM from per-core L1/L2 and shared L3 sizes.
 
@@ -71,7 +67,7 @@ def choose_blocking(
       sum straight from the micro-kernel), else the B sliver in half of L2; MC x KC in half of
       L2; the shared KC x NC panel in half of L3. Measured: KC=1024 beats 256 on 2048x1024x4096.
     """
-    mr, nr = micro or _pick_micro_tile(m, n)
+    mr, nr = micro or pick_micro_tile(m, n, unit)
     kc_l1 = max(16, (3 * l1_bytes // 4) // (4 * nr) // 16 * 16)
     if _round_up(m, mr) * min(k, kc_l1) * 4 <= l2_bytes // 2:
         kc = _split(k, kc_l1)
@@ -81,4 +77,4 @@ def choose_blocking(
         mc = max(mr, min(_round_up(m, mr), (l2_bytes // 2) // (4 * kc) // mr * mr))
         shared = l2_bytes if m <= mc else l3_bytes
     nc = max(nr, min(_round_up(n, nr), (shared // 2) // (4 * kc) // nr * nr))
-    return Blocking(mr, nr, mc, kc, nc)
+    return Blocking(mr, nr, mc, kc, nc, unit.lanes)

@@ -26,6 +26,7 @@ from vfuse.codegen.cpp.gemm.epilogue import Epilogue
 from vfuse.codegen.cpp.gemm.gemm import DEFAULT_CACHES, check_kernel_name
 from vfuse.codegen.cpp.gemm.microkernel import PACKERS, render_microkernel
 from vfuse.codegen.cpp.gemm.prelude import render_prelude
+from vfuse.schedule.microtile import AVX512, VectorUnit
 
 Pair = tuple[int, int]
 
@@ -49,6 +50,7 @@ class ConvSpec:
     linkage: str = 'extern "C"'
     caches: tuple[int, int, int] = DEFAULT_CACHES
     blocking: Blocking | None = field(default=None)
+    unit: VectorUnit = AVX512
 
     def __post_init__(self) -> None:
         check_kernel_name(self.name)
@@ -73,7 +75,7 @@ class ConvSpec:
         return self.c_out // self.groups, oh * ow, self.c_in // self.groups * self.kh * self.kw
 
     def tiles(self) -> Blocking:
-        return self.blocking or choose_blocking(*self.gemm_mnk, *self.caches)
+        return self.blocking or choose_blocking(*self.gemm_mnk, *self.caches, unit=self.unit)
 
     @property
     def is_pointwise(self) -> bool:
@@ -182,7 +184,7 @@ def render_conv2d(spec: ConvSpec, epilogue: Epilogue) -> str:
     # are new to Epilogue) keeps the driver's path.
     fp32_out = getattr(epilogue, "out_ctype", "float") == "float" and getattr(epilogue, "store", "v") == "v"
     if fp32_out and not spec.is_pointwise and direct_fits(spec, blk.mr, blk.nr):
-        return render_conv2d_direct(spec, epilogue, blk.mr, blk.nr)
+        return render_conv2d_direct(spec, epilogue, blk.mr, blk.nr, lanes=blk.lanes)
     return render_conv2d_gemm(spec, epilogue)
 
 
@@ -217,7 +219,7 @@ def render_conv2d_gemm(spec: ConvSpec, epilogue: Epilogue) -> str:
     return (
         render_prelude()
         + PACKERS
-        + render_microkernel(blk.mr, blk.nr)
+        + render_microkernel(blk.mr, blk.nr, blk.lanes)
         + gather
         + header
         + render_driver(driver, blk, epilogue)

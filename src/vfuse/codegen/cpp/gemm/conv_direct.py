@@ -23,7 +23,9 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from vfuse.codegen.cpp.gemm.epilogue import Epilogue
+from vfuse.codegen.cpp.gemm.microkernel import check_tile, fma_step
 from vfuse.codegen.cpp.gemm.prelude import render_prelude
+from vfuse.codegen.cpp.simd import vtype
 
 if TYPE_CHECKING:
     from vfuse.codegen.cpp.gemm.conv import ConvSpec
@@ -42,9 +44,9 @@ class _Geom:
     56 + pad 1) wastes 1 garbage column per output row instead of 2.
     """
 
-    def __init__(self, spec: ConvSpec, mr: int, nr: int, icb: int | None) -> None:
+    def __init__(self, spec: ConvSpec, mr: int, nr: int, icb: int | None, lanes: int = 16) -> None:
         (ph, pw), (dh, dw) = spec.padding, spec.dilation
-        self.mr, self.nr = mr, nr
+        self.mr, self.nr, self.lanes = mr, nr, lanes
         self.oh, self.ow = spec.out_hw
         self.gap = max(pw, 2 * pw - dw * (spec.kw - 1))
         self.hp, self.wp = spec.h + 2 * ph, spec.w + self.gap
@@ -63,47 +65,27 @@ class _Geom:
         self.icb = icb or max(1, min(self.cg, (spec.caches[0] // 2) // (4 * mr * self.taps)))
 
 
-def _ukr_avx512(name: str, g: _Geom) -> str:
-    nv = g.nr // 16
+def _ukr(name: str, g: _Geom) -> str:
+    """NAME_ukr<FIRST>: the mr x nr tile over `nic` input channels, B loaded straight from the padded planes."""
+    nv, vt, w = g.nr // g.lanes, vtype(g.lanes), g.lanes
     acc = [(r, v) for r in range(g.mr) for v in range(nv)]
     init = "".join(
-        f"  __m512 c{r}_{v} = FIRST ? _mm512_setzero_ps() : _mm512_load_ps(t + {r * g.nr + 16 * v});\n" for r, v in acc
+        f"  {vt} c{r}_{v} = FIRST ? {vt}{{}} : *reinterpret_cast<const {vt}*>(t + {r * g.nr + w * v});\n"
+        for r, v in acc
     )
     body = ""
     for tap, off in enumerate(g.offs):
-        body += "".join(f"    b{v} = _mm512_loadu_ps(x + {off + 16 * v});\n" for v in range(nv))
-        for r in range(g.mr):
-            body += f"    av = _mm512_set1_ps(a[{tap * g.mr + r}]);\n"
-            body += "".join(f"    c{r}_{v} = _mm512_fmadd_ps(av, b{v}, c{r}_{v});\n" for v in range(nv))
-    stores = "".join(f"  _mm512_store_ps(t + {r * g.nr + 16 * v}, c{r}_{v});\n" for r, v in acc)
+        body += "".join(f"    b{v} = vs_loadu<{vt}>(x + {off + w * v});\n" for v in range(nv))
+        body += fma_step(g.mr, nv, w, tap * g.mr)
+    stores = "".join(f"  *reinterpret_cast<{vt}*>(t + {r * g.nr + w * v}) = c{r}_{v};\n" for r, v in acc)
     decl = ", ".join(f"b{v}" for v in range(nv))
     return f"""template <bool FIRST>
 static inline void {name}_ukr(long nic, const float* __restrict a, const float* __restrict x, float* __restrict t) {{
-{init}  __m512 av, {decl};
+{init}  [[maybe_unused]] {vt} av;
+  {vt} {decl};
   for (long ic = 0; ic < nic; ++ic, a += {g.mr * g.taps}, x += {g.plane}) {{
 {body}  }}
 {stores}}}
-"""
-
-
-def _ukr_portable(name: str, g: _Geom) -> str:
-    # Why plain loops: only without AVX-512; GCC vectorizes the column loop with what it has.
-    offs = ", ".join(map(str, g.offs))
-    return f"""template <bool FIRST>
-static inline void {name}_ukr(long nic, const float* __restrict a, const float* __restrict x, float* __restrict t) {{
-  static const long offs[{g.taps}] = {{{offs}}};
-  alignas(64) float acc[{g.mr}][{g.nr}];
-  for (int r = 0; r < {g.mr}; ++r)
-    for (int q = 0; q < {g.nr}; ++q) acc[r][q] = FIRST ? 0.0f : t[r * {g.nr} + q];
-  for (long ic = 0; ic < nic; ++ic, x += {g.plane})
-    for (int tap = 0; tap < {g.taps}; ++tap, a += {g.mr})
-      for (int r = 0; r < {g.mr}; ++r) {{
-        const float av = a[r];
-#pragma omp simd
-        for (int q = 0; q < {g.nr}; ++q) acc[r][q] += av * x[offs[tap] + q];
-      }}
-  std::memcpy(t, acc, sizeof(acc));
-}}
 """
 
 
@@ -332,19 +314,21 @@ def direct_fits(spec: ConvSpec, mr: int, nr: int) -> bool:
     return g.mpad * nr <= _MAX_TILE_FLOATS and spec.n * spec.c_in * g.plane + g.slack <= _MAX_PADDED_FLOATS
 
 
-def render_conv2d_direct(spec: ConvSpec, epilogue: Epilogue, mr: int, nr: int, icb: int | None = None) -> str:
+def render_conv2d_direct(
+    spec: ConvSpec, epilogue: Epilogue, mr: int, nr: int, icb: int | None = None, lanes: int = 16
+) -> str:
     """The kernel's C++ source for a stride-1 conv (see module doc); mr x nr is the register tile."""
     if spec.stride != (1, 1):
         raise ValueError(f"{spec.name}: the direct path needs stride 1, got {spec.stride}")
     if getattr(epilogue, "out_ctype", "float") != "float":
         raise ValueError(f"{spec.name}: the direct path stores fp32 only")
-    g = _Geom(spec, mr, nr, icb)
+    check_tile(mr, nr, lanes)
+    g = _Geom(spec, mr, nr, icb, lanes)
     header = f"// vfuse conv2d (direct, padded width {g.wp}) {spec.name}: {spec}, epilogue {epilogue.name}\n"
-    ukr = f"#if defined(__AVX512F__)\n{_ukr_avx512(spec.name, g)}#else\n{_ukr_portable(spec.name, g)}#endif\n"
     return (
         render_prelude()
         + header
-        + ukr
+        + _ukr(spec.name, g)
         + _pack_and_pad(spec, g)
         + _runs(spec, g)
         + _epilogue(spec, g, epilogue)

@@ -128,7 +128,7 @@ def _tile_loop(d: Driver, blk: Blocking, epi: Epilogue) -> str:
           const int nr = static_cast<int>(vg_min({blk.nr}, {d.n} - j));
           for (long ir = 0; ir < mcur; ir += {blk.mr}) {{
             const int mr = static_cast<int>(vg_min({blk.mr}, mcur - ir));
-            {microkernel_name(blk.mr, blk.nr)}(kc, ap + ir * kc, bp + s * {blk.nr} * kc, t);
+            {microkernel_name(blk.mr, blk.nr, blk.lanes)}(kc, ap + ir * kc, bp + s * {blk.nr} * kc, t);
             if (nr == {blk.nr}) {{
               if (first) {wb}<true, true>{call}; else {wb}<true, false>{call};
             }} else {{

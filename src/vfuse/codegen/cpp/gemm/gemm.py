@@ -23,6 +23,7 @@ from vfuse.codegen.cpp.gemm.epilogue import Epilogue
 from vfuse.codegen.cpp.gemm.microkernel import PACKERS, render_microkernel
 from vfuse.codegen.cpp.gemm.prelude import render_prelude
 from vfuse.codegen.cpp.gemm.prologue import Prologue, packer_name, render_packer
+from vfuse.schedule.microtile import AVX512, VectorUnit
 
 # This machine's caches (per-core L1d/L2, shared L3): the default when no Target is given.
 DEFAULT_CACHES = (48 << 10, 1 << 20, 32 << 20)
@@ -40,7 +41,8 @@ class GemmSpec:
 
     batch: batch dims (possibly empty); a/b/c_batch_strides: one element stride per batch dim,
     0 where that operand broadcasts. lda/ldb/ldc default to the dense row length.
-    caches: (l1, l2, l3) bytes for blocking; blocking overrides the choice entirely.
+    caches: (l1, l2, l3) bytes for blocking; unit: the vector unit the register tile is for;
+    blocking overrides the choice entirely.
     a_prologue / b_prologue: compute that operand while packing (B then has no trans_b).
     """
 
@@ -59,6 +61,7 @@ class GemmSpec:
     linkage: str = 'extern "C"'
     caches: tuple[int, int, int] = DEFAULT_CACHES
     blocking: Blocking | None = field(default=None)
+    unit: VectorUnit = AVX512
     a_prologue: Prologue | None = None
     b_prologue: Prologue | None = None
 
@@ -99,7 +102,7 @@ class GemmSpec:
         return (self.lda or self.k, self.ldb or ldb_dense, self.ldc or self.n)
 
     def tiles(self) -> Blocking:
-        return self.blocking or choose_blocking(self.m, self.n, self.k, *self.caches)
+        return self.blocking or choose_blocking(self.m, self.n, self.k, *self.caches, unit=self.unit)
 
 
 def _strides(dims: tuple[int, ...], inner: int) -> tuple[int, ...]:
@@ -172,7 +175,7 @@ def render_gemm(spec: GemmSpec, epilogue: Epilogue) -> str:
     return (
         render_prelude()
         + PACKERS
-        + render_microkernel(blk.mr, blk.nr)
+        + render_microkernel(blk.mr, blk.nr, blk.lanes)
         + header
         + packers
         + render_driver(driver, blk, epilogue)

@@ -8,64 +8,69 @@ the micro-kernel never needs edge cases.
 
 from __future__ import annotations
 
+from vfuse.codegen.cpp.simd import vtype
 
-def _avx512_body(mr: int, nr: int) -> str:
-    nv = nr // 16
-    zero = "".join(f"  __m512 c{r}_{v} = _mm512_setzero_ps();\n" for r in range(mr) for v in range(nv))
-    loads = "".join(f"    const __m512 b{v} = _mm512_load_ps(b + {16 * v});\n" for v in range(nv))
-    fmas = ""
+
+def fma_step(mr: int, nv: int, lanes: int, a_off: int, indent: str = "    ") -> str:
+    """One k step: c{r}_{v} += A[a_off + r] * b{v}. x86 broadcasts A from memory (vbroadcastss, a load
+    uop, no register); AArch64 multiplies by a lane (fmla by element), so mr/lanes A registers serve
+    all mr rows: 8x12 then fits NEON's 32 registers with 24 accumulators."""
+    vt = vtype(lanes)
+    x86 = ""
     for r in range(mr):
-        fmas += f"    av = _mm512_set1_ps(a[{r}]);\n"
-        fmas += "".join(f"    c{r}_{v} = _mm512_fmadd_ps(av, b{v}, c{r}_{v});\n" for v in range(nv))
-    stores = "".join(f"  _mm512_store_ps(t + {r * nr + 16 * v}, c{r}_{v});\n" for r in range(mr) for v in range(nv))
+        x86 += f"{indent}av = vs_splat<{vt}>(a[{a_off + r}]);\n"
+        x86 += "".join(f"{indent}c{r}_{v} += av * b{v};\n" for v in range(nv))
+    if mr % lanes:
+        return x86
+    arm = "".join(f"{indent}const {vt} a{q} = vs_loadu<{vt}>(a + {a_off + lanes * q});\n" for q in range(mr // lanes))
+    for r in range(mr):
+        arm += "".join(f"{indent}c{r}_{v} += b{v} * a{r // lanes}[{r % lanes}];\n" for v in range(nv))
+    return f"#if defined(__aarch64__)\n{{\n{arm}}}\n#else\n{x86}#endif\n"
+
+
+def _body(mr: int, nr: int, lanes: int) -> str:
+    """Straight-line code: mr x nr/lanes accumulators, nr/lanes B loads and mr broadcasts per k step."""
+    nv, vt = nr // lanes, vtype(lanes)
+    zero = "".join(f"  {vt} c{r}_{v} = {{}};\n" for r in range(mr) for v in range(nv))
+    loads = "".join(f"    const {vt} b{v} = *reinterpret_cast<const {vt}*>(b + {lanes * v});\n" for v in range(nv))
+    acc = [(r, v) for r in range(mr) for v in range(nv)]
+    stores = "".join(f"  *reinterpret_cast<{vt}*>(t + {r * nr + lanes * v}) = c{r}_{v};\n" for r, v in acc)
     # Why the prefetch distance: 8 k-steps of B ahead (~1-2 KiB) hides L2 latency for the
     # B sliver when it does not fit L1 (KC large); A slivers are short and stay hot.
     return (
-        f"{zero}  __m512 av;\n"
+        f"{zero}  [[maybe_unused]] {vt} av;\n"
         f"  for (long k = 0; k < kc; ++k) {{\n"
-        f"    _mm_prefetch(reinterpret_cast<const char*>(b + {8 * nr}), _MM_HINT_T0);\n"
-        f"{loads}{fmas}    a += {mr};\n    b += {nr};\n  }}\n{stores}"
+        f"    __builtin_prefetch(b + {8 * nr}, 0, 3);\n"
+        f"{loads}{fma_step(mr, nv, lanes, 0)}    a += {mr};\n    b += {nr};\n  }}\n{stores}"
     )
 
 
-def _portable_body(mr: int, nr: int) -> str:
-    # Why plain loops: this path runs only without AVX-512 (AVX2 or older); GCC vectorizes the
-    # inner column loop with whatever vector ISA -march gives it.
-    return (
-        f"  alignas(64) float acc[{mr}][{nr}] = {{}};\n"
-        f"  for (long k = 0; k < kc; ++k) {{\n"
-        f"    for (int r = 0; r < {mr}; ++r) {{\n"
-        f"      const float av = a[r];\n"
-        f"#pragma omp simd\n"
-        f"      for (int q = 0; q < {nr}; ++q) acc[r][q] += av * b[q];\n"
-        f"    }}\n    a += {mr};\n    b += {nr};\n  }}\n"
-        f"  std::memcpy(t, acc, sizeof(acc));\n"
-    )
+def microkernel_name(mr: int, nr: int, lanes: int = 16) -> str:
+    return f"vg_ukr_{mr}x{nr}_w{lanes}"
 
 
-def microkernel_name(mr: int, nr: int) -> str:
-    return f"vg_ukr_{mr}x{nr}"
+def check_tile(mr: int, nr: int, lanes: int, registers: int = 32) -> None:
+    """A register tile must be whole vectors wide and fit the registers (accumulators, B, a broadcast)."""
+    vtype(lanes)
+    if nr % lanes:
+        raise ValueError(f"nr must be a multiple of the vector width {lanes}, got {nr}")
+    if mr < 1 or mr * (nr // lanes) + nr // lanes + 1 > registers:
+        raise ValueError(f"a {mr}x{nr} tile of {lanes}-lane vectors does not fit {registers} vector registers")
 
 
-def render_microkernel(mr: int, nr: int) -> str:
-    """`void vg_ukr_<mr>x<nr>(long kc, const float* a, const float* b, float* t)`, guarded."""
-    if nr % 16:
-        raise ValueError(f"nr must be a multiple of 16 (one zmm), got {nr}")
-    if mr * (nr // 16) + nr // 16 + 1 > 32:
-        raise ValueError(f"a {mr}x{nr} tile does not fit 32 vector registers")
-    name = microkernel_name(mr, nr)
-    guard = f"VG_UKR_{mr}X{nr}"
+def render_microkernel(mr: int, nr: int, lanes: int = 16) -> str:
+    """`void vg_ukr_<mr>x<nr>_w<lanes>(long kc, const float* a, const float* b, float* t)`, guarded.
+    Panels and the tile buffer are 64-byte aligned and nr is whole vectors: aligned vector accesses."""
+    check_tile(mr, nr, lanes)
+    name = microkernel_name(mr, nr, lanes)
+    guard = f"VG_UKR_{mr}X{nr}_W{lanes}"
     params = "long kc, const float* __restrict a, const float* __restrict b, float* __restrict t"
     # Why noinline: inlined into the driver, the micro-kernel shares one register allocation
     # with the writeback, whose epilogue constants (GELU, quantize) GCC hoists into vector
     # registers; the 32 zmm accumulators then spill to the stack inside the K loop (figures in
     # docs/perf-log.md). One call per MR x NR x KC tile.
     sig = f"__attribute__((noinline)) static void {name}({params})"
-    return (
-        f"#ifndef {guard}\n#define {guard}\n"
-        f"#if defined(__AVX512F__)\n{sig} {{\n{_avx512_body(mr, nr)}}}\n"
-        f"#else\n{sig} {{\n{_portable_body(mr, nr)}}}\n#endif\n#endif  // {guard}\n"
-    )
+    return f"#ifndef {guard}\n#define {guard}\n{sig} {{\n{_body(mr, nr, lanes)}}}\n#endif  // {guard}\n"
 
 
 # Packers shared by every kernel (templates on the tile sizes, guarded once per TU).

@@ -7,6 +7,8 @@ compiles on its own.
 
 from __future__ import annotations
 
+from vfuse.codegen.cpp.simd import SIMD_PRELUDE
+
 # Why hand-written math: with plain `-O3 -march=native` (no -ffast-math) GCC calls scalar
 # erff/expf/tanhf inside an `omp simd` loop, which would make the epilogue cost more than the
 # GEMM for small K. These are branch-free polynomial/rational forms (Cephes exp, Eigen's erf and
@@ -103,6 +105,6 @@ def render_prelude() -> str:
     return (
         "#ifndef VFUSE_GEMM_PRELUDE\n#define VFUSE_GEMM_PRELUDE\n"
         "#include <cmath>\n#include <cstddef>\n#include <cstdint>\n#include <cstdlib>\n"
-        "#include <cstring>\n#include <immintrin.h>\n#include <omp.h>\n"
-        f"{_MATH}{_SCRATCH}#endif  // VFUSE_GEMM_PRELUDE\n"
+        "#include <cstring>\n#include <omp.h>\n"
+        f"{SIMD_PRELUDE}{_MATH}{_SCRATCH}#endif  // VFUSE_GEMM_PRELUDE\n"
     )

@@ -1,0 +1,88 @@
+"""Register tiles of the contraction kernels, from the target's vector unit.
+
+A GEMM / conv micro-kernel keeps an MR x NR tile of C in vector registers: MR * NR/W
+accumulators, NR/W vectors of B and one broadcast of A per k step must fit the register file
+(W = fp32 lanes per vector). The flash-attention kernel keeps 4 keys (or 4 rows of the output)
+x NR lanes of scores in registers the same way. The renderers draw what is decided here.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+Tile = tuple[int, int]  # (mr, nr) in elements
+
+
+@dataclass(frozen=True, slots=True)
+class VectorUnit:
+    """fp32 lanes of one vector instruction and architectural vector registers of one core."""
+
+    lanes: int = 16
+    registers: int = 32
+
+
+AVX512 = VectorUnit(16, 32)
+WIDTHS = (4, 8, 16)  # fp32 lanes the kernels have vector types for (codegen/cpp/simd.py)
+
+
+def vector_unit(lanes: int, registers: int) -> VectorUnit:
+    """A target's vector unit as the contraction kernels use it: a GPU's 32-lane warps or 255
+    registers per thread describe no CPU vector, and plan as AVX-512."""
+    if lanes not in WIDTHS or registers > 32:
+        return AVX512
+    return VectorUnit(lanes, registers)
+
+
+# Per (lanes, registers), (mr, vectors of nr), fastest in isolation first (most FMAs per load).
+# AVX-512: 14x32 (28 accumulators), 8x48 and 6x64 cut padding for some shapes (64 channels: 8x48).
+# AVX2 (16 ymm): 6x16 (12 accumulators + 2 B + a broadcast, BLIS's Haswell tile), 4x24 (all 16).
+# NEON (32 q registers, 4 lanes): 8x12 (24 accumulators, BLIS's Cortex-A57 tile), 12x8, 6x16.
+_TILES: dict[tuple[int, int], tuple[Tile, ...]] = {
+    (16, 32): ((14, 2), (8, 3), (6, 4)),
+    (8, 16): ((6, 2), (4, 3)),
+    (4, 16): ((6, 2), (4, 3)),  # SSE2 (generic x86-64): AVX2's tiles at half the width
+    (4, 32): ((8, 3), (12, 2), (6, 4)),
+}
+
+
+def _fits(mr: int, nv: int, registers: int) -> bool:
+    return mr * nv + nv + 1 <= registers
+
+
+def micro_tiles(unit: VectorUnit) -> tuple[Tile, ...]:
+    """The (mr, nr) register tiles for `unit`, the default first. Units without a measured table get
+    the widest mr for 2, 3 and 4 vectors of B that fits the registers."""
+    shapes = _TILES.get((unit.lanes, unit.registers))
+    if shapes is None:
+        shapes = tuple((m, nv) for nv in (2, 3, 4) if (m := (unit.registers - nv - 1) // nv) >= 1)
+    return tuple((mr, nv * unit.lanes) for mr, nv in shapes or ((1, 1),))
+
+
+def _round_up(x: int, m: int) -> int:
+    return -(-x // m) * m
+
+
+def pick_micro_tile(m: int, n: int, unit: VectorUnit = AVX512) -> Tile:
+    """The default tile, unless another pads > 3% less work (e.g. 64 output channels: AVX-512's
+    14x32 computes 70 rows (9% waste), 8x48 exactly 64)."""
+    tiles = micro_tiles(unit)
+
+    def padded(tile: Tile) -> float:
+        mr, nr = tile
+        return (_round_up(m, mr) * _round_up(n, nr)) / (max(m, 1) * max(n, 1))
+
+    best = min(tiles, key=padded)
+    return best if padded(best) < padded(tiles[0]) / 1.03 else tiles[0]
+
+
+ATTENTION_ROWS = 4  # keys per score block / output rows per P @ V block
+ATTENTION_BLOCK_Q = 64  # query rows per task
+
+
+def attention_tile(unit: VectorUnit) -> Tile:
+    """(4, nr): 4 keys x nr query rows of scores (4 output rows x nr columns of P @ V) in registers;
+    nr is the most whole vectors dividing the 64-row Q block with 4 * v + v + 1 registers."""
+    per_block = ATTENTION_BLOCK_Q // unit.lanes
+    nv = max((v for v in range(1, per_block + 1) if per_block % v == 0 and _fits(ATTENTION_ROWS, v, unit.registers)),
+             default=1)  # fmt: skip
+    return ATTENTION_ROWS, nv * unit.lanes
