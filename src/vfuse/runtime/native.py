@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import ctypes
 import threading
-from collections import Counter
 from collections.abc import Sequence
 from typing import Any
 
@@ -22,30 +21,16 @@ import torch
 from vfuse import interp
 from vfuse.codegen.cpp.faults import CODES, FAULT_BYTES, fault_offset
 from vfuse.fusion.plan import FusionPlan
-from vfuse.ir import Kind, Op
+from vfuse.ir import Op
 from vfuse.ir.defs.layout import index_out_of_bounds
 from vfuse.ir.defs.pointwise import integer_division_by_zero
 from vfuse.runtime.callplan import CallPlan, make_call_plan
 from vfuse.runtime.compiled import ExecStats
 from vfuse.runtime.pool import OutputPool
-from vfuse.schedule import BufKind, Program, Segment, TorchStep
+from vfuse.runtime.steps import StepRunner, fallback_counts, torch_nodes
+from vfuse.schedule import BufKind, Program, Segment
 
 ARENA_ALIGN = 64
-
-
-def _fallbacks(program: Program, plan: FusionPlan) -> Counter[str]:
-    """Nodes run through torch that a native backend would compile: OPAQUE ops and fallbacks."""
-    out: Counter[str] = Counter()
-    for s in program.steps:
-        if not isinstance(s, TorchStep):
-            continue
-        for n in s.nodes:
-            node = plan.graph[n]
-            if node.op is Op.OPAQUE:
-                out[str(node.attrs["call"])] += 1
-            elif s.reason.startswith("fallback") and node.kind is not Kind.CONTRACTION:
-                out[node.op.value] += 1
-    return out
 
 
 def _entries(program: Program, lib: ctypes.CDLL | None) -> tuple[dict[str, Any], list[Any]]:
@@ -64,7 +49,7 @@ def _entries(program: Program, lib: ctypes.CDLL | None) -> tuple[dict[str, Any],
     return entries, raw
 
 
-class NativeExecutor:
+class NativeExecutor(StepRunner):
     """Callable `(inputs) -> outputs` for one FusionPlan's Program; `.source` is the generated C++,
     `library` the loaded translation unit (None when the program has no native segment)."""
 
@@ -104,14 +89,13 @@ class NativeExecutor:
         self._arena_arg = ctypes.c_void_p(0)
         self._seeds_arg = ctypes.c_void_p(0)
         self._threads_arg = ctypes.c_int(0)
-        torch_nodes = sum(len(s.nodes) for s in self.program.steps if isinstance(s, TorchStep))
         self.stats = ExecStats(
             "cpp",
             kernels=len(self.program.kernels),
             native_calls=len(self.program.segments),
-            torch_calls=torch_nodes,
+            torch_calls=torch_nodes(self.program),
             arena_bytes=self.program.memory.size,
-            fallbacks=_fallbacks(self.program, plan),
+            fallbacks=fallback_counts(self.program, plan),
         )
 
     @property
@@ -223,35 +207,3 @@ class NativeExecutor:
         if value in env:
             return env[value]
         return self._arena_view(value)
-
-    def _run_torch(self, step: TorchStep, env: dict[str, Any]) -> None:
-        local: dict[str, Any] = {}
-        for name in step.nodes:
-            node = self.graph[name]
-            out = interp.run_node(node, [local[i] if i in local else self._get(i, env) for i in node.inputs])
-            if isinstance(out, torch.Tensor):
-                # A view of the arena must not outlive the bytes it views; kernels read row-major.
-                if self._in_arena(out):
-                    out = out.clone()
-                if name in self.program.buffers:
-                    out = out.contiguous()
-            local[name] = out
-        for name, out in local.items():
-            # A node the planner recomputes here but a kernel also writes keeps the kernel's buffer.
-            b = self.program.buffers.get(name)
-            if b is None or b.kind is BufKind.INPUT:
-                env[name] = out
-
-    def _in_arena(self, t: torch.Tensor) -> bool:
-        arena = self._arena
-        return (
-            arena is not None and t.numel() > 0 and t.untyped_storage().data_ptr() == arena.untyped_storage().data_ptr()
-        )
-
-    def _result(self, value: str, env: dict[str, Any]) -> Any:
-        out = self._get(value, env)
-        if isinstance(out, torch.Tensor) and self._in_arena(out):
-            out = out.clone()
-        if self.graph[value].op is Op.CONSTANT:
-            out = out.clone()  # the user may modify what we return; the constant must survive
-        return out

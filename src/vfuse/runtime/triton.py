@@ -12,7 +12,6 @@ kernel recorded is raised as eager raises it, naming the node.
 from __future__ import annotations
 
 import threading
-from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,12 +26,13 @@ from vfuse.codegen.triton.offline import Resources, compile_kernel, resources_of
 from vfuse.codegen.triton.render import Launch, TritonProgram
 from vfuse.codegen.triton.writer import FAULTS, SEEDS, FaultKind
 from vfuse.fusion.plan import FusionPlan
-from vfuse.ir import Kind, Op
+from vfuse.ir import Op
 from vfuse.ir.defs.layout import index_out_of_bounds
 from vfuse.ir.defs.pointwise import integer_division_by_zero
 from vfuse.runtime.compiled import ExecStats
 from vfuse.runtime.pool import OutputPool
-from vfuse.schedule import BufKind, Program, Segment, TorchStep
+from vfuse.runtime.steps import StepRunner, fallback_counts, torch_nodes
+from vfuse.schedule import BufKind, Program, Segment
 
 NO_FAULT = 2**63 - 1
 ARENA_ALIGN = 64
@@ -58,23 +58,7 @@ class TritonKernel:
         return resources_of(compile_kernel(module, self.name, self.signature, self.warps, sm), sm)
 
 
-def _torch_counts(program: Program, plan: FusionPlan) -> tuple[int, Counter[str]]:
-    """Nodes run through torch, and those a native backend would compile (OPAQUE ops, fallbacks)."""
-    out: Counter[str] = Counter()
-    total = 0
-    for s in program.steps:
-        if isinstance(s, TorchStep):
-            total += len(s.nodes)
-            for n in s.nodes:
-                node = plan.graph[n]
-                if node.op is Op.OPAQUE:
-                    out[str(node.attrs["call"])] += 1
-                elif s.reason.startswith("fallback") and node.kind is not Kind.CONTRACTION:
-                    out[node.op.value] += 1
-    return total, out
-
-
-class TritonExecutor:
+class TritonExecutor(StepRunner):
     """Callable `(inputs) -> outputs` for one FusionPlan's Program rendered as Triton kernels."""
 
     def __init__(
@@ -94,14 +78,13 @@ class TritonExecutor:
         self._static = static_outputs
         self._pool = OutputPool()
         self._lock = threading.Lock()
-        torch_nodes, fallbacks = _torch_counts(program, plan)
         self.stats = ExecStats(
             "triton",
             kernels=len(rendered.launches),
             native_calls=len(program.segments),
-            torch_calls=torch_nodes,
+            torch_calls=torch_nodes(program),
             arena_bytes=program.memory.size,
-            fallbacks=fallbacks,
+            fallbacks=fallback_counts(program, plan),
         )
 
     def _allocate(self) -> None:
@@ -158,7 +141,7 @@ class TritonExecutor:
             return self._seeds
         if value == FAULTS:
             return self._faults
-        return env[value] if value in env else self._views[value]
+        return self._get(value, env)
 
     def _fault(self, env: dict[str, Any]) -> Exception:
         """The exception of the first fault site that fired (launch order), as eager raises it."""
@@ -171,30 +154,5 @@ class TritonExecutor:
         value = int(self._arg(site.buf, env).reshape(-1)[slots[site.slot]])
         return interp.located(node, index_out_of_bounds(value, node.attrs.get("dim", 0), site.rows))
 
-    def _run_torch(self, step: TorchStep, env: dict[str, Any]) -> None:
-        local: dict[str, Any] = {}
-        for name in step.nodes:
-            node = self.graph[name]
-            args = [local[i] if i in local else self._arg(i, env) for i in node.inputs]
-            out = interp.run_node(node, args)
-            if isinstance(out, torch.Tensor):
-                if self._in_arena(out):
-                    out = out.clone()  # a view of the arena must not outlive the bytes it views
-                if name in self.program.buffers:
-                    out = out.contiguous()  # kernels read row-major
-            local[name] = out
-        for name, out in local.items():
-            # A node the planner recomputes here but a kernel also writes keeps the kernel's buffer.
-            b = self.program.buffers.get(name)
-            if b is None or b.kind is BufKind.INPUT:
-                env[name] = out
-
-    def _in_arena(self, t: torch.Tensor) -> bool:
-        a = self._arena
-        return a is not None and t.numel() > 0 and t.untyped_storage().data_ptr() == a.untyped_storage().data_ptr()
-
-    def _result(self, value: str, env: dict[str, Any]) -> Any:
-        out = env[value] if value in env else self._views[value]
-        if isinstance(out, torch.Tensor) and (self._in_arena(out) or self.graph[value].op is Op.CONSTANT):
-            out = out.clone()
-        return out
+    def _get(self, value: str, env: dict[str, Any]) -> Any:
+        return env[value] if value in env else self._views[value]
