@@ -28,6 +28,8 @@ FAMILIES: dict[str, tuple[Callable, tuple[torch.Tensor, ...]]] = {
     "int_division": (lambda a, b: a // b + a % b, (torch.randint(-50, 50, (64,)), torch.randint(1, 9, (64,)))),
     "casts_bf16": (lambda x: (x.to(torch.bfloat16) * 3).float().exp(), (torch.randn(5, 70),)),
     "dropout": (lambda x: F.dropout(x, 0.3, training=True) + 1, (torch.randn(1000),)),
+    # Saturated GELU: exactly 0 and x beyond |x| = 5.6, also without FMA (the generic tier).
+    "gelu_saturated": (F.gelu, (torch.cat([torch.tensor([-1e30, -100.0, -5.6, 5.6, 100.0, 1e30]), torch.randn(61)]),)),
 }
 
 

@@ -264,7 +264,11 @@ static inline float vf_gelu_none(float x) {
   q = vf_fmaf(q, w, -0.0004207067435955075f);
   q = vf_fmaf(q, w, -0.00368666458360234f);
   q = vf_fmaf(q, w, -0.0142647390514189f);
-  const float e = xc * p / q;  // erf(x / sqrt2)
+  float e = xc * p / q;  // erf(x / sqrt2)
+#if !defined(__FMA__)
+  // Unfused, the rational at |xc| = 5.6 is 1 - 2^-24, not 1: gelu(-1e30) came out as -6e22.
+  e = vf_abs(x) >= 5.6f ? (x > 0 ? 1.0f : -1.0f) : e;
+#endif
   const float h = 0.5f * x;
   return vf_fmaf(h, e, h);
 }
