@@ -22,6 +22,7 @@ FAMILIES: dict[str, tuple[Callable, tuple[torch.Tensor, ...]]] = {
     ),
     "rmsnorm_silu": (lambda x, w: F.silu(F.rms_norm(x, (96,), w)), (torch.randn(9, 96), torch.randn(96))),
     "softmax": (lambda x: torch.softmax(x, -1), (torch.randn(11, 300),)),
+    "logsumexp_all": (lambda x: x.logsumexp((0, 1, 2)), (torch.randn(1, 1, 131),)),
     "column_sum": (lambda x: x.sum(0), (torch.randn(257, 33),)),
     "view_multiaxis": (lambda x: x.view(2, 4, 4, 36).sum((2, 3)), (torch.randn(2, 16, 6, 6),)),
     "embedding": (lambda w, i: F.embedding(i, w) * 2, (torch.randn(10, 24), torch.tensor([[0, 9, 3], [1, 1, 7]]))),

@@ -61,8 +61,10 @@ LANES = {Isa.GENERIC: 4, Isa.AVX2: 8, Isa.AVX512: 16, Isa.NEON: 4}  # fp32 lanes
 VECTOR_REGS = {Isa.GENERIC: 16, Isa.AVX2: 16, Isa.AVX512: 32, Isa.NEON: 32}
 # Explicit tiers compile for the tier's baseline (tuned for this CPU), so that a forced tier builds
 # the code a machine of that tier gets; a tier that is the top one of its architecture uses native.
+# g++ 12 at plain x86-64 moved 2-float vectors through MMX registers without `emms`, leaving the x87
+# stack full: the next x87 operation in the process (torch's floor_divide) returned NaN. No MMX.
 MARCH = {
-    (Isa.GENERIC, X86): ("-march=x86-64", "-mtune=native"),
+    (Isa.GENERIC, X86): ("-march=x86-64", "-mtune=native", "-mno-mmx"),
     (Isa.GENERIC, ARM): ("-march=armv8-a",),
     (Isa.AVX2, X86): ("-march=x86-64-v3", "-mtune=native"),
     (Isa.AVX512, X86): ("-march=native",),
