@@ -43,7 +43,7 @@ def test_family_at_every_tier_matches_eager(family: str, tier: Isa) -> None:
 
 
 def _assert_no_higher_tier_code(source: str, tier: Isa) -> None:
-    so = build_library(source, Options().cache_dir, find_toolchain(isa=tier))  # a cache hit: the same key
+    so = build_library(source, Options.from_env().cache_dir, find_toolchain(isa=tier))  # a cache hit: the same key
     asm = subprocess.run(["objdump", "-d", "--no-show-raw-insn", str(so)], capture_output=True, text=True).stdout
     assert asm, f"objdump printed nothing for {so}"
     found = re.search(FORBIDDEN[tier], asm)
