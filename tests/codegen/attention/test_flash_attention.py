@@ -89,10 +89,13 @@ def test_epilogue_hook_sees_value_and_indices() -> None:
     _close(FlashAttentionKernel(spec)(q, k, v), want)
 
 
-def test_portable_path_without_avx512(tmp_path) -> None:  # type: ignore[no-untyped-def]
+@pytest.mark.parametrize(("lanes", "tile", "march"), [(16, 64, "-march=x86-64-v2"), (8, 16, "-march=x86-64-v3")])
+def test_other_tiers(tmp_path, lanes: int, tile: int, march: str) -> None:  # type: ignore[no-untyped-def]
+    """AVX-512's width built without AVX-512 (g++ splits the vectors), AVX2's as AVX2 builds it."""
     tc = find_toolchain()
-    tc = dataclasses.replace(tc, flags=tuple("-march=x86-64-v2" if f == "-march=native" else f for f in tc.flags))
-    kern = FlashAttentionKernel(AttentionSpec(name="fa_portable", head_dim=20, causal=True), tmp_path, tc)
+    tc = dataclasses.replace(tc, flags=tuple(f for f in tc.flags if not f.startswith(("-march", "-mtune"))) + (march,))
+    spec = AttentionSpec(name=f"fa_tier{lanes}", head_dim=20, causal=True, lanes=lanes, tile=tile)
+    kern = FlashAttentionKernel(spec, tmp_path, tc)
     q, k, v = _qkv(1, 2, 2, 33, 33, 20, 20)
     _close(kern(q, k, v), F.scaled_dot_product_attention(q, k, v, is_causal=True))
 

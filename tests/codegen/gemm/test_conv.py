@@ -11,6 +11,7 @@ import torch.nn.functional as F
 from vfuse.codegen.cpp.gemm import ConvSpec, Epilogue, render_conv2d
 from vfuse.codegen.cpp.gemm import epilogues as E
 from vfuse.codegen.cpp.gemm.conv import render_conv2d_gemm
+from vfuse.schedule.microtile import VectorUnit
 
 
 @dataclass(frozen=True)
@@ -107,11 +108,23 @@ def test_conv_spec_validates() -> None:
         ConvSpec("bad", 1, 3, 2, 2, 4, 5, 5)
 
 
-def test_portable_fallback(build, call) -> None:
-    """Without AVX-512 (plain-loop micro-kernel and im2col segments): same numbers."""
-    s = ConvSpec("conv_portable", 1, 5, 9, 11, 6, 3, 3, padding=(1, 1))
-    lib = build(render_conv2d(s, E.bias_relu("c")), ("-mno-avx512f",))
+@pytest.mark.parametrize(
+    ("unit", "march"),
+    [
+        (VectorUnit(16, 32), "-mno-avx512f"),
+        (VectorUnit(8, 16), "-march=x86-64-v3"),
+        (VectorUnit(4, 16), "-march=x86-64"),
+    ],
+    ids=["avx512-tile-without-avx512", "avx2", "generic"],
+)
+@pytest.mark.parametrize("stride", [1, 2])
+def test_other_tiers(build, call, unit: VectorUnit, march: str, stride: int) -> None:
+    """Another tier's width and tile (stride 1: the direct path; 2: implicit GEMM with portable im2col
+    segments): same numbers."""
+    s = ConvSpec(f"conv_tier{unit.lanes}_{stride}", 1, 5, 9, 11, 6, 3, 3, (stride, stride), (1, 1), unit=unit)
+    lib = build(render_conv2d(s, E.bias_relu("c")), (march,))
     x, w, bias = torch.randn(1, 5, 9, 11), torch.randn(6, 5, 3, 3) / 6.7, torch.randn(6)
-    out = torch.empty(1, 6, 9, 11)
+    want = F.relu(F.conv2d(x, w, bias, stride=stride, padding=1))
+    out = torch.empty_like(want)
     call(lib, s.name, x, w, out, bias)
-    torch.testing.assert_close(out, F.relu(F.conv2d(x, w, bias, padding=1)), rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(out, want, rtol=1e-4, atol=1e-4)

@@ -13,6 +13,7 @@ import torch.nn.functional as F
 
 from vfuse.codegen.cpp.gemm import Blocking, Epilogue, GemmSpec, render_gemm
 from vfuse.codegen.cpp.gemm import epilogues as E
+from vfuse.schedule.microtile import VectorUnit
 
 Ref = Callable[[torch.Tensor], torch.Tensor]
 
@@ -126,13 +127,22 @@ def test_leading_dimensions(lib2, call) -> None:
     assert torch.count_nonzero(out_full[:, 24:]) == 0  # ldc padding untouched
 
 
-def test_portable_fallback(build, call) -> None:
-    """Without AVX-512 the micro-kernel is plain loops; same numbers."""
-    spec = GemmSpec("portable", 30, 40, 50, trans_b=True)
-    lib = build(render_gemm(spec, E.bias_gelu_erf()), ("-mno-avx512f",))
+@pytest.mark.parametrize(
+    ("unit", "march"),
+    [
+        (VectorUnit(16, 32), "-mno-avx512f"),  # AVX-512's tile without AVX-512: g++ splits the vectors
+        (VectorUnit(8, 16), "-march=x86-64-v3"),  # AVX2's tiles as an AVX2 machine builds them
+        (VectorUnit(4, 16), "-march=x86-64"),  # the generic tier: SSE2
+    ],
+    ids=["avx512-tile-without-avx512", "avx2", "generic"],
+)
+def test_other_tiers(build, call, unit: VectorUnit, march: str) -> None:
+    """The same source at another tier's width and register tile; same numbers."""
+    spec = GemmSpec(f"tier_{unit.lanes}", 30, 40, 50, trans_b=True, unit=unit)
+    lib = build(render_gemm(spec, E.bias_gelu_erf()), (march,))
     a, w, bias = torch.randn(30, 50) / 7, torch.randn(40, 50), torch.randn(40)
     out = torch.empty(30, 40)
-    call(lib, "portable", a, w, out, bias)
+    call(lib, spec.name, a, w, out, bias)
     torch.testing.assert_close(out, F.gelu(F.linear(a, w, bias)), rtol=1e-4, atol=1e-4)
 
 
