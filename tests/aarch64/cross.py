@@ -18,7 +18,7 @@ from vfuse.schedule import BufKind, Program, TorchStep
 CXX = "aarch64-linux-gnu-g++"
 QEMU = "qemu-aarch64"
 SYSROOT = "/usr/aarch64-linux-gnu"
-FLAGS = ("-O2", "-std=c++17", "-fopenmp", "-fno-math-errno", "-fno-trapping-math", "-static")
+FLAGS = ("-O2", "-std=c++17", "-fopenmp", "-fno-math-errno", "-fno-trapping-math", "-ffp-contract=off", "-static")
 
 
 def missing_tools() -> str | None:

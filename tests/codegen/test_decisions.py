@@ -25,8 +25,10 @@ from vfuse.schedule import build
 from vfuse.schedule.kernel import Accumulate, Kernel, Pass, Program, Reduction, Segment, Walk
 from vfuse.schedule.strategy import lanes
 
-# What a renderer may read of the schedule: its data and index expressions, no decision.
-SCHEDULE_DATA = {"vfuse.schedule.kernel", "vfuse.schedule.expr"}
+# What a renderer may read of the schedule: its data and index expressions, no decision. The GEMM/conv
+# templates also read schedule.microtile, for its VectorUnit type and the default register tile of a
+# template rendered outside a Program (template tests); a Program's tile is ContractionKernel.mr/nr.
+SCHEDULE_DATA = {"vfuse.schedule.kernel", "vfuse.schedule.expr", "vfuse.schedule.microtile"}
 
 
 def _schedule_imports(path: Path) -> set[str]:

@@ -45,6 +45,13 @@ def render_kernel(kernel: Kernel, program: Program) -> str:
     return RENDERERS[kernel.walk](kernel, program)
 
 
+# The TU is built with -ffp-contract=off, as Inductor's: a contracted `x*x - sum` is not the 0
+# eager computes (a variance of one element came out inf, not NaN). The contraction templates'
+# micro-kernels are written as vector `a * b + c` and want FMA: contraction is on for them alone.
+CONTRACT_FMA = '#pragma GCC push_options\n#pragma GCC optimize("fp-contract=fast")'
+CONTRACT_END = "#pragma GCC pop_options"
+
+
 def render(program: Program) -> str:
     """The whole translation unit: prelude, template instances (GEMM / conv / attention, each
     include-guarded or namespaced), every kernel, one entry per segment."""
@@ -52,7 +59,7 @@ def render(program: Program) -> str:
     for k in program.kernels:
         if isinstance(k, ContractionKernel):
             template, wrapper = render_contraction(k, program)
-            parts.append(template)
+            parts.append(f"{CONTRACT_FMA}\n{template}\n{CONTRACT_END}")
             kernels.append(wrapper)
         else:
             kernels.append(render_kernel(k, program))

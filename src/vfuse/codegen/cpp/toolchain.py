@@ -39,6 +39,7 @@ FLAGS = (
     "-fopenmp",
     "-fno-math-errno",
     "-fno-trapping-math",
+    "-ffp-contract=off",  # eager's roundings; templates turn FMA contraction on (render.CONTRACT_FMA)
     "-fPIC",
     "-shared",
     "-w",
