@@ -141,7 +141,8 @@ class NativeExecutor(StepRunner):
             return self._run_planned(self._plan, inputs)
         env: dict[str, Any] = dict(self._constants)
         for name, index in self._input_names:
-            env[name] = inputs[index].contiguous()
+            x = inputs[index]  # AOTAutograd passes None for an effect token (torch.linalg.inv's)
+            env[name] = x.contiguous() if isinstance(x, torch.Tensor) else x
         self._draw_seeds(env)
         self._alloc_outputs(env)
         nt = torch.get_num_threads()
