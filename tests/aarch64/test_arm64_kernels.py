@@ -23,6 +23,7 @@ from vfuse.targets.isa import ARM, CpuIsa, Isa
 
 pytestmark = [pytest.mark.aarch64, pytest.mark.skipif(missing_tools() is not None, reason=str(missing_tools()))]
 
+
 def _compile(fn: Callable, inputs: tuple[torch.Tensor, ...]) -> tuple:
     ctx = Context(Options(backend="cpp"))
     graph = optimize(lower(export(fn, inputs).graph_module, ctx), ctx)
