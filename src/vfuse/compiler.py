@@ -158,7 +158,10 @@ def load(
     fusion_plan: FusionPlan, program: Program, source: str, library: ctypes.CDLL | None, ctx: Context
 ) -> NativeExecutor:
     """The executor of the built program: entry points bound, arena allocated on its first call."""
-    return NativeExecutor(fusion_plan, program, source, library, static_outputs=ctx.options.static_outputs)
+    opts = ctx.options
+    return NativeExecutor(
+        fusion_plan, program, source, library, static_outputs=opts.static_outputs, cache_dir=opts.cache_dir
+    )
 
 
 def native_executor(fusion_plan: FusionPlan, target: Target, ctx: Context) -> NativeExecutor:

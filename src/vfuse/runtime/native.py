@@ -14,6 +14,7 @@ from __future__ import annotations
 import ctypes
 import threading
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -54,9 +55,16 @@ class NativeExecutor(StepRunner):
     `library` the loaded translation unit (None when the program has no native segment)."""
 
     def __init__(
-        self, plan: FusionPlan, program: Program, source: str, library: ctypes.CDLL | None, static_outputs: bool = False
+        self,
+        plan: FusionPlan,
+        program: Program,
+        source: str,
+        library: ctypes.CDLL | None,
+        static_outputs: bool = False,
+        cache_dir: Path | None = None,
     ) -> None:
         self.plan = plan
+        self.cache_dir = cache_dir  # where its library was built; the profiler builds its timing build there
         self.graph = plan.graph
         self.program = program
         self.source = source
@@ -139,12 +147,7 @@ class NativeExecutor(StepRunner):
         assert self._arena is not None
         if self._plan is not None:
             return self._run_planned(self._plan, inputs)
-        env: dict[str, Any] = dict(self._constants)
-        for name, index in self._input_names:
-            x = inputs[index]  # AOTAutograd passes None for an effect token (torch.linalg.inv's)
-            env[name] = x.contiguous() if isinstance(x, torch.Tensor) else x
-        self._draw_seeds(env)
-        self._alloc_outputs(env)
+        env = self._prepare(inputs)
         nt = torch.get_num_threads()
         arena = self._arena.data_ptr() + self._arena_off
         for step in self.program.steps:
@@ -155,6 +158,18 @@ class NativeExecutor(StepRunner):
             else:
                 self._run_torch(step, env)
         return [self._result(o, env) for o in self.graph.outputs]
+
+    def _prepare(self, inputs: Sequence[torch.Tensor]) -> dict[str, Any]:
+        """The general path's environment: constants, inputs, this call's seeds and outputs."""
+        if self._arena is None:
+            self._allocate()
+        env: dict[str, Any] = dict(self._constants)
+        for name, index in self._input_names:
+            x = inputs[index]  # AOTAutograd passes None for an effect token (torch.linalg.inv's)
+            env[name] = x.contiguous() if isinstance(x, torch.Tensor) else x
+        self._draw_seeds(env)
+        self._alloc_outputs(env)
+        return env
 
     def _run_planned(self, plan: CallPlan, inputs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
         """The lean path: bind pointers by precomputed slot, call every segment, return.
