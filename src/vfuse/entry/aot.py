@@ -145,6 +145,12 @@ class AotCompiled:
             return outs[self._user_out[0]]
         return pytree.tree_unflatten([outs[i] for i in self._user_out], self._out_spec)
 
+    def profile(self, *args: Any, reps: int = 20) -> list[Any]:
+        """Per-kernel predicted and measured times on these inputs (`CompiledGraph.profile`)."""
+        flat = self._flatten(args)
+        inputs = flat if len(self._lifted) == self._users else _bind(flat, self._lifted)
+        return self.compiled.profile(*inputs, reps=reps)
+
     def _flatten(self, args: tuple[Any, ...]) -> Sequence[Any]:
         if self._plain_in and len(args) == self._users and all(type(a) in _PLAIN for a in args):
             return args

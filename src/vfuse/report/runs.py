@@ -21,7 +21,8 @@ from vfuse.report.modules import Source
 from vfuse.report.patterns import pattern_of
 from vfuse.report.rows import KernelRow, RunKind
 from vfuse.report.units import op_label
-from vfuse.schedule.kernel import AnyKernel, ContractionKernel, Program, Segment, Store, TorchStep
+from vfuse.schedule.contents import computed, stored
+from vfuse.schedule.kernel import AnyKernel, ContractionKernel, Program, Segment, TorchStep
 from vfuse.targets import Target
 
 UnfusedCosts = Mapping[str, Cost]
@@ -36,30 +37,6 @@ class Facts:
     target: Target
     unfused: UnfusedCosts | None
     sources: Mapping[str, Source]
-
-
-def stored(kernel: AnyKernel) -> tuple[str, ...]:
-    """The values a kernel writes to memory."""
-    if isinstance(kernel, ContractionKernel):
-        return (kernel.out,)
-    stores = [s for p in kernel.passes for s in p.body if isinstance(s, Store)]
-    stores += [s for s in kernel.after if isinstance(s, Store)]
-    return tuple(dict.fromkeys(s.buf for s in stores))
-
-
-def computed(graph: Graph, kernel: AnyKernel) -> tuple[str, ...]:
-    """The IR nodes a kernel computes, in graph order: from its stores back to what it loads."""
-    outs = stored(kernel)
-    loaded = set(kernel.buffers) - set(outs)
-    seen: set[str] = set()
-    stack = list(outs)
-    while stack:
-        v = stack.pop()
-        if v in seen or v in loaded or graph[v].kind is Kind.SOURCE:
-            continue
-        seen.add(v)
-        stack += graph[v].inputs
-    return tuple(n.name for n in graph.nodes if n.name in seen)
 
 
 def program_rows(facts: Facts, program: Program) -> tuple[KernelRow, ...]:

@@ -110,6 +110,15 @@ class CompiledGraph:
         outputs = self.executor(list(inputs))
         return _unalias(outputs, inputs) if self._may_alias else outputs
 
+    def profile(self, *inputs: torch.Tensor, reps: int = 20) -> list[Any]:
+        """Run the graph `reps` times (after 2 warm-up runs) on a timing build of its kernels; one
+        `KernelProfile` per kernel and torch step in run order: `.name`, `.predicted_s` (the cost
+        model), `.measured_s` (median), `.ratio` (`runtime/profile.py`). Native graphs only."""
+        from vfuse.runtime.profile import profile_executor
+
+        self.check_inputs(inputs)
+        return profile_executor(self.executor, inputs, reps)
+
     @property
     def unchecked_runner(self) -> Callable[[Sequence[torch.Tensor]], list[torch.Tensor]]:
         """`run_unchecked` as the shortest callable: the executor itself when no output can

@@ -411,6 +411,9 @@ class Program:
     seeds: tuple[str, ...]  # RNG_SEED values in `seeds` slot order
     vector_width: int  # fp32 lanes per vector the kernels were decided for (`Target.simd_lanes`)
     isa: Isa | None = None  # instruction-set tier the code is built for (`Target.isa`; None: this CPU's own)
+    # A timing build (`runtime/profile.py`): each segment also gets an entry that clocks every
+    # kernel it runs. Off for the builds calls run: their source and entries stay as they are.
+    profiled: bool = False
 
     @property
     def segments(self) -> tuple[Segment, ...]:

@@ -10,6 +10,7 @@ from vfuse.codegen.cpp.writer import KernelWriter, pointer
 from vfuse.schedule.kernel import Kernel, Program, Segment
 
 SIGNATURE = "(void* const* bufs, char* arena, const int64_t* seeds, int nt)"
+PROFILED_SUFFIX = "_prof"  # the timing entry of segment `s` is `s_prof(..., int64_t* ns)`
 
 
 def kernel_function(w: KernelWriter, body: Callable[[KernelWriter], None]) -> str:
@@ -47,4 +48,23 @@ def render_entry(seg: Segment, program: Program) -> str:
             body.append(f"if ({FAULT_VAR}->code != VF_OK) return (int){FAULT_VAR}->code;")
     body.append("return 0;")
     head = f'extern "C" int {seg.name}{SIGNATURE} {{'
+    return "\n".join([head, *(f"  {line}" for line in body), "}"])
+
+
+def render_profiled_entry(seg: Segment, program: Program) -> str:
+    """`extern "C" int seg_prof(..., int64_t* ns)`: as the entry, and ns[i] = the monotonic-clock
+    nanoseconds kernel i of the segment took (a profiled Program only)."""
+    body = ["timespec vf_t0, vf_t1;"]
+    if any(can_fault(k) for k in seg.kernels):
+        body.append(f"vf_fault* const {FAULT_VAR} = (vf_fault*)(arena + {fault_offset(program)});")
+        body.append(f"{FAULT_VAR}->code = VF_OK;")
+    for i, k in enumerate(seg.kernels):
+        body.append("clock_gettime(CLOCK_MONOTONIC, &vf_t0);")
+        body.append(f"{k.name}(bufs, arena, seeds, nt);")
+        body.append("clock_gettime(CLOCK_MONOTONIC, &vf_t1);")
+        body.append(f"ns[{i}] = (vf_t1.tv_sec - vf_t0.tv_sec) * 1000000000LL + (vf_t1.tv_nsec - vf_t0.tv_nsec);")
+        if can_fault(k):
+            body.append(f"if ({FAULT_VAR}->code != VF_OK) return (int){FAULT_VAR}->code;")
+    body.append("return 0;")
+    head = f'extern "C" int {seg.name}{PROFILED_SUFFIX}{SIGNATURE[:-1]}, int64_t* ns) {{'
     return "\n".join([head, *(f"  {line}" for line in body), "}"])

@@ -7,7 +7,8 @@ and reduction becomes is in `rules.py`. Each native segment gets an `extern "C"`
 `int seg(void* const* bufs, char* arena, const int64_t* seeds, int nt)` that runs its kernels
 in order (bufs: the program's pointer table of inputs, outputs and torch-made tensors; arena:
 intermediates, then the fault record; seeds: RNG_SEED values; nt: OpenMP threads) and returns
-0, or the code of a fault (`faults.py`).
+0, or the code of a fault (`faults.py`). A profiled Program adds `seg_prof(..., int64_t* ns)`
+per segment, which also writes each kernel's time (`function.render_profiled_entry`).
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from collections.abc import Callable
 
 from vfuse.codegen.cpp.columns import render_tiled
 from vfuse.codegen.cpp.contraction import render_contraction
-from vfuse.codegen.cpp.function import kernel_function, render_entry
+from vfuse.codegen.cpp.function import kernel_function, render_entry, render_profiled_entry
 from vfuse.codegen.cpp.prelude import PRELUDE
 from vfuse.codegen.cpp.rowgroups import render_row_groups
 from vfuse.codegen.cpp.rows import render_rows, render_single_row
@@ -65,4 +66,6 @@ def render(program: Program) -> str:
             kernels.append(render_kernel(k, program))
     parts += kernels
     parts += [render_entry(seg, program) for seg in program.segments]
+    if program.profiled:
+        parts += ["#include <time.h>", *(render_profiled_entry(seg, program) for seg in program.segments)]
     return "\n\n".join(parts) + "\n"

@@ -1,0 +1,83 @@
+"""The per-kernel profiler (`g.profile`, runtime/profile.py): one row per kernel and torch step the
+report lists, with the report's names, a real measured time, the cost model's prediction, and
+the timing build computing what the normal build computes."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import vfuse
+from vfuse.errors import VfuseError, VfuseInputError
+from vfuse.runtime.profile import run_timed, timing_executor
+
+
+def _norm_gemm(x: torch.Tensor, w: torch.Tensor, m: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    y = torch.nn.functional.layer_norm(x, (x.shape[-1],), w)
+    return torch.nn.functional.gelu(y @ m) + 1, torch.exp(x).sum(0)
+
+
+def _with_torch_step(x: torch.Tensor) -> torch.Tensor:
+    return torch.sort(torch.exp(x) * 2, dim=-1).values + 1  # sort runs through torch
+
+
+def _inputs() -> tuple[torch.Tensor, ...]:
+    return torch.randn(67, 131), torch.randn(131), torch.randn(131, 29)
+
+
+def test_rows_match_the_report_and_are_measured() -> None:
+    xs = _inputs()
+    g = vfuse.compile(_norm_gemm, xs)
+    rows = g.profile(*xs, reps=3)
+    report = vfuse.explain(_norm_gemm, *xs)
+    assert [r.name for r in rows] == [k.name for k in report.kernels]
+    assert [r.nodes for r in rows] == [k.nodes for k in report.kernels]
+    assert len(rows) == g.stats.kernels
+    assert {r.runs for r in rows} == {"native", "template"}
+    for r, k in zip(rows, report.kernels):
+        assert r.measured_s > 0
+        assert r.predicted_s == pytest.approx(k.time_s)
+        assert r.ratio == pytest.approx(r.predicted_s / r.measured_s)
+
+
+def test_timing_build_computes_what_the_graph_computes() -> None:
+    xs = _inputs()
+    g = vfuse.compile(_norm_gemm, xs)
+    timing, timed = timing_executor(g.compiled.executor)
+    assert timing.program.profiled and "vf_seg0_prof" in timing.source
+    assert "_prof" not in g.compiled.executor.source  # the normal build is unchanged
+    times, outs = run_timed(timing, timed, list(xs))
+    assert len(times) == len(g.compiled.executor.program.kernels)
+    for got, want in zip(outs, _norm_gemm(*xs)):
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("isa", ["auto", "avx2"])
+def test_torch_steps_are_timed_too(isa: str) -> None:
+    from vfuse.targets.cpu import machine_isa
+
+    if isa == "avx2" and machine_isa().tier.value not in ("avx2", "avx512"):
+        pytest.skip("no AVX2 on this CPU")
+    x = torch.randn(64, 33)
+    g = vfuse.compile(_with_torch_step, (x,), isa=isa)
+    rows = g.profile(x, reps=2)
+    assert [r.runs for r in rows] == ["native", "torch", "native"]
+    assert rows[1].name == "torch1" and "sort" in rows[1].nodes
+    assert all(r.measured_s > 0 for r in rows)
+    assert [r.name for r in rows] == [k.name for k in vfuse.explain(_with_torch_step, x, isa=isa).kernels]
+
+
+def test_profile_through_torch_compile_and_errors() -> None:
+    x = torch.randn(40, 50)
+    f = torch.compile(lambda t: torch.relu(t) * 3, backend="vfuse")
+    f(x)
+    g = vfuse.last_compiled()
+    rows = g.profile(x, reps=1)
+    assert len(rows) == 1 and rows[0].measured_s > 0
+    with pytest.raises(ValueError, match="reps"):
+        g.profile(x, reps=0)
+    with pytest.raises(VfuseInputError, match="compiled for"):
+        g.profile(torch.randn(3, 3))
+    interp = vfuse.compile(lambda t: t + 1, (x,), backend="interp")
+    with pytest.raises(VfuseError, match="natively compiled"):
+        interp.profile(x)
