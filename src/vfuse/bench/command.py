@@ -22,6 +22,7 @@ from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from vfuse.bench import contenders as contender_registry
+from vfuse.bench import models as model_registry
 from vfuse.bench import workloads as workload_registry
 from vfuse.bench.checks import FLOAT_RTOL
 from vfuse.bench.compile_times import measure_compile_time
@@ -45,6 +46,13 @@ def _csv(text: str) -> list[str]:
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="vfuse bench", description="Benchmark eager vs Inductor vs vfuse on CPU.")
     p.add_argument("--workloads", type=_csv, help=f"comma list (default all): {', '.join(workload_registry.WORKLOADS)}")
+    p.add_argument(
+        "--models",
+        nargs="?",
+        const=[],
+        type=_csv,
+        help=f"real models instead of the workloads (optionally a comma list): {', '.join(model_registry.MODELS)}",
+    )
     p.add_argument("--contenders", type=_csv, help="comma list (default eager,inductor,vfuse; also: dynamo)")
     p.add_argument("--quick", action="store_true", help="small sizes and few reps (tests, CI)")
     p.add_argument("--threads", type=int, default=torch.get_num_threads(), help="torch threads for everyone")
@@ -86,8 +94,16 @@ def _progress() -> Progress:
     )
 
 
+def _selected(args: argparse.Namespace) -> list[workload_registry.Workload]:
+    """--workloads (all by default), or with --models the models, after any --workloads named."""
+    if args.models is None:
+        return workload_registry.select(args.workloads)
+    named = workload_registry.select(args.workloads) if args.workloads else []
+    return named + model_registry.select(args.models)
+
+
 def _in_process_run(args: argparse.Namespace) -> RunResult:
-    workloads = workload_registry.select(args.workloads)
+    workloads = _selected(args)
     contenders = contender_registry.select(args.contenders, args.allow_fallback)
     with _progress() as progress:
         task = progress.add_task(args.label, total=len(workloads))
@@ -117,6 +133,8 @@ def _child_argv(args: argparse.Namespace, json_path: Path) -> list[str]:
         argv += ["--workloads", ",".join(args.workloads)]
     if args.contenders:
         argv += ["--contenders", ",".join(args.contenders)]
+    if args.models is not None:
+        argv += ["--models", ",".join(args.models)] if args.models else ["--models"]
     argv += ["--quick"] if args.quick else []
     argv += ["--allow-fallback"] if args.allow_fallback else []
     return argv
@@ -144,18 +162,17 @@ def _no_mmap_run(args: argparse.Namespace) -> RunResult | str:
 
 def _compile_times(args: argparse.Namespace) -> tuple[CompileTime, ...]:
     names = [c.name for c in contender_registry.select(args.contenders) if c.name != REFERENCE]
-    workload_registry.select([args.compile_workload])  # fail early on a typo
+    # With --models every model is probed; otherwise the one --compile-workload.
+    targets = [m.name for m in model_registry.select(args.models)] if args.models is not None else []
+    targets = targets or [model_registry.lookup(args.compile_workload).name]
     rows = []
     with _progress() as progress:
-        task = progress.add_task("compile times", total=len(names))
-        for name in names:
-            progress.update(
-                task, description=f"compile times: {name} on {args.compile_workload} (cold, warm, 2nd graph)"
-            )
-            rows.append(
-                measure_compile_time(name, args.compile_workload, args.quick, args.threads, args.allow_fallback)
-            )
-            progress.advance(task)
+        task = progress.add_task("compile times", total=len(names) * len(targets))
+        for target in targets:
+            for name in names:
+                progress.update(task, description=f"compile times: {name} on {target} (cold, warm, 2nd graph)")
+                rows.append(measure_compile_time(name, target, args.quick, args.threads, args.allow_fallback))
+                progress.advance(task)
     return tuple(rows)
 
 
@@ -164,7 +181,7 @@ def _config(args: argparse.Namespace) -> dict[str, object]:
     return {
         "quick": args.quick,
         "threads": args.threads,
-        "workloads": [w.name for w in workload_registry.select(args.workloads)],
+        "workloads": [w.name for w in _selected(args)],
         "contenders": [c.name for c in contender_registry.select(args.contenders)],
         "reps": timing.reps,
         "warmup": timing.warmup,
@@ -209,7 +226,7 @@ def _run(args: argparse.Namespace) -> int:
 
 
 def _list(console: Console) -> None:
-    for w in workload_registry.WORKLOADS.values():
+    for w in [*workload_registry.WORKLOADS.values(), *model_registry.MODELS.values()]:
         notes = f" [rtol {w.rtol:g}{', frozen' if w.frozen else ''}]" if w.frozen or w.rtol != FLOAT_RTOL else ""
         console.print(f"workload   {w.name:<18} {w.description}{notes}", markup=False, soft_wrap=True)
     for c in contender_registry.CONTENDERS.values():
@@ -226,9 +243,9 @@ def main(argv: list[str] | None = None) -> int:
         _list(Console())
         return 0
     try:
-        workload_registry.select(args.workloads)
+        _selected(args)
         contender_registry.select(args.contenders)
-        workload_registry.select([args.compile_workload])
+        model_registry.lookup(args.compile_workload)
     except ValueError as exc:
         print(f"vfuse bench: {exc}", file=sys.stderr)
         return 2

@@ -40,6 +40,7 @@ import torch
 from torch import nn
 
 from vfuse.bench.contenders import CONTENDERS, Contender, select
+from vfuse.bench.models import MODELS, lookup
 from vfuse.bench.results import CompileTime
 from vfuse.bench.workloads import WORKLOADS
 
@@ -176,13 +177,13 @@ def _probe(
     torch.set_num_threads(threads)
     _preimport(contender)
     torch._dynamo.reset()
-    instance = WORKLOADS[workload].build(quick)
+    instance = lookup(workload).build(quick)
     (chosen,) = [c for c in select([contender], allow_fallback) if c.name == contender]
     with torch.no_grad(), _time_backend(contender) as watch:
         if other == "before":
             _compile_other(chosen)
         backend_before = watch.total_s if watch else 0.0
-        compiled = chosen.prepare_for(WORKLOADS[workload].frozen)(instance.module).fn
+        compiled = chosen.prepare_for(lookup(workload).frozen)(instance.module).fn
         first, gc_s, steady = _timed_calls(compiled, instance.inputs)
         backend_s = watch.total_s - backend_before if watch else None
         if other == "after":
@@ -225,7 +226,7 @@ def measure_compile_time(
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="compile-time probe (run by vfuse bench --compile-times)")
     parser.add_argument("contender", choices=list(CONTENDERS))
-    parser.add_argument("workload", choices=list(WORKLOADS))
+    parser.add_argument("workload", choices=[*WORKLOADS, *MODELS])
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--threads", type=int, default=torch.get_num_threads())
     parser.add_argument("--allow-fallback", action="store_true")
