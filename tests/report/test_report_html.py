@@ -127,7 +127,7 @@ def test_data_block_carries_kernels_nodes_and_decisions(graph: Graph, plan: Fusi
         "softmax row kernel",
         "vf_seg0",
     )
-    assert k1["measured"] is None and "no per-kernel profiler" in data["notProfiled"]
+    assert k1["measured"] is None and "not profiled" in data["notProfiled"]
     assert data["layout"] in ("dot", "fallback")
     rows = [a for t, a in c.tags if t == "tr" and "data-decision" in a]
     assert [a["data-decision"] for a in rows] == [str(i) for i in range(len(plan.decisions))]

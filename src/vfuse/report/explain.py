@@ -28,13 +28,19 @@ Scheduled = tuple[Program, str]  # the Program and its C++ source
 
 
 def explain(
-    model_or_fn: Callable[..., Any], *example_inputs: Any, target: str | None = None, **options: Any
+    model_or_fn: Callable[..., Any],
+    *example_inputs: Any,
+    target: str | None = None,
+    profile: int = 0,
+    **options: Any,
 ) -> FusionReport:
     """Capture `model_or_fn` on `example_inputs` and report the kernels vfuse.compile would run.
 
     `options` are every `vfuse.context.Options` field (freeze=True folds BatchNorm into the
     convolution as the compiled graph does; backend="interp" reports the reference executor;
-    dump_dir writes each stage). Nothing is built with g++ or run.
+    dump_dir writes each stage). Nothing is built with g++ or run, unless `profile` = N > 0: then
+    the function is compiled as vfuse.compile does, each kernel timed over N runs on
+    `example_inputs` (`CompiledGraph.profile`) and the rows carry `measured_s`.
     """
     # The pipeline imports torch capture; importing it here keeps `vfuse.report` light.
     from vfuse import compiler
@@ -56,6 +62,11 @@ def explain(
     )
     if report.backend != "interp" and ctx.options.backend == "triton":
         report = dataclasses.replace(report, backend="triton")
+    if profile > 0:
+        from vfuse.entry.aot import compile_aot
+
+        compiled = compile_aot(model_or_fn, example_inputs, **({"target": target} if target else {}), **options)
+        report = report.with_measured(compiled.profile(*example_inputs, reps=profile))
     return report
 
 

@@ -27,7 +27,7 @@ from vfuse.report.units import fmt_bytes, fmt_names, fmt_ratio, fmt_time, op_lab
 if TYPE_CHECKING:
     from vfuse.report.model import FusionReport, KernelRow
 
-NOT_PROFILED = "not profiled: vfuse has no per-kernel profiler yet"
+NOT_PROFILED = "not profiled: vfuse.explain(..., profile=N), g.profile(...) or `vfuse profile` measure each kernel"
 SOURCE_LIMIT = 40_000  # characters of one kernel's C++ embedded in the page
 
 
@@ -82,6 +82,8 @@ def _summary_html(report: FusionReport) -> str:
         ("decisions", f"{len(report.accepted)} ✓ / {len(report.rejected)} ✗", "accepted / rejected merges"),
         ("torch fallbacks", str(sum(report.fallbacks.values())), fallbacks),
     ]
+    if report.profiled:
+        cards.insert(4, ("measured time", fmt_time(report.time_measured_s), "kernels, median of each (profiled)"))
     return "".join(
         f'<div class="card"><div class="k">{html.escape(k)}</div><div class="v">{html.escape(v)}</div>'
         f'<div class="s">{html.escape(s)}</div></div>'
@@ -123,13 +125,23 @@ def _kernel_row_html(report: FusionReport, k: KernelRow) -> str:
         f"<td>{html.escape(k.module)}</td>",
         f'<td class="ops">{html.escape(report.op_chain(k))}</td>',
         _num(fmt_time(k.time_s)),
-        _num("-" if k.measured_s is None else fmt_time(k.measured_s), NOT_PROFILED if k.measured_s is None else ""),
+        _measured_html(k),
         _num(fmt_bytes(k.bytes)),
         f"<td>{html.escape(k.bound)}</td>",
         f"<td>{html.escape(fmt_names(k.inputs, 3))}</td>",
         f"<td>{html.escape(fmt_names(k.outputs, 3))}</td>",
     ]
     return f'<tr data-kernel="{k.id}">' + "".join(cells) + "</tr>"
+
+
+def _measured_html(k: KernelRow) -> str:
+    """The measured time, linking to the kernel's details (its source and both times)."""
+    if k.measured_s is None:
+        return _num("-", NOT_PROFILED)
+    ratio = f"predicted / measured = {k.time_s / k.measured_s:.2f}" if k.time_s and k.measured_s else ""
+    tip = f' title="{html.escape(ratio)}"' if ratio else ""
+    link = f'<a href="#kernel={k.id}" class="measured"{tip}>{html.escape(fmt_time(k.measured_s))}</a>'
+    return f'<td class="num">{link}</td>'
 
 
 def _num(text: str, title: str = "") -> str:
@@ -207,6 +219,7 @@ def _kernel_data(report: FusionReport, k: KernelRow, code: str) -> dict[str, Any
         "writes": list(k.outputs),
         "note": k.note,
         "measured": None if k.measured_s is None else fmt_time(k.measured_s),
+        "ratio": None if not (k.measured_s and k.time_s) else f"{k.time_s / k.measured_s:.2f}",
         "source": code,
         "native": k.runs is not RunKind.TORCH,
         "search": " ".join(words).lower(),

@@ -7,8 +7,8 @@ record stays easy to test.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from dataclasses import dataclass, field
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -141,6 +141,30 @@ class FusionReport:
         from vfuse.report.source import kernel_source
 
         return kernel_source(self.source, kernel.name, tuple(k.name for k in self.kernels))
+
+    @property
+    def profiled(self) -> bool:
+        """Whether kernels carry measured times (`with_measured`)."""
+        return any(k.measured_s is not None for k in self.kernels)
+
+    @property
+    def time_measured_s(self) -> float | None:
+        """The kernels' measured times summed (None unless every kernel was measured)."""
+        times = [k.measured_s for k in self.kernels]
+        return None if not times or None in times else sum(t for t in times if t is not None)
+
+    def with_measured(self, measured: Mapping[str, float] | Sequence[Any]) -> FusionReport:
+        """This report with each kernel's measured time: a mapping from kernel name, or the rows
+        of `CompiledGraph.profile` (anything with `.name` and `.measured_s`). The compiled graph
+        must run the kernels reported: a name the report lacks raises ValueError."""
+        times = dict(measured) if isinstance(measured, Mapping) else {r.name: r.measured_s for r in measured}
+        names = {k.name for k in self.kernels}
+        if set(times) != names:
+            raise ValueError(
+                f"profile does not match the report: kernels {sorted(set(times) ^ names)} are in only one of them"
+            )
+        kernels = tuple(replace(k, measured_s=times[k.name]) for k in self.kernels)
+        return replace(self, kernels=kernels)
 
     def to_text(self, width: int = 120, summary: bool = False) -> str:
         """Tables as plain text; `summary`: the totals and one line per kernel, no decision log."""

@@ -113,7 +113,8 @@
       "<b>module</b> " + esc(k.module || "?") + (others.length ? " (also " + esc(others.join(", ")) + ")" : "") +
       "<br><b>runs</b> " + runs + "<br><b>planner group</b> " + k.group + " (" + esc(k.label) + ")" + split +
       "<br><b>predicted</b> " + esc(k.time) + ", " + esc(k.bytes) + ", " + esc(k.bound) + "-bound" +
-      "<br><b>measured</b> " + esc(k.measured || data.notProfiled) +
+      '<br><b>measured</b> <span id="measured">' + esc(k.measured || data.notProfiled) +
+      (k.ratio ? " (predicted / measured = " + esc(k.ratio) + ")" : "") + "</span>" +
       "<br><b>reads</b> " + esc(names(k.reads)) + "<br><b>writes</b> " + esc(names(k.writes)) +
       "<br><b>" + k.nodes.length + " ops</b> " + esc(k.nodes.map(function (n) { return data.nodes[n].op; }).join(" > ")) +
       "</div>" + src + decisionsBlock(decisionsOf(k.nodes));

@@ -25,7 +25,8 @@ class KernelRow:
     kind: the planner group's dominant op kind (lower-case Kind name); label: the planner's label.
     pattern: what the nodes form ("LayerNorm row kernel"); module: the module path of its main node.
     time_s, flops, bytes, ...: the cost model's prediction for exactly these nodes (None when the
-        model cannot price them); measured_s: measured time (None: vfuse has no kernel profiler yet).
+        model cannot price them); measured_s: median measured time (`FusionReport.with_measured`; None:
+        not profiled).
     note: why a torch step runs through torch.
     """
 

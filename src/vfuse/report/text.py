@@ -52,6 +52,8 @@ def summary_table(report: FusionReport) -> Table:
         f" lower bound {fmt_bytes(report.bytes_lower_bound)}",
     )
     t.add_row("predicted time", time_line(report))
+    if report.profiled:
+        t.add_row("measured time", f"kernels {fmt_time(report.time_measured_s)} (median of each, g.profile)")
     t.add_row("decisions", f"{len(report.accepted)} accepted, {len(report.rejected)} rejected")
     if report.recomputed:
         items = [f"%{n} in kernels {_ids(k)}" for n, k in report.recomputed.items()]
@@ -94,12 +96,16 @@ def kernel_table(report: FusionReport, ops: bool = True) -> Table:
     if ops:
         t.add_column("ops", ratio=1)
     t.add_column("time", justify="right", no_wrap=True)
+    measured = report.profiled
+    if measured:
+        t.add_column("measured", justify="right", no_wrap=True)
     t.add_column("bytes", justify="right", no_wrap=True)
     t.add_column("bound", no_wrap=True)
     for k in report.kernels:
         what = k.pattern + (f"\n{k.module}" if k.module else "")
         cells = [str(k.id), _kernel_name(k), what, *([report.op_chain(k)] if ops else [])]
-        t.add_row(*cells, fmt_time(k.time_s), fmt_bytes(k.bytes), k.bound)
+        times = [fmt_time(k.time_s), *([fmt_time(k.measured_s)] if measured else [])]
+        t.add_row(*cells, *times, fmt_bytes(k.bytes), k.bound)
     return t
 
 
