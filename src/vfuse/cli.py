@@ -1,4 +1,4 @@
-"""The `vfuse` command: `vfuse explain module.py:factory` and `vfuse bench ...`.
+"""The `vfuse` command: `vfuse explain module.py:factory`, `vfuse profile module.py:factory`, `vfuse bench ...`.
 
 User mistakes (a missing file, a factory that returns the wrong thing, an unknown target) end
 with one line on stderr and exit code 2; `--traceback` shows the full error for debugging.
@@ -37,6 +37,13 @@ options (--freeze as freeze=True), with the cost model's predictions; nothing is
 --summary prints the totals and one line per kernel; --json prints everything as JSON."""
 
 
+PROFILE_HELP = """\
+Compile a model with vfuse (as vfuse.compile does), run it on the factory's example inputs, and
+print one row per generated kernel and torch step: the cost model's predicted time, the measured
+time (median of --reps runs, each kernel clocked inside its native call) and their ratio.
+SPEC is as for `vfuse explain`."""
+
+
 class UsageError(Exception):
     """A mistake in what the user asked for: reported as one line, exit code 2."""
 
@@ -63,6 +70,20 @@ def build_parser() -> argparse.ArgumentParser:
     ex.add_argument("--dot", type=Path, metavar="PATH", help="also write the Graphviz graph here")
     ex.add_argument("--width", type=int, default=120, help="width of the printed tables (default: 120)")
     ex.add_argument("--traceback", action="store_true", help="show the full traceback of an error")
+    pr = sub.add_parser(
+        "profile",
+        help="compile a model, time each of its kernels and compare with the cost model",
+        description=PROFILE_HELP,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    pr.add_argument("spec", metavar="SPEC", help="module.py:factory (as for explain)")
+    pr.add_argument("--reps", type=int, default=20, help="timed runs per kernel, after 2 warm-up runs (default: 20)")
+    pr.add_argument("--freeze", action="store_true", help="compile parameters in as constants (freeze=True)")
+    pr.add_argument("--isa", default="auto", help="instruction-set tier to build for (default: auto)")
+    pr.add_argument("--json", action="store_true", help="print the rows as JSON instead of a table")
+    pr.add_argument("--html", type=Path, metavar="PATH", help="also write the HTML report, measured times included")
+    pr.add_argument("--width", type=int, default=120, help="width of the printed table (default: 120)")
+    pr.add_argument("--traceback", action="store_true", help="show the full traceback of an error")
     # Registered so that it is listed in --help; main() forwards its arguments untouched.
     sub.add_parser("bench", help="run the benchmarks (vfuse bench --help for their options)", add_help=False)
     return parser
@@ -90,11 +111,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         return int(bench.main(args[1:]) or 0)
     ns = build_parser().parse_args(args)
     try:
-        return run_explain(ns)
+        return run_profile(ns) if ns.command == "profile" else run_explain(ns)
     except UsageError as e:
         if ns.traceback:
             raise
-        print(f"vfuse explain: error: {e}", file=sys.stderr)
+        print(f"vfuse {ns.command}: error: {e}", file=sys.stderr)
         return 2
 
 
@@ -124,6 +145,31 @@ def run_explain(ns: argparse.Namespace) -> int:
         _write(ns.html, report.to_html())
     if ns.dot is not None:
         _write(ns.dot, report.to_dot())
+    return 0
+
+
+def run_profile(ns: argparse.Namespace) -> int:
+    if ns.reps < 1:
+        raise UsageError(f"--reps must be at least 1, got {ns.reps}")
+    model, inputs = call_factory(load_factory(ns.spec), ns.spec)
+    from vfuse.report.explain import explain
+    from vfuse.report.text import profile_data, profile_table
+
+    try:
+        report = explain(model, *inputs, profile=ns.reps, freeze=ns.freeze, isa=ns.isa)
+    except Exception as e:
+        if ns.traceback:
+            raise
+        print(f"vfuse profile: failed: {type(e).__name__}: {_one_line(e)} (rerun with --traceback)", file=sys.stderr)
+        return 1
+    if ns.json:
+        sys.stdout.write(json.dumps(profile_data(report), indent=1) + "\n")
+    else:
+        from rich.console import Console
+
+        Console(width=ns.width, color_system="auto" if sys.stdout.isatty() else None).print(profile_table(report))
+    if ns.html is not None:
+        _write(ns.html, report.to_html())
     return 0
 
 

@@ -4,6 +4,9 @@ the timing build computing what the normal build computes."""
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -81,3 +84,32 @@ def test_profile_through_torch_compile_and_errors() -> None:
     interp = vfuse.compile(lambda t: t + 1, (x,), backend="interp")
     with pytest.raises(VfuseError, match="natively compiled"):
         interp.profile(x)
+
+
+SPEC = """
+import torch
+
+def factory():
+    m = torch.nn.Sequential(torch.nn.Linear(48, 40), torch.nn.GELU(), torch.nn.LayerNorm(40))
+    return m, (torch.randn(13, 48),)
+"""
+
+
+def test_cli_profile(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from vfuse import cli
+
+    spec = tmp_path / "model.py"
+    spec.write_text(SPEC)
+    assert cli.main(["profile", f"{spec}:factory", "--reps", "2", "--json", "--html", str(tmp_path / "r.html")]) == 0
+    data = json.loads(capsys.readouterr().out)
+    names = [k["name"] for k in data["kernels"]]
+    assert names == ["k0_c", "k1"] and all(k["measured_s"] > 0 and k["ratio"] > 0 for k in data["kernels"])
+    assert (
+        "a.measured" not in (tmp_path / "r.html").read_text()
+        and 'class="measured"' in (tmp_path / "r.html").read_text()
+    )
+    assert cli.main(["profile", f"{spec}:factory", "--reps", "1", "--isa", "avx2"]) == 0
+    table = capsys.readouterr().out
+    assert "pred/meas" in table and "LayerNorm row kernel" in table and "total" in table
+    assert cli.main(["profile", f"{spec}:factory", "--reps", "0"]) == 2
+    assert "vfuse profile: error: --reps" in capsys.readouterr().err

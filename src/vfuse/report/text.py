@@ -167,3 +167,35 @@ def _count(n: int, noun: str) -> str:
 def _ids(ids: tuple[int, ...], limit: int = 6) -> str:
     shown = ", ".join(f"#{i}" for i in ids[:limit])
     return shown + (f" +{len(ids) - limit} more" if len(ids) > limit else "")
+
+
+def profile_table(report: FusionReport) -> Table:
+    """`vfuse profile`: each kernel's predicted and measured time and their ratio, with totals."""
+    t = Table(title="kernels: predicted vs measured", box=box.SIMPLE_HEAD, title_justify="left")
+    for name, right in (("#", True), ("kernel", False), ("runs", False), ("pattern", False), ("bound", False)):
+        t.add_column(name, justify="right" if right else "left", no_wrap=name != "pattern")
+    for name in ("predicted", "measured", "pred/meas"):
+        t.add_column(name, justify="right", no_wrap=True)
+    for k in report.kernels:
+        ratio = _ratio(k.time_s, k.measured_s)
+        t.add_row(
+            str(k.id), k.name, k.runs.value, k.pattern, k.bound, fmt_time(k.time_s), fmt_time(k.measured_s), ratio
+        )
+    total = _ratio(report.time_fused_s, report.time_measured_s)
+    t.add_row("", "total", "", "", "", fmt_time(report.time_fused_s), fmt_time(report.time_measured_s), total)
+    return t
+
+
+def _ratio(predicted: float | None, measured: float | None) -> str:
+    return f"{predicted / measured:.2f}" if predicted is not None and measured else "-"
+
+
+def profile_data(report: FusionReport) -> dict[str, object]:
+    """`vfuse profile --json`: the machine, and per kernel its figures, both times and their ratio."""
+    keys = ("id", "name", "pattern", "segment", "flops", "bytes", "bound", "measured_s")
+    rows = [
+        {"runs": k.runs.value, **{f: getattr(k, f) for f in keys}, "predicted_s": k.time_s}
+        | {"ratio": k.time_s / k.measured_s if k.time_s is not None and k.measured_s else None}
+        for k in report.kernels
+    ]
+    return {"target": report.target, "isa": report.isa, "kernels": rows}

@@ -61,6 +61,7 @@ class KernelProfile:
     flops: int
     bytes: int
     bound: str
+    best_s: float = 0.0  # the fastest rep (on a loaded machine a preempted thread inflates the median)
 
     @property
     def ratio(self) -> float | None:
@@ -121,15 +122,17 @@ def run_timed(
     return times, [ex._result(o, env) for o in ex.graph.outputs]
 
 
-def measure(executor: NativeExecutor, inputs: Sequence[torch.Tensor], reps: int, warmup: int = 2) -> list[float]:
-    """Median seconds of every kernel and torch step of `executor`'s Program, in run order."""
+def measure(
+    executor: NativeExecutor, inputs: Sequence[torch.Tensor], reps: int, warmup: int = 2
+) -> list[tuple[float, float]]:
+    """(median, best) seconds of every kernel and torch step of `executor`'s Program, in run order."""
     if reps < 1:
         raise ValueError(f"profile: reps must be >= 1, got {reps}")
     timing, timed = timing_executor(executor)
     for _ in range(warmup):
         run_timed(timing, timed, inputs)
     samples = [run_timed(timing, timed, inputs)[0] for _ in range(reps)]
-    return [statistics.median(s) for s in zip(*samples)]
+    return [(statistics.median(s), min(s)) for s in zip(*samples)]
 
 
 def profile_executor(
@@ -144,7 +147,8 @@ def profile_executor(
     program = executor.program
     hw = target or get_target(executor.plan.target, executor.cache_dir, isa=program.isa)
     measured = measure(executor, inputs, reps)
-    return [replace(row, measured_s=t) for row, t in zip(predicted_rows(executor, hw), measured, strict=True)]
+    rows = predicted_rows(executor, hw)
+    return [replace(row, measured_s=m, best_s=b) for row, (m, b) in zip(rows, measured, strict=True)]
 
 
 def predicted_rows(executor: NativeExecutor, target: Target) -> list[KernelProfile]:
