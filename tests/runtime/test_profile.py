@@ -104,10 +104,7 @@ def test_cli_profile(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None
     data = json.loads(capsys.readouterr().out)
     names = [k["name"] for k in data["kernels"]]
     assert names == ["k0_c", "k1"] and all(k["measured_s"] > 0 and k["ratio"] > 0 for k in data["kernels"])
-    assert (
-        "a.measured" not in (tmp_path / "r.html").read_text()
-        and 'class="measured"' in (tmp_path / "r.html").read_text()
-    )
+    assert 'class="measured"' in (tmp_path / "r.html").read_text()  # the report, with measured times
     assert cli.main(["profile", f"{spec}:factory", "--reps", "1", "--isa", "avx2"]) == 0
     table = capsys.readouterr().out
     assert "pred/meas" in table and "LayerNorm row kernel" in table and "total" in table
