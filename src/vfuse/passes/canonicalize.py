@@ -2,7 +2,7 @@
 
 Identity reshapes/permutes/expands/casts/slices and arithmetic identities (x + 0, x * 1,
 x - 0, x / 1) are replaced by their input when the result type is exactly the input's type
-(so no broadcast or promotion is hidden). Powers 2 and 0.5 become a multiply and a sqrt.
+(so no broadcast or promotion is hidden). Powers 2, 3 and 0.5 become multiplies and a sqrt.
 """
 
 from __future__ import annotations
@@ -40,19 +40,30 @@ def _identity_of(graph: Graph, node: Node) -> str | None:
     return None
 
 
-def _strength_reduced(graph: Graph, node: Node) -> Node:
-    """x ** 2 -> x * x and x ** 0.5 -> sqrt(x): exact, and far cheaper than a general pow."""
+def _strength_reduced(graph: Graph, node: Node) -> Node | tuple[Node, ...]:
+    """x ** 2 -> x * x, x ** 3 -> (x * x) * x and x ** 0.5 -> sqrt(x): far cheaper than a general
+    pow, and what eager computes for these exponents (ATen's pow_tensor_scalar_optimized_kernel),
+    bit for bit (HF's GPT-2 GELU is torch.pow(x, 3.0))."""
     if node.op is Op.POW and graph[node.inputs[0]].type == node.type:
         x, e = node.inputs
         if _is_full(graph, e, 2.0):
             return replace(node, op=Op.MUL, inputs=(x, x))
+        if _is_full(graph, e, 3.0):
+            square = replace(node, name=_fresh(graph, f"{node.name}_sq"), op=Op.MUL, inputs=(x, x))
+            return square, replace(node, op=Op.MUL, inputs=(square.name, x))
         if _is_full(graph, e, 0.5) and node.tensor_type.dtype.is_float:
             return replace(node, op=Op.SQRT, inputs=(x,))
     return node
 
 
+def _fresh(graph: Graph, name: str) -> str:
+    while name in graph:
+        name += "_"
+    return name
+
+
 def canonicalize(graph: Graph) -> Graph:
-    def decide(node: Node) -> Node | str:
+    def decide(node: Node) -> Node | str | tuple[Node, ...]:
         # Inputs are already renamed; look them up in the source graph, whose types match.
         return _identity_of(graph, node) or _strength_reduced(graph, node)
 

@@ -12,8 +12,9 @@ from dataclasses import replace
 from vfuse.ir import Graph, Node
 
 # Given a node whose inputs are already renamed, return the node to keep, or a str naming an
-# existing value that replaces it (an alias), or None to drop it.
-Decide = Callable[[Node], "Node | str | None"]
+# existing value that replaces it (an alias), or None to drop it, or a tuple of new nodes
+# ending in the one that takes the node's place (the others are new values it reads).
+Decide = Callable[[Node], "Node | str | tuple[Node, ...] | None"]
 
 
 def rebuild(graph: Graph, decide: Decide) -> Graph:
@@ -26,6 +27,8 @@ def rebuild(graph: Graph, decide: Decide) -> Graph:
         verdict = decide(node)
         if isinstance(verdict, str):
             alias[node.name] = alias.get(verdict, verdict)
+        elif isinstance(verdict, tuple):
+            nodes.extend(verdict)
         elif verdict is not None:
             nodes.append(verdict)
     outputs = tuple(alias.get(o, o) for o in graph.outputs)
