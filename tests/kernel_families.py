@@ -1,5 +1,5 @@
 """One small graph per kernel family (pointwise, row reductions, column and multi-axis reductions,
-gathers, integer division, casts, random numbers; GEMM, conv, flash attention, quantized GEMM and
+gathers, integer division, casts, random numbers, transposed operands; GEMM, conv, flash attention, quantized GEMM and
 byte lookup tables in CONTRACTIONS), shared by the tests that run every family on
 another instruction set: ARM64 under qemu, and every tier of this CPU."""
 
@@ -98,6 +98,23 @@ CONTRACTIONS: dict[str, tuple[Callable, tuple[torch.Tensor, ...]]] = {
     "byte_table": (_byte_table, (torch.arange(-128, 128, dtype=torch.int8).repeat(3),)),
 }
 FAMILIES |= CONTRACTIONS
+# Operands contiguous along different axes: 2-D tiles with the transposed loads staged through L1
+# (schedule/transpose.py), odd sizes so every tile edge and register block has a tail.
+FAMILIES |= {
+    "transpose_chain": (lambda x, y: torch.relu(x.t() + y) * torch.sigmoid(y), (_rand(131, 67), _rand(67, 131))),
+    "permute_nchw_nhwc": (lambda x, y: x.permute(0, 2, 3, 1) * 0.5 + y, (_rand(2, 7, 17, 19), _rand(2, 17, 19, 7))),
+    "transpose_bf16": (
+        lambda x, b: (x.t() * 3 + b).float(),
+        (_rand(97, 61).to(torch.bfloat16), _rand(61, 1).to(torch.bfloat16)),
+    ),
+    "transpose_int32": (
+        lambda x, y: x.t() * 3 - y,
+        (
+            torch.randint(-99, 99, (89, 53), generator=_G, dtype=torch.int32),
+            torch.randint(-99, 99, (53, 89), generator=_G, dtype=torch.int32),
+        ),
+    ),
+}
 # Families whose result depends on the random stream: compared with the reference executor
 # under the same seed rather than with eager torch (whose stream differs).
 RANDOM = frozenset({"dropout"})

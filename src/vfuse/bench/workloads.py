@@ -106,6 +106,20 @@ def _build_chain(quick: bool) -> Instance:
     return Instance(Chain(), (_randn(gen, n), _randn(gen, n)))
 
 
+# --- transpose_add: a pointwise chain reading one operand transposed ----------------------
+
+
+class TransposeAdd(nn.Module):
+    def forward(self, x: Tensor, y: Tensor) -> Tensor:
+        return torch.relu(x.t() + y) * torch.sigmoid(y)
+
+
+def _build_transpose_add(quick: bool) -> Instance:
+    gen = torch.Generator().manual_seed(_SEED)
+    rows, cols = (256, 512) if quick else (2048, 4096)
+    return Instance(TransposeAdd(), (_randn(gen, cols, rows), _randn(gen, rows, cols)))
+
+
 # --- normalizations: row reductions with elementwise epilogues -----------------------------
 
 
@@ -246,6 +260,7 @@ WORKLOADS: Mapping[str, Workload] = MappingProxyType(
         w.name: w
         for w in (
             Workload("chain", "relu(x+y)*0.5+sigmoid(x), 16M elements", _build_chain),
+            Workload("transpose_add", "relu(x.t()+y)*sigmoid(y) 2048x4096", _build_transpose_add),
             Workload("ln_gelu", "gelu(layer_norm(x)) 8192x1024, affine", _build_ln_gelu),
             Workload("layernorm_small", "layer_norm(x) 8192x256, affine", _build_layernorm_small),
             Workload("rms_silu", "silu(rmsnorm(x)) 8192x1024", _build_rms_silu),

@@ -234,7 +234,10 @@ def build(plan: FusionPlan, target: object, templates: bool = True) -> Program:
     for g in plan.groups:
         items += group_steps(graph, g, caches, templates, unit)  # type: ignore[arg-type]
     vector = int(getattr(target, "simd_lanes", 16))
-    items = [decide(with_streaming(with_table(k), caches[2]), vector) if isinstance(k, Kernel) else k for k in items]
+    items = [
+        decide(with_streaming(with_table(k), caches[2]), vector, caches[0]) if isinstance(k, Kernel) else k
+        for k in items
+    ]
     if getattr(target, "is_gpu", False):
         items = [decide_gpu(k, target, graph) if isinstance(k, Kernel) else k for k in items]
     steps = _segments(items)

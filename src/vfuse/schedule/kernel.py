@@ -176,6 +176,7 @@ class Walk(enum.Enum):
     ROW_GROUPS = "row groups"  # each pass runs over `Kernel.row_group` rows before the next pass
     TILED_COLUMNS = "tiled columns"  # reduced loops outside, `Kernel.tile` adjacent columns as the SIMD loop
     LOOKUP_TABLE = "lookup table"  # results for all 256 values of `Kernel.table` tabulated, one lookup each
+    TILED_TRANSPOSE = "tiled transpose"  # pointwise, operands contiguous along different loops: `Kernel.transpose`
 
 
 class Accumulate(enum.Enum):
@@ -241,6 +242,21 @@ class Pass:
 
 
 @dataclass(frozen=True)
+class TransposeTiles:
+    """`Walk.TILED_TRANSPOSE`: a pointwise nest whose SIMD loop `v` (the last) and loop `u` are
+    walked in tiles of `rows` (along u) x `cols` (along v) elements. The loads `staged` are
+    contiguous along `u`, strided along `v`: each tile of them is copied into an L1 buffer,
+    transposed in `block` x `block` register blocks (codegen/cpp/transpose.py). Stores always
+    follow the nest (a transposed output is computed from transposed loads)."""
+
+    u: int  # loop var along which the staged accesses are contiguous
+    rows: int  # tile extent along u
+    cols: int  # tile extent along v
+    block: int  # register transpose block (elements of 4 bytes per vector)
+    staged: tuple[str, ...]  # Load vars read through a transposed tile buffer
+
+
+@dataclass(frozen=True)
 class IndexCheck:
     """A gather's whole index buffer, checked before the kernel's loops (codegen/cpp/faults.py):
     every index in [0, rows), or [-rows, rows) where negative ones wrap."""
@@ -299,6 +315,7 @@ class Kernel:
     row_group: int = 0  # ROW_GROUPS: rows per group
     prefetch: RowPrefetch | None = None  # ROWS: rows read ahead
     table_flat: bool = False  # LOOKUP_TABLE: contiguous bytes in and out, one flat loop
+    transpose: TransposeTiles | None = None  # TILED_TRANSPOSE: the tiles and the accesses staged through L1
     gpu: GpuLaunch | None = None  # GPU targets: launch and tiling for the Triton renderer (`gpu.py`)
 
     @property

@@ -36,6 +36,10 @@ def _walk(k: Kernel) -> str:
         parts.append(f"tile {k.tile} columns")
     if k.walk is Walk.ROW_GROUPS:
         parts.append(f"{k.row_group} rows per group")
+    if k.transpose:
+        t = k.transpose
+        staged = ", ".join(t.staged)
+        parts.append(f"tiles i{t.u} {t.rows} x {t.cols}, {t.block}x{t.block} blocks, loads transposed: {staged}")
     if k.walk is Walk.LOOKUP_TABLE:
         parts.append(f"table of %{k.table}" + (", one flat loop" if k.table_flat else ""))
     if k.stream:

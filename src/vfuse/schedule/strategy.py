@@ -2,10 +2,11 @@
 
 `decide(k, vector)` runs last in `build`, with `vector` the target's fp32 lanes per vector
 instruction (`Target.simd_lanes`). It picks the kernel's `Walk` (one row, rows, row groups,
-tiled columns, lookup table), whether it forks threads, what it prefetches (`prefetch.py`),
-and for each pass whether a loop is split between threads, how its reductions accumulate
-(`Reduction`: plain SIMD, lanes or strips) and its row facts (`rowfacts.py`). Renderers read
-these fields and decide nothing. Measurements behind the constants: docs/perf-log.md.
+tiled columns, lookup table, tiled transposes: `transpose.py`), whether it forks threads, what
+it prefetches (`prefetch.py`), and for each pass whether a loop is split between threads, how
+its reductions accumulate (`Reduction`: plain SIMD, lanes or strips) and its row facts
+(`rowfacts.py`). Renderers read these fields and decide nothing. Measurements behind the
+constants: docs/perf-log.md.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from vfuse.schedule.expr import Lin, Var
 from vfuse.schedule.kernel import Accumulate, Compute, Kernel, Load, Loop, Pass, RandKey, Reduction, Store, Walk
 from vfuse.schedule.prefetch import plan_prefetch
 from vfuse.schedule.rowfacts import below_row_max, pass_invariant_divisors
+from vfuse.schedule.transpose import plan_transpose
 
 BLOCK = 1024  # elements per partial sum: bounds the float rounding error of long sums
 # Below this many elements a kernel runs on one thread (fork/join costs more than it saves).
@@ -43,10 +45,14 @@ def lanes(vector: int) -> int:
     return LANE_VECTORS * vector
 
 
-def decide(k: Kernel, vector: int) -> Kernel:
-    """`k` with every rendering decision filled in, for vectors of `vector` fp32 lanes."""
+def decide(k: Kernel, vector: int, l1: int = 48 << 10) -> Kernel:
+    """`k` with every rendering decision filled in, for vectors of `vector` fp32 lanes and
+    `l1` bytes of L1 data cache per core."""
     k = dataclasses.replace(k, threaded=_total(k) >= PARALLEL_MIN, tile=column_tile(k, vector))
     k = dataclasses.replace(k, walk=_walk(k, vector))
+    if k.walk is Walk.SINGLE_ROW and (tiles := plan_transpose(k, vector, l1)):
+        # Tiles' rows are a few lines each: no streaming stores (they pay off on whole rows).
+        k = dataclasses.replace(k, walk=Walk.TILED_TRANSPOSE, transpose=tiles, stream=False)
     if k.walk is Walk.ROW_GROUPS:
         k = dataclasses.replace(k, row_group=ROW_GROUP)
     elif k.walk is Walk.ROWS:

@@ -22,6 +22,7 @@ from vfuse.codegen.cpp.prelude import PRELUDE
 from vfuse.codegen.cpp.rowgroups import render_row_groups
 from vfuse.codegen.cpp.rows import render_rows, render_single_row
 from vfuse.codegen.cpp.table import render_table
+from vfuse.codegen.cpp.transpose import render_transpose
 from vfuse.codegen.cpp.writer import KernelWriter
 from vfuse.schedule.kernel import ContractionKernel, Kernel, Program, Walk
 
@@ -39,6 +40,7 @@ RENDERERS: dict[Walk, KernelRenderer] = {
     Walk.ROW_GROUPS: _walking(render_row_groups),
     Walk.TILED_COLUMNS: _walking(render_tiled),
     Walk.LOOKUP_TABLE: render_table,
+    Walk.TILED_TRANSPOSE: render_transpose,
 }
 
 

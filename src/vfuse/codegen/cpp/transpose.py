@@ -1,0 +1,135 @@
+"""Tiled transposes (`Walk.TILED_TRANSPOSE`; `schedule/transpose.py` decides which kernels):
+pointwise nests whose operands disagree on the contiguous axis (`x.t() + y`, NCHW <-> NHWC).
+
+The SIMD loop `v` and the loop `u` the staged accesses are contiguous along are walked in tiles
+of `rows` x `cols` (`Kernel.transpose`), split between threads with the nest's other loops.
+Per tile: each staged load's tile is copied into an L1 buffer in (u, v) order by `vf_transpose`
+(read along u in runs of whole lines, transposed in `block` x `block` register blocks), then the
+body runs over the tile with the SIMD loop reading that buffer contiguously. Every other access
+is rendered as in the plain nest (its own index map: broadcasts, strides), so each element's
+arithmetic is the plain nest's.
+"""
+
+from __future__ import annotations
+
+from vfuse.codegen.cpp.function import kernel_function
+from vfuse.codegen.cpp.rules import LOAD_CONVERT, STORAGE_TYPE
+from vfuse.codegen.cpp.writer import KernelWriter, pointer
+from vfuse.schedule.expr import Var
+from vfuse.schedule.kernel import Kernel, Load, Program, Stmt, TransposeTiles
+
+
+def transpose_helper(w: int) -> str:
+    """`vf_transpose<W>`: dst[c * ldd + r] = src[r * lds + c] for r < rows, c < cols. Elements of
+    4 bytes go in W x W blocks through vector registers: log2(W) rounds of interleaving row i with
+    row i + W/2 transpose a block (vector extensions: g++ emits the tier's shuffles); the edges
+    and other element sizes are copied one by one."""
+    half = w // 2
+    lo = ", ".join(f"{i}, {i + w}" for i in range(half))
+    hi = ", ".join(f"{i + half}, {i + half + w}" for i in range(half))
+    return f"""#ifndef VF_TRANSPOSE_{w}
+#define VF_TRANSPOSE_{w}
+template <typename T>
+static inline void vf_transpose_{w}(const T* __restrict src, int64_t lds, T* __restrict dst, int64_t ldd,
+                                  int64_t rows, int64_t cols) {{
+  int64_t r0 = 0;
+  if constexpr (sizeof(T) == 4) {{
+    typedef uint32_t V __attribute__((vector_size({4 * w})));
+    typedef int32_t M __attribute__((vector_size({4 * w})));
+    const M lo = {{{lo}}}, hi = {{{hi}}};
+    for (; r0 + {w} <= rows; r0 += {w}) {{
+      int64_t c0 = 0;
+      for (; c0 + {w} <= cols; c0 += {w}) {{
+        V x[{w}], y[{w}];
+        for (int i = 0; i < {w}; ++i) std::memcpy(&x[i], src + (r0 + i) * lds + c0, sizeof(V));
+        for (int round = 0; (1 << round) < {w}; ++round) {{
+          for (int i = 0; i < {half}; ++i) {{
+            y[2 * i] = __builtin_shuffle(x[i], x[i + {half}], lo);
+            y[2 * i + 1] = __builtin_shuffle(x[i], x[i + {half}], hi);
+          }}
+          for (int i = 0; i < {w}; ++i) x[i] = y[i];
+        }}
+        for (int i = 0; i < {w}; ++i) std::memcpy(dst + (c0 + i) * ldd + r0, &x[i], sizeof(V));
+      }}
+      for (; c0 < cols; ++c0)
+        for (int i = 0; i < {w}; ++i) dst[c0 * ldd + r0 + i] = src[(r0 + i) * lds + c0];
+    }}
+  }}
+  for (; r0 < rows; ++r0)
+    for (int64_t c = 0; c < cols; ++c) dst[c * ldd + r0] = src[r0 * lds + c];
+}}
+#endif"""
+
+
+class TransposeWriter(KernelWriter):
+    """Renders staged loads from their tile buffer."""
+
+    def __init__(self, kernel: Kernel, program: Program) -> None:
+        super().__init__(kernel, program)
+        assert kernel.transpose is not None
+        self.t: TransposeTiles = kernel.transpose
+        self.iu, self.iv = self.names[self.t.u], self.names[kernel.inner[-1].var]
+
+    def at(self) -> str:
+        return f"[({self.iu} - ub) * {self.t.cols} + ({self.iv} - vb)]"
+
+    def value(self, s: Stmt) -> str:
+        if isinstance(s, Load) and s.var in self.t.staged:
+            return LOAD_CONVERT.get(s.dtype, "{0}").format(f"tb_{s.var}{self.at()}")
+        return super().value(s)
+
+    def origin(self, s: Load) -> str:
+        """The element of `s` at the tile's corner (u = ub, v = vb) and the stride along v."""
+        names = dict(self.names)
+        self.names.update({self.t.u: "ub", self.k.inner[-1].var: "vb"})
+        try:
+            return f"{pointer(s.buf)} + {self.idx(s.index)}"
+        finally:
+            self.names = names
+
+    def stride(self, s: Load) -> int:
+        return s.index.coef(Var(self.k.inner[-1].var))
+
+
+def render_transpose(k: Kernel, program: Program) -> str:
+    assert k.transpose is not None
+    w = TransposeWriter(k, program)
+    return transpose_helper(k.transpose.block) + "\n\n" + kernel_function(w, _tiles)
+
+
+def _tiles(w: TransposeWriter) -> None:
+    k, t = w.k, w.t
+    (p,) = k.passes
+    *rest, vec = k.inner
+    u = next(lp for lp in rest if lp.var == t.u)
+    others = [lp for lp in rest if lp is not u]
+    for s in p.before:
+        w.stmt(s)
+    w.begin_pass(p)
+    if k.threaded:
+        w.w(f"#pragma omp parallel for num_threads(nt) schedule(static) collapse({len(others) + 2})")
+    for lp in others:
+        w.open_loop(lp)
+    w.open(f"for (int64_t ub = 0; ub < {u.size}; ub += {t.rows}) {{")
+    w.open(f"for (int64_t vb = 0; vb < {vec.size}; vb += {t.cols}) {{")
+    w.w(f"const int64_t ue = ub + {t.rows} < {u.size} ? ub + {t.rows} : {u.size};")
+    w.w(f"const int64_t ve = vb + {t.cols} < {vec.size} ? vb + {t.cols} : {vec.size};")
+    _stage(w)
+    w.open(f"for (int64_t {w.iu} = ub; {w.iu} < ue; ++{w.iu}) {{")
+    w.w("#pragma omp simd")
+    w.open(f"for (int64_t {w.iv} = vb; {w.iv} < ve; ++{w.iv}) {{")
+    w.body(p, "_acc")
+    w.close(4 + len(others))
+    w.end_pass()
+
+
+def _stage(w: TransposeWriter) -> None:
+    """Each staged load's tile, transposed into its buffer: rows v (stride along v), columns u."""
+    t = w.t
+    (p,) = w.k.passes
+    for s in p.body:
+        if isinstance(s, Load) and s.var in t.staged:
+            st = STORAGE_TYPE[s.dtype]
+            w.w(f"alignas(64) {st} tb_{s.var}[{t.rows * t.cols}];")
+            src, lds = w.origin(s), w.stride(s)
+            w.w(f"vf_transpose_{t.block}<{st}>({src}, {lds}, tb_{s.var}, {t.cols}, ve - vb, ue - ub);")
