@@ -61,7 +61,7 @@ def compile_fx(
     if ctx.options.backend == "interp":
         executor = InterpExecutor(graph)
     elif ctx.options.backend == "triton":
-        program = schedule(fusion_plan, target, ctx, templates=False)
+        program = schedule(fusion_plan, target, ctx, triton=True)
         executor = load_triton(fusion_plan, program, render_triton(program, ctx), ctx)
     else:
         try:
@@ -115,10 +115,13 @@ def plan(graph: Graph, ctx: Context, target: Target | None = None) -> FusionPlan
     return fusion_plan
 
 
-def schedule(fusion_plan: FusionPlan, target: Target, ctx: Context, templates: bool = True) -> Program:
+def schedule(
+    fusion_plan: FusionPlan, target: Target, ctx: Context, templates: bool = True, triton: bool = False
+) -> Program:
     """Loops, vectorization, kernels, segments and the arena: every decision a renderer acts on
-    (`templates=False`: contractions through torch, for a backend without their templates)."""
-    program = build_schedule(fusion_plan, target, templates)
+    (`templates=False`: contractions through torch, for a backend without their templates;
+    `triton`: for the Triton renderer, whose templates take GPU tiles)."""
+    program = build_schedule(fusion_plan, target, templates, triton)
     ctx.dump("05_program.txt", format_program(program))
     return program
 

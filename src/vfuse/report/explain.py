@@ -77,8 +77,8 @@ def _schedule(graph: Graph, plan: FusionPlan, hardware: Target, ctx: Context) ->
     if ctx.options.backend == "interp":
         return None, "backend='interp': the reference executor runs every op through torch"
     try:
-        if ctx.options.backend == "triton":  # as compile_fx: contractions through torch, Triton kernels
-            program = compiler.schedule(plan, hardware, ctx, templates=False)
+        if ctx.options.backend == "triton":  # as compile_fx: Triton kernels, contraction templates included
+            program = compiler.schedule(plan, hardware, ctx, triton=True)
             return (program, compiler.render_triton(program, ctx).source), ""
         program = compiler.schedule(plan, hardware, ctx)
         return (program, compiler.render(program, ctx)), ""

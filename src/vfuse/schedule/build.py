@@ -17,9 +17,9 @@ from vfuse.ir.defs.layout import IndexBounds, index_bounds
 from vfuse.ir.shapes import numel
 from vfuse.ir.shapes import reduce as reduced_shape
 from vfuse.schedule import expr
-from vfuse.schedule.contraction import Caches, plan_contraction
+from vfuse.schedule.contraction import FP32_ONLY, GPU_DTYPES, Caches, plan_contraction
 from vfuse.schedule.expr import Lin, Var
-from vfuse.schedule.gpu import decide_gpu
+from vfuse.schedule.gpu import decide_contraction, decide_gpu
 from vfuse.schedule.kernel import (
     AnyKernel,
     Buffer,
@@ -129,25 +129,34 @@ def _contraction_split(graph: Graph, g: Group) -> tuple[list[str], set[str]]:
 
 
 def _contraction_steps(
-    graph: Graph, g: Group, caches: Caches, unit: VectorUnit
+    graph: Graph, g: Group, caches: Caches, unit: VectorUnit, gpu: object = None
 ) -> tuple[list[AnyKernel | TorchStep], set[str]]:
-    """The steps running the contraction of `g`, and the group nodes left for ordinary kernels."""
+    """The steps running the contraction of `g`, and the group nodes left for ordinary kernels
+    (`gpu`: a GPU target, whose Triton templates also take fp16 / bf16 and get their tiles here)."""
     try:
-        cp = plan_contraction(graph, g.nodes, g.outputs, g.id, g.label, caches, unit)
+        dtypes = GPU_DTYPES if gpu is not None else FP32_ONLY
+        cp = plan_contraction(graph, g.nodes, g.outputs, g.id, g.label, caches, unit, dtypes)
+        kernel = decide_contraction(cp.kernel, gpu, graph) if gpu is not None else cp.kernel
         copies: list[AnyKernel | TorchStep] = []
         for i, v in enumerate(cp.copies):
             copies += _pointwise_kernels(graph, g.id, g.label, set(cp.prologue), f"k{g.id}_in{i}", [v])
-        return [*copies, cp.kernel], set(cp.rest)
+        return [*copies, kernel], set(cp.rest)
     except Unsupported as e:
         torch_nodes, rest = _contraction_split(graph, g)
         return [TorchStep(g.id, g.label, tuple(torch_nodes), f"contraction through torch: {e}")], rest
 
 
 def group_steps(
-    graph: Graph, g: Group, caches: Caches = DEFAULT_CACHES, templates: bool = True, unit: VectorUnit = AVX512
+    graph: Graph,
+    g: Group,
+    caches: Caches = DEFAULT_CACHES,
+    templates: bool = True,
+    unit: VectorUnit = AVX512,
+    gpu: object = None,
 ) -> list[AnyKernel | TorchStep]:
     """The kernels and torch steps that run one group (`templates`: contractions get a generated
-    kernel; without, they run through torch and the rest of their group as ordinary kernels)."""
+    kernel; without, they run through torch and the rest of their group as ordinary kernels;
+    `gpu`: the GPU target the templates are tiled for)."""
     name = f"k{g.id}"
     if g.label in TORCH_LABELS or g.kind is Kind.OPAQUE:
         return [TorchStep(g.id, g.label, g.nodes, "opaque op")]
@@ -157,7 +166,7 @@ def group_steps(
     out: list[AnyKernel | TorchStep] = []
     nodes = set(g.nodes)
     if any(graph[n].kind is Kind.CONTRACTION for n in g.nodes) and templates:
-        out, nodes = _contraction_steps(graph, g, caches, unit)
+        out, nodes = _contraction_steps(graph, g, caches, unit, gpu)
     elif any(graph[n].kind is Kind.CONTRACTION for n in g.nodes):
         torch_nodes, nodes = _contraction_split(graph, g)
         out = [TorchStep(g.id, g.label, tuple(torch_nodes), "contraction through torch: no template for this backend")]
@@ -222,17 +231,19 @@ def _segments(items: list[AnyKernel | TorchStep]) -> list[Step]:
     return steps
 
 
-def build(plan: FusionPlan, target: object, templates: bool = True) -> Program:
+def build(plan: FusionPlan, target: object, templates: bool = True, triton: bool = False) -> Program:
     """Schedule every group of `plan` for `target`: its `simd_lanes` (fp32 lanes per vector
     instruction) is the vector width every kernel's walk and reductions are decided for; a GPU
     target also gets each kernel's GPU launch (`gpu.py`). `templates=False`: contractions run
-    through torch (a backend without contraction templates: Triton, for now)."""
+    through torch (a backend without contraction templates). `triton`: the program is for the
+    Triton renderer, whose templates take fp16 / bf16 too and get GPU tiles (`gpu.py`)."""
     graph = plan.graph
     caches = tuple(int(getattr(target, f"l{n}_bytes", d)) for n, d in zip((1, 2, 3), DEFAULT_CACHES, strict=True))
     items: list[AnyKernel | TorchStep] = []
     unit = vector_unit(int(getattr(target, "simd_lanes", 16)), int(getattr(target, "regs_per_thread", 32)))
+    gpu = target if triton and getattr(target, "is_gpu", False) else None
     for g in plan.groups:
-        items += group_steps(graph, g, caches, templates, unit)  # type: ignore[arg-type]
+        items += group_steps(graph, g, caches, templates, unit, gpu)  # type: ignore[arg-type]
     vector = int(getattr(target, "simd_lanes", 16))
     items = [
         decide(with_streaming(with_table(k), caches[2]), vector, caches[0]) if isinstance(k, Kernel) else k

@@ -159,12 +159,17 @@ def _inner_dim(graph: Graph, stmts: list[Stmt], rank: int) -> int:
     return -2 if votes[-2] > votes[-1] else -1
 
 
-def _check_types(graph: Graph, node: str) -> None:
+FP32_ONLY = frozenset({DType.F32})
+GPU_DTYPES = frozenset({DType.F32, DType.F16, DType.BF16})  # the Triton templates (codegen/triton)
+
+
+def _check_types(graph: Graph, node: str, dtypes: frozenset[DType] = FP32_ONLY) -> None:
     n = graph[node]
     types = [graph[i].tensor_type for i in n.inputs]
-    if any(t.dtype is not DType.F32 for t in types[:3]) or n.tensor_type.dtype is not DType.F32:
-        raise Unsupported(f"%{node}: the contraction templates are fp32 only")
-    if len(types) == 4 and types[3].dtype not in (DType.F32, DType.BOOL):
+    dtype = n.tensor_type.dtype
+    if any(t.dtype is not dtype for t in types[:3]) or dtype not in dtypes:
+        raise Unsupported(f"%{node}: the contraction templates take {sorted(d.value for d in dtypes)} only")
+    if len(types) == 4 and types[3].dtype not in (dtype, DType.BOOL):
         raise Unsupported(f"%{node}: attention mask of {types[3].dtype.value}")
     if any(math.prod(t.shape) == 0 for t in (*types, n.tensor_type)):
         raise Unsupported(f"%{node} is empty")
@@ -213,8 +218,8 @@ def _lower_epilogue(graph: Graph, node: str, rest: frozenset[str], out: str) -> 
     conv and attention write float."""
     shape = graph[node].tensor_type.shape
     out_t = graph[out].tensor_type
-    any_dtype = graph[node].op is Op.MATMUL
-    if not (any_dtype or out_t.dtype is DType.F32) or numel(out_t.shape) != numel(shape):
+    any_dtype = graph[node].op is Op.MATMUL or out_t.dtype in (DType.F32, graph[node].tensor_type.dtype)
+    if not any_dtype or numel(out_t.shape) != numel(shape):
         return None
     sizes = dict(enumerate(out_t.shape))
     lw = _EpilogueLowerer(graph, set(rest), sizes, None)
@@ -243,11 +248,13 @@ def _register_tile(graph: Graph, node: str, unit: VectorUnit) -> Tile:
 
 
 def plan_contraction(graph: Graph, nodes: tuple[str, ...], outputs: tuple[str, ...], gid: int, label: str,
-                     caches: Caches, unit: VectorUnit = AVX512) -> ContractionPlan:  # fmt: skip
+                     caches: Caches, unit: VectorUnit = AVX512,
+                     dtypes: frozenset[DType] = FP32_ONLY) -> ContractionPlan:  # fmt: skip
     """How one contraction group runs natively (raises Unsupported for the torch path), its register
-    tile chosen for `unit` (the target's vector width and registers)."""
+    tile chosen for `unit` (the target's vector width and registers); `dtypes`: the contraction
+    dtypes the backend's templates take (C++: fp32; Triton: `GPU_DTYPES`)."""
     node, prologue, rest = _split(graph, nodes)
-    _check_types(graph, node)
+    _check_types(graph, node, dtypes)
     op = graph[node].op
     ops = _Operands(graph, prologue)
     trans_b = False

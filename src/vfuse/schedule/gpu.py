@@ -16,9 +16,19 @@ import dataclasses
 import math
 from dataclasses import dataclass
 
-from vfuse.ir import Graph
+from vfuse.ir import DType, Graph, Op
 from vfuse.schedule import expr
-from vfuse.schedule.kernel import GpuLaunch, GpuWalk, Kernel, Load, Walk, stmt_index
+from vfuse.schedule.kernel import (
+    ContractionKernel,
+    GpuLaunch,
+    GpuTiles,
+    GpuWalk,
+    Kernel,
+    Load,
+    Walk,
+    stmt_index,
+)
+from vfuse.schedule.lower import Unsupported
 
 INDEX_LIMIT = 2**31 - 1  # the largest int32 index; past it, index arithmetic needs 64 bits
 
@@ -120,3 +130,141 @@ def _max_index(k: Kernel, graph: Graph) -> int:
                 hi = graph[s.buf].tensor_type.numel
             top = max(top, hi)
     return top
+
+
+# ---- contraction templates (codegen/triton/gemm.py, conv.py, attention.py) ----
+
+
+@dataclass(frozen=True)
+class TileRow:
+    """One tiling of a contraction template: BLOCK_M, BLOCK_N, BLOCK_K (attention: head dims
+    are whole), GROUP_M, warps, pipeline stages."""
+
+    m: int
+    n: int
+    k: int
+    group_m: int
+    warps: int
+    stages: int
+
+
+@dataclass(frozen=True)
+class ContractionTable:
+    """Starting tiles per preset and operand width; the on-device autotuner
+    (`codegen/triton/autotune.py`) times `candidates` around them and caches its choice."""
+
+    gemm16: TileRow  # fp16 / bf16 operands: tensor cores (wgmma on sm_90, mma on sm_80)
+    gemm32: TileRow  # fp32 operands: exact fp32 FMA, no TF32 (eager's default)
+    attention16: TileRow
+    attention32: TileRow
+    smem: int  # shared memory per SM (bytes): no candidate may need more
+
+
+# sm_90 (228 KB shared): 128x128x64 fp16 tiles over 3 stages use 96 KB, 8 warps (two warpgroups)
+# for wgmma; sm_80 (164 KB): 4 stages of 128x128x32. fp32 FMA tiles are smaller (registers).
+_SM90 = ContractionTable(
+    TileRow(128, 128, 64, 8, 8, 3), TileRow(64, 64, 32, 8, 4, 3),
+    TileRow(128, 64, 0, 1, 8, 2), TileRow(64, 32, 0, 1, 4, 2), 228 << 10,
+)  # fmt: skip
+_SM80 = ContractionTable(
+    TileRow(128, 128, 32, 8, 4, 4), TileRow(64, 64, 32, 8, 4, 3),
+    TileRow(128, 64, 0, 1, 4, 2), TileRow(64, 32, 0, 1, 4, 2), 164 << 10,
+)  # fmt: skip
+CONTRACTION_TABLES: dict[str, ContractionTable] = {"a100": _SM80, "h100": _SM90, "h200": _SM90}
+_DOT = {DType.F16: "fp16", DType.BF16: "bf16", DType.F32: "fp32"}
+_BYTES = {"fp16": 2, "bf16": 2, "fp32": 4}
+MIN_DOT = 16  # tl.dot needs every tile dim >= 16
+
+
+def contraction_table(name: str) -> ContractionTable:
+    return CONTRACTION_TABLES.get(name, _SM90)
+
+
+def dot_dtype(k: ContractionKernel, graph: Graph) -> str:
+    """What tl.dot multiplies: the contraction's own dtype (a prologue's result is rounded to it)."""
+    dtype = graph[k.node].tensor_type.dtype
+    if dtype not in _DOT:
+        raise Unsupported(f"%{k.node}: no Triton template for {dtype.value} contractions")
+    return _DOT[dtype]
+
+
+def gemm_dims(k: ContractionKernel) -> tuple[int, int, int, int]:
+    """(batch, M, N, K) of a MATMUL (batch: the output's batch dims) or of a conv's implicit GEMM
+    (batch: the conv groups; M: output pixels; N: output channels of a group)."""
+    if k.op is Op.CONV2D:
+        n, oc, oh, ow = k.out_shape
+        cg, kh, kw = k.shapes[1][1:]
+        groups = int(k.attrs["groups"])
+        return groups, n * oh * ow, oc // groups, cg * kh * kw
+    m, n = k.out_shape[-2:]
+    return math.prod(k.out_shape[:-2]), m, n, k.shapes[0][-1]
+
+
+def _clamp(block: int, size: int) -> int:
+    return max(MIN_DOT, min(block, _pow2(size)))
+
+
+def _smem(row: TileRow, dot: str, k: ContractionKernel) -> int:
+    """Shared memory the pipelined operand tiles take (Triton's estimate: stages x (A + B tiles))."""
+    if k.op is Op.SDPA:
+        d = _pow2(k.shapes[0][-1]) + _pow2(k.shapes[2][-1])
+        return row.stages * row.n * d * _BYTES[dot] + row.m * _pow2(k.shapes[0][-1]) * _BYTES[dot]
+    return row.stages * (row.m + row.n) * row.k * _BYTES[dot]
+
+
+def contraction_tiles(k: ContractionKernel, row: TileRow, dot: str) -> GpuTiles:
+    """`row` fitted to `k`'s sizes: blocks no larger than the (power-of-two) dims, at least 16."""
+    if k.op is Op.SDPA:
+        q = k.shapes[0]
+        lq, lk = q[-2], k.shapes[1][-2]
+        bm, bn = _clamp(row.m, lq), _clamp(row.n, lk)
+        programs = math.prod(q[:-2]) * _cdiv(lq, bm)
+        return GpuTiles(bm, bn, 0, 1, row.warps, row.stages, programs, dot, _wide(k))
+    batch, m, n, kk = gemm_dims(k)
+    bm, bn, bk = _clamp(row.m, m), _clamp(row.n, n), _clamp(row.k, kk)
+    programs = batch * _cdiv(m, bm) * _cdiv(n, bn)
+    return GpuTiles(bm, bn, bk, row.group_m, row.warps, row.stages, programs, dot, _wide(k))
+
+
+def _wide(k: ContractionKernel) -> bool:
+    sizes = [math.prod(s) for s in (*k.shapes, k.out_shape, k.space)]
+    return max(sizes) - 1 > INDEX_LIMIT
+
+
+def _row_for(k: ContractionKernel, table: ContractionTable, dot: str) -> TileRow:
+    wide = dot != "fp32"
+    if k.op is Op.SDPA:
+        return table.attention16 if wide else table.attention32
+    return table.gemm16 if wide else table.gemm32
+
+
+def decide_contraction(k: ContractionKernel, target: object, graph: Graph) -> ContractionKernel:
+    """`k` with its Triton template's tiles for `target` (raises Unsupported where no template
+    covers it: the contraction then runs through torch)."""
+    if k.op not in (Op.MATMUL, Op.CONV2D, Op.SDPA):
+        raise Unsupported(f"no Triton template for {k.op.value}")
+    if k.op is Op.SDPA and max(k.shapes[0][-1], k.shapes[2][-1]) > 256:
+        raise Unsupported(f"%{k.node}: head dim past 256 (the template keeps a row of Q and O in registers)")
+    dot = dot_dtype(k, graph)
+    table = contraction_table(str(getattr(target, "name", "")))
+    return dataclasses.replace(k, gpu=contraction_tiles(k, _row_for(k, table, dot), dot))
+
+
+def candidates(k: ContractionKernel, target: object) -> list[GpuTiles]:
+    """Tilings the on-device autotuner times for `k` (its table row first), each within the
+    preset's shared memory; duplicates after fitting to the sizes removed."""
+    assert k.gpu is not None
+    table = contraction_table(str(getattr(target, "name", "")))
+    base = _row_for(k, table, k.gpu.dot)
+    rows = [base]
+    for m, n, kk, w in ((64, 64, 32, 4), (128, 64, 32, 4), (64, 128, 32, 4), (128, 128, 32, 8), (128, 256, 64, 8)):
+        for stages in (2, 3, 4):
+            rows.append(TileRow(m, n, kk if k.op is not Op.SDPA else 0, base.group_m, w, stages))
+    out: list[GpuTiles] = []
+    for r in rows:
+        if _smem(r, k.gpu.dot, k) > table.smem:
+            continue
+        t = contraction_tiles(k, r, k.gpu.dot)
+        if t not in out:
+            out.append(t)
+    return out

@@ -225,6 +225,24 @@ class GpuLaunch:
 
 
 @dataclass(frozen=True)
+class GpuTiles:
+    """A contraction template's tiling on a GPU target (`schedule/gpu.py`). GEMM and implicit-GEMM
+    conv: `block_m` x `block_n` output tiles, `block_k` per step of the reduction, `group_m` rows of
+    tiles walked together (grouped order: L2 reuse); attention: `block_m` query rows x `block_n` keys
+    per step. `dot` is the dtype tl.dot takes ("fp16", "bf16" or "fp32": exact fp32, no TF32)."""
+
+    block_m: int
+    block_n: int
+    block_k: int
+    group_m: int
+    warps: int
+    stages: int
+    programs: int  # the grid (1-D: batch, group or head, then the tiles)
+    dot: str = "fp32"
+    wide: bool = False  # 64-bit offsets: a buffer reaches 2^31 elements
+
+
+@dataclass(frozen=True)
 class Pass:
     """One walk over the row of a row kernel: `before` runs once per row before it, `body` per element.
     The fields after `reloaded` are the schedule's decisions on how to render it (`strategy.py`)."""
@@ -369,6 +387,7 @@ class ContractionKernel:
     vector: int = 16
     mr: int = 14
     nr: int = 32
+    gpu: GpuTiles | None = None  # GPU targets: the Triton template's tiles (`schedule/gpu.py`)
 
     def prologue(self, i: int) -> OperandPrologue | None:
         return self.prologues[i] if i < len(self.prologues) else None

@@ -68,6 +68,8 @@ def load_module(path: Path, interpret: bool) -> ModuleType:
             setattr(module, attr, wrap(fn))
     if interpret:
         _fast_reductions(module)
+        if hasattr(module, "_VF_INTERPRETED"):  # contraction templates widen bf16 dots there
+            module._VF_INTERPRETED = True
     return module
 
 

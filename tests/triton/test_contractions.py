@@ -1,0 +1,149 @@
+"""The Triton contraction templates (codegen/triton/gemm.py, conv.py, attention.py) in Triton's
+interpreter against eager: GEMM with prologues (dequantize) and epilogues (bias + GELU, quantize,
+dropout with the C++ path's mask), odd tails, batch broadcasting, fp16 / bf16 operands; Linear
+on 3-D input; conv as implicit GEMM (stride 1 / 2, padding, dilation, groups, odd channels);
+FlashAttention-2 (causal, GQA, boolean and additive masks, fully masked rows, odd head dims).
+Each group is one kernel. Shapes stay tiny: each program instance costs the interpreter
+milliseconds."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import pytest
+import torch
+import torch.nn.functional as F
+from tests.triton.triton_cases import compile_triton
+
+import vfuse
+
+pytest.importorskip("triton", reason="triton is not installed (pip install 'vfuse[gpu]')")
+
+
+def _dequant_linear(x: torch.Tensor, wq: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
+    """int8 weight, per-channel scale and zero point 3: dequantize -> linear -> quantize."""
+    y = x @ ((wq.float() - 3.0) * s[:, None]).t()
+    return (y / 0.05).round().clamp(-128, 127).to(torch.int8)
+
+
+def _mask_rows() -> torch.Tensor:
+    """An additive mask with -inf holes and a fully masked row (eager gives 0 there). A boolean
+    mask is lowered to this (a `where` the schedule stores before the attention kernel)."""
+    m = torch.where(torch.rand(7, 11) > 0.3, 0.0, float("-inf"))
+    m[:, 0] = 0.0
+    m[2] = float("-inf")
+    return m
+
+
+F16, BF16 = torch.float16, torch.bfloat16
+Case = tuple[Callable, tuple[torch.Tensor, ...], float]
+CASES: dict[str, Case] = {
+    "linear_bias_gelu": (
+        lambda x, w, b: F.gelu(F.linear(x, w, b)),
+        (torch.randn(37, 29), torch.randn(19, 29), torch.randn(19)),
+        2e-5,
+    ),
+    "matmul_broadcast_batch": (lambda a, b: (a @ b) * 0.5, (torch.randn(2, 3, 13, 17), torch.randn(3, 17, 11)), 2e-5),
+    "linear_3d_relu": (lambda x, w: F.relu(F.linear(x, w)), (torch.randn(2, 5, 24), torch.randn(10, 24)), 2e-5),
+    "k_tail_over_blocks": (lambda a, b: a @ b, (torch.randn(9, 70), torch.randn(70, 21)), 2e-5),
+    "linear_f16": (
+        lambda x, w, b: F.linear(x, w, b),
+        (torch.randn(20, 40).to(F16), torch.randn(24, 40).to(F16), torch.randn(24).to(F16)),
+        2e-2,
+    ),
+    "matmul_bf16_silu": (
+        lambda a, b: F.silu(a @ b),
+        (torch.randn(17, 32).to(BF16), torch.randn(32, 18).to(BF16)),
+        3e-2,
+    ),
+    "cast_prologue_f16": (lambda x, w: x.half() @ w.t(), (torch.randn(16, 33), torch.randn(20, 33).to(F16)), 2e-2),
+    "dequant_quant": (
+        _dequant_linear,
+        (torch.randn(11, 24), torch.randint(-128, 128, (13, 24), dtype=torch.int8), torch.rand(13) * 0.02),
+        1.0,
+    ),
+    "conv3x3_bias_relu": (
+        lambda x, w, b: F.relu(F.conv2d(x, w, b, padding=1)),
+        (torch.randn(2, 3, 7, 9), torch.randn(5, 3, 3, 3), torch.randn(5)),
+        2e-5,
+    ),
+    "conv_stride2_dilated": (
+        lambda x, w: F.conv2d(x, w, stride=2, padding=2, dilation=2),
+        (torch.randn(1, 4, 9, 8), torch.randn(6, 4, 3, 3)),
+        2e-5,
+    ),
+    "conv_groups_flatten": (
+        lambda x, w: F.conv2d(x, w, stride=(2, 1), groups=2).flatten(1) + 1,
+        (torch.randn(1, 4, 7, 7), torch.randn(6, 2, 3, 3)),
+        2e-5,
+    ),
+    "conv_f16": (
+        lambda x, w: F.conv2d(x, w, padding=1),
+        (torch.randn(1, 3, 6, 6).to(F16), torch.randn(4, 3, 3, 3).to(F16)),
+        2e-2,
+    ),
+    "attention_causal_gqa": (
+        lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True) * 2,
+        (torch.randn(1, 4, 19, 16), torch.randn(1, 2, 19, 16), torch.randn(1, 2, 19, 16)),
+        2e-5,
+    ),
+    "attention_masked_row": (
+        lambda q, k, v, m: F.scaled_dot_product_attention(q, k, v, attn_mask=m),
+        (torch.randn(1, 2, 7, 24), torch.randn(1, 2, 11, 24), torch.randn(1, 2, 11, 24), _mask_rows()),
+        2e-5,
+    ),
+    "attention_additive_mask": (
+        lambda q, k, v, m: F.scaled_dot_product_attention(q, k, v, attn_mask=m, scale=0.3),
+        (torch.randn(1, 2, 9, 16), torch.randn(1, 2, 21, 16), torch.randn(1, 2, 21, 16), torch.randn(1, 2, 1, 21)),
+        2e-5,
+    ),
+    "attention_f16_causal": (
+        lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True),
+        (torch.randn(1, 2, 20, 32).to(F16), torch.randn(1, 2, 20, 32).to(F16), torch.randn(1, 2, 20, 32).to(F16)),
+        2e-2,
+    ),
+}
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_template_matches_eager_in_one_kernel(case: str) -> None:
+    fn, inputs, tol = CASES[case]
+    compiled = compile_triton(fn, inputs)
+    got, want = compiled(*inputs), fn(*inputs)
+    assert got.dtype == want.dtype and got.shape == want.shape
+    if want.dtype is torch.int8:  # quantized: a rounding tie may land on the other side
+        assert (got.int() - want.int()).abs().max() <= 1 and (got == want).float().mean() > 0.95
+    else:
+        torch.testing.assert_close(got.float(), want.float(), rtol=tol, atol=tol)
+    assert compiled.stats.kernels == 1 and compiled.stats.torch_calls == 0, compiled.stats
+    source = compiled.compiled.executor.source
+    assert "template" in source and "tl.dot(" in source
+
+
+def test_gemm_dropout_epilogue_has_the_cpu_paths_mask() -> None:
+    """Dropout after a linear: the counter-based RNG in the GEMM's epilogue draws the mask the C++
+    path draws for the same seed (the C++ GEMM template fuses the same epilogue)."""
+
+    def fn(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        return F.dropout(x @ w.t(), 0.4, training=True)
+
+    inputs = (torch.randn(13, 20), torch.randn(17, 20))
+    triton_fn, cpp_fn = compile_triton(fn, inputs), vfuse.compile(fn, inputs, backend="cpp")
+    assert triton_fn.stats.kernels == 1 and triton_fn.stats.torch_calls == 0
+    for seed in (0, 5):
+        torch.manual_seed(seed)
+        got = triton_fn(*inputs)
+        torch.manual_seed(seed)
+        want = cpp_fn(*inputs)
+        assert torch.equal(got == 0, want == 0) and 0.3 < float((got == 0).float().mean()) < 0.5
+        torch.testing.assert_close(got, want, rtol=2e-5, atol=2e-5)
+
+
+def test_tiles_come_from_the_schedule() -> None:
+    """The renderer writes the schedule's blocks (clamped to the sizes, at least 16 for tl.dot)."""
+    fn, inputs, _ = CASES["k_tail_over_blocks"]
+    (k,) = compile_triton(fn, inputs).compiled.executor.program.kernels
+    assert k.gpu is not None and (k.gpu.block_m, k.gpu.block_n, k.gpu.block_k) == (16, 32, 32)
+    assert k.gpu.dot == "fp32" and k.gpu.programs == 1
+    source = compile_triton(fn, inputs).compiled.executor.source
+    assert "for k0_ in range(3):" in source and "mk_ = rk_ < 70" in source
