@@ -145,11 +145,11 @@ class AotCompiled:
             return outs[self._user_out[0]]
         return pytree.tree_unflatten([outs[i] for i in self._user_out], self._out_spec)
 
-    def profile(self, *args: Any, reps: int = 20) -> list[Any]:
+    def profile(self, *args: Any, reps: int = 20, threads: int | None = None) -> list[Any]:
         """Per-kernel predicted and measured times on these inputs (`CompiledGraph.profile`)."""
         flat = self._flatten(args)
         inputs = flat if len(self._lifted) == self._users else _bind(flat, self._lifted)
-        return self.compiled.profile(*inputs, reps=reps)
+        return self.compiled.profile(*inputs, reps=reps, threads=threads)
 
     def _flatten(self, args: tuple[Any, ...]) -> Sequence[Any]:
         if self._plain_in and len(args) == self._users and all(type(a) in _PLAIN for a in args):

@@ -11,6 +11,8 @@ prefetch overlap only part). Equations, constants and their calibration: docs/co
 
 from __future__ import annotations
 
+import itertools
+import math
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 
@@ -34,6 +36,9 @@ GPU_ROW_ELEMENTS_PER_THREAD = 4  # one block per row, 4 elements per thread, 32.
 # A GPU saturates its bandwidth with about half of its resident-thread slots busy (Little's law
 # at HBM latency); parallelism below that slows the kernel proportionally.
 GPU_SATURATION = 0.5
+# Kernels with fewer loop points run on one thread (schedule/strategy.PARALLEL_MIN, which the
+# schedule decides; the cost model sits below the schedule and keeps its own copy).
+PARALLEL_MIN_ELEMENTS = 32 * 1024
 
 
 @dataclass(frozen=True, slots=True)
@@ -186,14 +191,46 @@ class Figures:
     pressure: Pressure
 
 
+def memory_bw(target: Target, nbytes: int) -> float:
+    """Bytes/s of a kernel moving `nbytes`. Uncalibrated targets and GPUs: DRAM bandwidth at every
+    size. Calibrated CPUs (`targets/calibrate.py`): L2 bandwidth up to half the cores' L2, L3 at a
+    quarter of L3, DRAM from the L3 size on, interpolated in log-log between them: no step at a
+    cache size (a step made merges that cross it look unprofitable), and time still grows with
+    bytes (bandwidth falls slower than size grows), so a merge that saves bytes still gains."""
+    if target.is_gpu or target.l2_bw <= 0:
+        return target.dram_bw
+    sizes = (target.l2_bytes * target.cores / 2, target.l3_bytes / 4, float(max(target.l3_bytes, 1)))
+    bws = (target.l2_bw, min(target.l2_bw, target.cache_bw), min(target.l2_bw, target.cache_bw, target.dram_bw))
+    if nbytes <= sizes[0]:
+        return bws[0]
+    for (s0, b0), (s1, b1) in itertools.pairwise(zip(sizes, bws)):
+        if nbytes <= s1:
+            if s1 <= s0:
+                return b1
+            w = math.log(nbytes / s0) / math.log(s1 / s0)
+            return math.exp(math.log(b0) + w * (math.log(b1) - math.log(b0)))
+    return bws[-1]
+
+
+def serial(f: Figures, target: Target) -> bool:
+    """A calibrated CPU kernel too small to fork threads (`schedule/strategy.PARALLEL_MIN`): one
+    core runs it, with no fork/join but `serial_launch_s`. Contractions always fork."""
+    return (
+        target.serial_launch_s > 0
+        and not target.is_gpu
+        and f.kind is not Kind.CONTRACTION
+        and f.domain < PARALLEL_MIN_ELEMENTS
+    )
+
+
 def cost_from(f: Figures, target: Target) -> Cost:
     """t = launch + (C + M - gamma min(C, M)) / min(1, parallelism / saturation) + spill."""
     nbytes = f.in_bytes + f.out_bytes
-    # DRAM bandwidth even for kernels whose data would fit in cache: a step at the cache size
-    # made the model penalize a merge for crossing it, and the planner mostly cares about
-    # large activations; small kernels are dominated by launch_s anyway.
-    memory_s = nbytes / target.dram_bw
+    memory_s = nbytes / memory_bw(target, nbytes)
     par = parallelism(f.kind, f.domain, f.rows, target)
+    launch_s = target.launch_s
+    if serial(f, target):
+        par, launch_s = 1 / target.max_threads, target.serial_launch_s
     body = f.compute_s + memory_s - GAMMA[target.kind] * min(f.compute_s, memory_s)
     p = f.pressure
     spill_s = 0.0
@@ -204,8 +241,8 @@ def cost_from(f: Figures, target: Target) -> Cost:
         # The row no longer stays on chip: every later pass re-reads its inputs from DRAM.
         spill_s += (p.passes - 1) * f.in_bytes / target.dram_bw
     saturation = GPU_SATURATION if target.is_gpu else 1.0
-    time_s = target.launch_s + body / min(1.0, par / saturation) + spill_s
-    return Cost(f.flops, nbytes, f.compute_s, memory_s, target.launch_s, time_s, p.ratio, par)
+    time_s = launch_s + body / min(1.0, par / saturation) + spill_s
+    return Cost(f.flops, nbytes, f.compute_s, memory_s, launch_s, time_s, p.ratio, par)
 
 
 def kernel_cost(

@@ -110,14 +110,15 @@ class CompiledGraph:
         outputs = self.executor(list(inputs))
         return _unalias(outputs, inputs) if self._may_alias else outputs
 
-    def profile(self, *inputs: torch.Tensor, reps: int = 20) -> list[Any]:
+    def profile(self, *inputs: torch.Tensor, reps: int = 20, threads: int | None = None) -> list[Any]:
         """Run the graph `reps` times (after 2 warm-up runs) on a timing build of its kernels; one
         `KernelProfile` per kernel and torch step in run order: `.name`, `.predicted_s` (the cost
-        model), `.measured_s` (median), `.ratio` (`runtime/profile.py`). Native graphs only."""
+        model), `.measured_s` (median), `.ratio` (`runtime/profile.py`). Native graphs only.
+        `threads`: run on that many threads, predicted for that many cores."""
         from vfuse.runtime.profile import profile_executor
 
         self.check_inputs(inputs)
-        return profile_executor(self.executor, inputs, reps)
+        return profile_executor(self.executor, inputs, reps, threads)
 
     @property
     def unchecked_runner(self) -> Callable[[Sequence[torch.Tensor]], list[torch.Tensor]]:

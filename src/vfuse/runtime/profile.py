@@ -34,6 +34,7 @@ from vfuse.schedule import Program, Segment, TorchStep
 from vfuse.schedule.contents import computed, stored
 from vfuse.schedule.kernel import AnyKernel, ContractionKernel
 from vfuse.targets import DEFAULT_CACHE_DIR, Target, get_target
+from vfuse.targets.calibrate import at_threads
 
 if TYPE_CHECKING:
     from vfuse.runtime.native import NativeExecutor
@@ -136,23 +137,33 @@ def measure(
 
 
 def profile_executor(
-    executor: Any, inputs: Sequence[torch.Tensor], reps: int = 20, target: Target | None = None
+    executor: Any, inputs: Sequence[torch.Tensor], reps: int = 20, threads: int | None = None
 ) -> list[KernelProfile]:
-    """One KernelProfile per kernel and torch step of a native executor's Program."""
+    """One KernelProfile per kernel and torch step of a native executor's Program. With
+    `threads`, the kernels run on that many threads (a loaded machine: 1 thread is disturbed
+    least) and are priced again for that many cores (`targets.calibrate.at_threads`)."""
     if getattr(executor, "program", None) is None or getattr(executor.stats, "backend", "") != "cpp":
         why = getattr(getattr(executor, "stats", None), "native_error", "") or type(executor).__name__
-        raise VfuseError(
-            f"profile: only natively compiled graphs (backend 'cpp') have kernels to time; this one runs {why}"
-        )
+        raise VfuseError(f"profile: only natively compiled graphs (backend 'cpp') have kernels to time, not {why}")
+    if threads is not None and threads < 1:
+        raise ValueError(f"profile: threads must be >= 1, got {threads}")
     program = executor.program
-    hw = target or get_target(executor.plan.target, executor.cache_dir, isa=program.isa)
-    measured = measure(executor, inputs, reps)
-    rows = predicted_rows(executor, hw)
+    hw = get_target(executor.plan.target, executor.cache_dir, isa=program.isa)
+    if threads is not None:
+        hw = at_threads(hw, threads)
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(threads or before)
+        measured = measure(executor, inputs, reps)
+    finally:
+        torch.set_num_threads(before)
+    rows = predicted_rows(executor, hw, reprice=threads is not None)
     return [replace(row, measured_s=m, best_s=b) for row, (m, b) in zip(rows, measured, strict=True)]
 
 
-def predicted_rows(executor: NativeExecutor, target: Target) -> list[KernelProfile]:
-    """The rows with the cost model's prediction and measured_s = 0."""
+def predicted_rows(executor: NativeExecutor, target: Target, reprice: bool = False) -> list[KernelProfile]:
+    """The rows with the cost model's prediction and measured_s = 0; `reprice`: every kernel
+    priced on `target` from its nodes, none keeps its planner group's cost."""
     items: list[tuple[AnyKernel | TorchStep, str]] = []
     for step in executor.program.steps:
         if isinstance(step, Segment):
@@ -166,7 +177,7 @@ def predicted_rows(executor: NativeExecutor, target: Target) -> list[KernelProfi
     rows = []
     for i, (item, segment) in enumerate(items):
         group = groups[item.group]
-        whole = per_group[item.group] == 1
+        whole = per_group[item.group] == 1 and not reprice
         rows.append(_row(executor, target, i, item, segment, group, whole))
     return rows
 

@@ -23,6 +23,7 @@ from typing import Any
 import torch
 
 from vfuse.cachedir import dir_problem, make_private_dir
+from vfuse.targets import calibrate
 from vfuse.targets.isa import LANES, VECTOR_REGS, CpuIsa, Isa, IsaExtra, detect_isa, machine_arch, resolve_isa
 from vfuse.targets.target import Target
 
@@ -335,6 +336,19 @@ def cpu_target(cache_dir: Path, remeasure: bool = False, isa: Isa | None = None)
     """This machine at its own tier, or at the lower tier `isa` (VfuseOptionError when it lacks it).
     The cache holds the measurement at the CPU's own tier; a forced tier is applied to it."""
     facts = detect()
+    target = measured_target(cache_dir, remeasure, isa, facts)
+    # vfuse's own kernels at this tier, when `vfuse calibrate` has timed them (targets/calibrate.py).
+    cal = (
+        calibrate.read(cache_dir, facts.fingerprint(), target.isa.value) if target.isa and _trusted(cache_dir) else None
+    )
+    return calibrate.apply(target, cal) if cal is not None else target
+
+
+def measured_target(
+    cache_dir: Path, remeasure: bool = False, isa: Isa | None = None, facts: CpuFacts | None = None
+) -> Target:
+    """The torch-measured target at tier `isa`, without a calibration applied."""
+    facts = facts or detect()
     tier = resolve_isa(isa, facts.flags, facts.arch)  # before measuring: an impossible tier fails at once
     return at_tier(_machine_target(cache_dir, facts, remeasure), tier)
 

@@ -32,6 +32,10 @@ class Target:
     max_threads: hardware threads resident at once (CPU cores; GPU SMs * threads per SM).
     isa / isa_extras: the instruction-set tier CPU kernels are compiled for and its optional
         extensions (`targets.isa`; None on GPU presets).
+    l2_bw: bytes/s of a kernel whose data stays in L2 (0: unknown, the cost model then uses
+        dram_bw for every size); serial_launch_s: fixed cost of a kernel too small to fork threads
+        (0: unknown, launch_s); dram_bw_thread: one thread's DRAM bandwidth (0: unknown). Set by
+        calibrating vfuse's own kernels (`targets/calibrate.py`).
     """
 
     name: str
@@ -56,6 +60,9 @@ class Target:
     source: str = ""
     isa: Isa | None = None
     isa_extras: frozenset[IsaExtra] = frozenset()
+    l2_bw: float = 0.0
+    serial_launch_s: float = 0.0
+    dram_bw_thread: float = 0.0
 
     @property
     def is_gpu(self) -> bool:

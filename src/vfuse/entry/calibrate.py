@@ -1,0 +1,86 @@
+"""`vfuse calibrate`: time vfuse's own kernels on this machine and cache the rates per tier.
+
+Each figure comes from a small graph compiled with vfuse and profiled on one thread (the fastest
+of `reps` runs: on a shared machine the fastest run is the one least disturbed):
+
+  l2_bw / l3_bw / dram_bw  the streaming add `x + y` with its 12 bytes per element in L2 (half of
+                           one core's), in L3 (a quarter) and in DRAM (four times L3)
+  vector_f32               IR flops per second of a chain of exp, tanh, sigmoid, GELU, SiLU in L2
+  peak_f32                 the GEMM template at 384 x 384 x 384
+  serial_launch_s          `x + 1` on 256 elements (no threads forked)
+  launch_s                 a 64K-element add on all cores, minus its data time at L2 bandwidth
+
+`targets/calibrate.py` holds the result, the plausibility guard and the cache; `targets/cpu.py`
+applies a tier's calibration whenever that tier's target is read.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from vfuse.targets import DEFAULT_CACHE_DIR, Target
+from vfuse.targets.calibrate import Calibration, guarded, write
+from vfuse.targets.cpu import detect, measured_target
+
+
+def _kernel(
+    fn: Callable[..., Any], inputs: tuple[torch.Tensor, ...], reps: int, threads: int = 1, **options: Any
+) -> Any:
+    """The profile row of the graph's only kernel (the fastest of `reps` runs in `best_s`)."""
+    import vfuse
+
+    g = vfuse.compile(fn, inputs, **options)
+    rows = [r for r in g.profile(*inputs, reps=reps, threads=threads) if r.runs != "torch"]
+    return rows[-1]
+
+
+def _chain(x: torch.Tensor) -> torch.Tensor:
+    return F.silu(F.gelu(torch.sigmoid(torch.tanh(torch.exp(x)))))
+
+
+def measure_kernels(target: Target, reps: int = 30, **options: Any) -> Calibration:
+    """The raw per-thread rates of vfuse's kernels at `options`' tier (no guard)."""
+
+    def add_bw(nbytes: int) -> float:
+        n = max(nbytes // 12, 64)
+        row = _kernel(torch.add, (torch.randn(n), torch.randn(n)), reps, **options)
+        return 12 * n / row.best_s
+
+    l2 = add_bw(target.l2_bytes // 2)
+    l3 = add_bw(max(target.l3_bytes // 4, 2 * target.l2_bytes))
+    dram = add_bw(max(4 * target.l3_bytes, 64 << 20))
+    n = max(target.l2_bytes // 16, 1024)
+    chain = _kernel(_chain, (torch.randn(n),), reps, **options)
+    m = 384
+    gemm = _kernel(torch.mm, (torch.randn(m, m), torch.randn(m, m)), max(reps // 3, 3), **options)
+    tiny = _kernel(lambda x: x + 1, (torch.randn(256),), reps, **options)
+    k = 65536
+    par = _kernel(torch.add, (torch.randn(k), torch.randn(k)), reps, threads=target.cores, **options)
+    launch = par.best_s - 12 * k / (l2 * target.cores)
+    return Calibration(
+        l2_bw=l2,
+        l3_bw=l3,
+        dram_bw=dram,
+        vector_f32=chain.flops / chain.best_s,
+        peak_f32=2 * m**3 / gemm.best_s,
+        serial_launch_s=tiny.best_s,
+        launch_s=max(launch, 0.0),
+    )
+
+
+def calibrate(isa: str = "auto", cache_dir: Path | None = None, reps: int = 30) -> tuple[Calibration, list[str], Path]:
+    """Measure, guard and cache the calibration of tier `isa`: (what was cached, the names of the
+    values replaced by the torch-measured ones as implausible, the cache file)."""
+    from vfuse.targets.isa import parse_isa
+
+    cache_dir = cache_dir or DEFAULT_CACHE_DIR
+    target = measured_target(cache_dir, isa=parse_isa(isa))
+    assert target.isa is not None
+    raw = measure_kernels(target, reps, isa=target.isa.value, cache_dir=cache_dir)
+    cal, bad = guarded(raw, target)
+    return cal, bad, write(cache_dir, detect().fingerprint(), target.isa.value, cal)

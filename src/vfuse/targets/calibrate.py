@@ -1,0 +1,149 @@
+"""Calibration of the cpu target against vfuse's own generated kernels, per instruction-set tier.
+
+`targets/cpu.py` measures the machine with torch (a `copy_`, a matmul, an add): what torch's kernels
+reach, not what vfuse's do. A calibration (made by `vfuse calibrate`, `entry/calibrate.py`, which
+needs the compiler) times vfuse's kernels on one thread, where a loaded machine disturbs them least:
+the streaming add at a working set in L2, in L3 and in DRAM, a chain of transcendental ops, the GEMM
+template, and a kernel too small to fork threads. This module holds the result, its cache (one entry
+per tier, keyed by the CPU fingerprint: `calibration_cpu.json` next to `target_cpu.json`), the
+plausibility guard, and how a Target is derived from it (`apply`) or for fewer threads (`at_threads`).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from dataclasses import asdict, dataclass, fields, replace
+from pathlib import Path
+
+from vfuse.targets.target import Target
+
+CALIBRATION_VERSION = 1
+CALIBRATION_FILE = "calibration_cpu.json"
+
+
+@dataclass(frozen=True, slots=True)
+class Calibration:
+    """Per-thread rates of vfuse's kernels at one tier (bytes/s, flop/s, seconds).
+
+    l2_bw / l3_bw / dram_bw: the streaming add (read 2, write 1) with its data in L2, in L3, in DRAM.
+    vector_f32: IR flops (the cost model's count) per second of a chain of transcendental ops in L2.
+    peak_f32: the GEMM template's flop/s. serial_launch_s: a kernel too small to fork threads.
+    launch_s: a threaded kernel's fork/join on all cores (0: not measured or implausible).
+    """
+
+    l2_bw: float
+    l3_bw: float
+    dram_bw: float
+    vector_f32: float
+    peak_f32: float
+    serial_launch_s: float
+    launch_s: float = 0.0
+
+
+def guarded(cal: Calibration, target: Target) -> tuple[Calibration, list[str]]:
+    """`cal` with each value outside its plausible range replaced by `target`'s per-thread figure
+    (launch_s: by 0, keep the target's), and the names of those replaced. The ranges are wide and
+    absolute: on a loaded machine the torch-measured target itself can be off by 10x."""
+    n = max(target.cores, 1)
+    vector = target.vector_f32 / n  # half the theoretical FMA rate of one core (targets/cpu.py)
+    ranges = {
+        "l2_bw": (1e9, 2e12, target.cache_bw / n),
+        "l3_bw": (1e9, 2e12, target.cache_bw / n),
+        "dram_bw": (5e8, 1e12, target.dram_bw / n),
+        "vector_f32": (0.01 * vector, 2.0 * vector, vector),
+        "peak_f32": (0.05 * vector, 3.0 * vector, target.peak_f32 / n),
+        "serial_launch_s": (5e-9, 2e-5, target.launch_s / 4),
+        "launch_s": (5e-8, 5e-5, 0.0),
+    }
+    bad, values = [], {}
+    for f in fields(cal):
+        lo, hi, fallback = ranges[f.name]
+        got = getattr(cal, f.name)
+        ok = lo <= got <= hi or (f.name == "launch_s" and got == 0)
+        values[f.name] = got if ok else fallback
+        if not ok:
+            bad.append(f.name)
+    return Calibration(**values), bad
+
+
+def apply(target: Target, cal: Calibration) -> Target:
+    """`target` (all its cores) with the calibrated rates: per-thread rates times the cores; DRAM
+    bandwidth at least what one thread reached (a loaded machine only lowers the copy_ figure)."""
+    n = target.cores
+    f32 = cal.peak_f32 * n
+    r = f32 / target.peak_f32  # bf16/f16/i8 peaks keep their ratios to fp32 (the tier's extensions)
+    return replace(
+        target,
+        l2_bw=cal.l2_bw * n,
+        cache_bw=cal.l3_bw * n,
+        dram_bw=max(target.dram_bw, cal.dram_bw),
+        dram_bw_thread=cal.dram_bw,
+        vector_f32=cal.vector_f32 * n,
+        peak_f32=f32,
+        serial_launch_s=cal.serial_launch_s,
+        launch_s=cal.launch_s or target.launch_s,
+        source=target.source + " (calibrated on vfuse kernels)",
+        peak_f16=target.peak_f16 * r,
+        peak_bf16=target.peak_bf16 * r,
+        peak_i8=target.peak_i8 * r,
+    )
+
+
+def at_threads(target: Target, threads: int) -> Target:
+    """`target` as `threads` of its cores see it (profiling at 1 thread on a loaded machine): rates
+    that scale with cores scaled, DRAM bandwidth at most `threads` times one thread's."""
+    if threads == target.cores or target.is_gpu:
+        return target
+    s = threads / target.cores
+    dram = min(target.dram_bw, threads * target.dram_bw_thread) if target.dram_bw_thread else target.dram_bw * s
+    one = threads == 1 and target.serial_launch_s > 0  # one thread forks nobody
+    return replace(
+        target,
+        cores=threads,
+        max_threads=threads,
+        vector_f32=target.vector_f32 * s,
+        peak_f32=target.peak_f32 * s,
+        peak_f16=target.peak_f16 * s,
+        peak_bf16=target.peak_bf16 * s,
+        peak_i8=target.peak_i8 * s,
+        l2_bw=target.l2_bw * s,
+        cache_bw=target.cache_bw * s,
+        dram_bw=dram,
+        launch_s=target.serial_launch_s if one else target.launch_s,
+    )
+
+
+def read(cache_dir: Path, fingerprint: str, tier: str) -> Calibration | None:
+    """The cached calibration of `tier` on this CPU, or None (missing, corrupt, another CPU)."""
+    try:
+        data = json.loads((cache_dir / CALIBRATION_FILE).read_text())
+        if data.get("version") != CALIBRATION_VERSION or data.get("fingerprint") != fingerprint:
+            return None
+        return Calibration(**data["tiers"][tier])
+    except (OSError, ValueError, TypeError, KeyError, AttributeError):
+        return None
+
+
+def write(cache_dir: Path, fingerprint: str, tier: str, cal: Calibration) -> Path:
+    """Add `tier`'s calibration to the cache (atomic replace; other tiers kept)."""
+    path = cache_dir / CALIBRATION_FILE
+    tiers: dict[str, object] = {}
+    try:
+        old = json.loads(path.read_text())
+        if old.get("version") == CALIBRATION_VERSION and old.get("fingerprint") == fingerprint:
+            tiers = dict(old["tiers"])
+    except (OSError, ValueError, TypeError, KeyError, AttributeError):
+        pass
+    tiers[tier] = asdict(cal)
+    payload = {"version": CALIBRATION_VERSION, "fingerprint": fingerprint, "tiers": tiers}
+    fd, tmp = tempfile.mkstemp(dir=cache_dir, prefix=CALIBRATION_FILE, suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w") as f:
+            json.dump(payload, f, indent=1)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return path
