@@ -209,3 +209,33 @@ def test_attention_dropout() -> None:
     q, k, v = _qkv()
     graph = lower_fn(lambda q, k, v: F.scaled_dot_product_attention(q, k, v, dropout_p=0.5), [q, k, v])
     assert not fallbacks(graph) and ops_of(graph)[Op.RAND] == 1
+
+
+@pytest.mark.parametrize(
+    ("shape", "kernel", "stride", "padding", "dilation", "ceil"),
+    [
+        ((2, 5, 13, 11), 3, 2, 1, 1, False),  # ResNet's stem pool, odd sizes
+        ((1, 3, 7, 9), 3, 2, 1, 1, True),  # ceil_mode: the last window runs past the padding
+        ((2, 3, 9, 6), (2, 3), None, 0, 1, False),  # stride defaults to the kernel
+        ((1, 2, 10, 10), 3, 1, 1, 2, False),  # dilated
+        ((3, 8, 7), 3, 2, 1, 1, True),  # unbatched
+        ((1, 1, 5, 5), 5, 1, 2, 1, False),  # a window over the whole input
+    ],
+)
+def test_max_pool2d_is_native_and_exact(
+    shape: tuple[int, ...], kernel: object, stride: object, padding: int, dilation: int, ceil: bool
+) -> None:
+    x = _x(*shape)
+    x.view(-1)[3], x.view(-1)[7], x.view(-1)[11] = float("nan"), -float("inf"), -0.0
+
+    def pool(x: torch.Tensor) -> torch.Tensor:
+        return F.max_pool2d(x, kernel, stride, padding, dilation, ceil_mode=ceil)  # type: ignore[arg-type]
+
+    graph = check(pool, x, rtol=0, atol=0)  # NaN propagates, as in eager; max is exact
+    assert ops_of(graph)[Op.MAXIMUM] >= 1
+
+
+def test_max_pool2d_indices_run_through_torch() -> None:
+    x = _x(1, 2, 6, 6)
+    graph = check(lambda x: F.max_pool2d(x, 2, return_indices=True), x, allow=("max_pool2d",))
+    assert fallbacks(graph) == {"aten.max_pool2d_with_indices.default": 1}
