@@ -110,3 +110,21 @@ def test_cli_profile(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None
     assert "pred/meas" in table and "LayerNorm row kernel" in table and "total" in table
     assert cli.main(["profile", f"{spec}:factory", "--reps", "0"]) == 2
     assert "vfuse profile: error: --reps" in capsys.readouterr().err
+
+
+def test_predictions_rank_generated_kernels() -> None:
+    """The small version of benchmarks/cost_check.py: varied generated graphs (pointwise chains,
+    broadcasts, row and column reductions, GEMM, conv, attention), every kernel profiled on one
+    thread (least disturbed on a shared machine), ranked by the cost model as measured."""
+    from benchmarks.cost_check import cases, spearman
+
+    predicted, measured = [], []
+    for case in cases(9, seed=3, max_log2=19):
+        g = vfuse.compile(case.fn, case.inputs)
+        rows = g.profile(*case.inputs, reps=3, threads=1)
+        assert [r.name for r in rows if r.runs != "torch"] == [k.name for k in g.compiled.executor.program.kernels]
+        assert all(r.measured_s > 0 and r.best_s > 0 and r.predicted_s for r in rows)
+        predicted += [r.predicted_s for r in rows if r.runs != "torch"]
+        measured += [r.best_s for r in rows if r.runs != "torch"]
+    assert len(predicted) >= 9
+    assert spearman(predicted, measured) >= 0.7, list(zip(predicted, measured))
