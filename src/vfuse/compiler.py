@@ -14,6 +14,7 @@ runs on the reference executor with a warning (or raises: `strict`, `raise_codeg
 from __future__ import annotations
 
 import ctypes
+import importlib.util
 import time
 import warnings
 from collections.abc import Mapping
@@ -25,12 +26,14 @@ import torch
 # op tables) would otherwise be billed to the first call of every process.
 from vfuse.codegen.cpp import render as render_cpp
 from vfuse.codegen.cpp.toolchain import CompileError, find_toolchain, load_library
-from vfuse.codegen.triton import TritonProgram
+from vfuse.codegen.triton import TritonProgram, TritonUnsupported
 from vfuse.codegen.triton import render as render_triton_source
+from vfuse.codegen.triton.offline import measure
 from vfuse.context import Context
 from vfuse.errors import VfuseCodegenError, VfuseError
 from vfuse.frontend.lower import lower
 from vfuse.fusion import FusionPlan, format_plan, plan_fusion
+from vfuse.fusion.onchip import OnChip, fit_on_chip
 from vfuse.ir import Graph, IRError, format_graph, verify
 from vfuse.passes import PIPELINE
 from vfuse.passes.freeze import freeze_inputs
@@ -109,10 +112,44 @@ def target_of(ctx: Context) -> Target:
 
 
 def plan(graph: Graph, ctx: Context, target: Target | None = None) -> FusionPlan:
-    """The FusionPlan for `graph` on `target` (default: ctx.options.target)."""
-    fusion_plan = plan_fusion(graph, target or target_of(ctx))
+    """The FusionPlan for `graph` on `target` (default: ctx.options.target); for a GPU target,
+    with each group's kernel compiled offline and split where it spills (`fusion/onchip.py`)."""
+    target = target or target_of(ctx)
+    if measures_on_chip(ctx, target):
+        fusion_plan = fit_on_chip(target, TritonProbe(target, ctx), lambda b: plan_fusion(graph, target, b))
+    else:
+        fusion_plan = plan_fusion(graph, target)
     ctx.dump("04_plan.txt", format_plan(fusion_plan))
     return fusion_plan
+
+
+def measures_on_chip(ctx: Context, target: Target) -> bool:
+    """Whether planning measures kernels offline: a GPU target, a backend that compiles, triton."""
+    return target.is_gpu and ctx.options.backend != "interp" and importlib.util.find_spec("triton") is not None
+
+
+class TritonProbe:
+    """`fusion.onchip.OnChipProbe`: a plan scheduled and rendered as Triton kernels, each compiled
+    offline for the SM (figures cached in the kernel cache); a group's figures are the largest
+    of its kernels (its index checks included). A plan that cannot be rendered is not measured."""
+
+    def __init__(self, target: Target, ctx: Context) -> None:
+        self.target, self.ctx = target, ctx
+
+    def __call__(self, fusion_plan: FusionPlan, sm: int) -> dict[int, OnChip]:
+        try:
+            program = build_schedule(fusion_plan, self.target, triton=True)
+            figures = measure(render_triton_source(program), self.ctx.options.cache_dir, sm)
+        except Exception as e:
+            if self.ctx.options.raise_codegen_errors and codegen_bug(e) and not isinstance(e, TritonUnsupported):
+                raise
+            return {}
+        group = {k.name: k.group for seg in program.segments for k in seg.kernels}
+        out: dict[int, OnChip] = {}
+        for fn, r in figures.items():
+            g = group[fn.split("_check")[0]]
+            out[g] = OnChip(sm, r.registers, r.spill_bytes, r.shared_bytes).worst(out.get(g))
+        return out
 
 
 def schedule(
@@ -146,7 +183,8 @@ def load_triton(fusion_plan: FusionPlan, program: Program, rendered: TritonProgr
         import triton  # noqa: F401
     except ImportError as e:
         raise VfuseError(f"vfuse: backend='triton' needs triton (pip install 'vfuse[gpu]'): {e}") from e
-    return TritonExecutor(fusion_plan, program, rendered, ctx.options.cache_dir, ctx.options.static_outputs)
+    o = ctx.options
+    return TritonExecutor(fusion_plan, program, rendered, o.cache_dir, o.static_outputs, o.cuda_graphs)
 
 
 def build(source: str, program: Program, ctx: Context) -> ctypes.CDLL | None:

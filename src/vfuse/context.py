@@ -14,7 +14,7 @@ from vfuse.errors import VfuseOptionError
 
 BACKENDS = ("auto", "cpp", "interp", "triton")
 GPU_TARGETS = ("a100", "h100", "h200")
-_FLAGS = ("strict", "raise_codegen_errors", "static_outputs", "freeze", "verify")
+_FLAGS = ("strict", "raise_codegen_errors", "static_outputs", "freeze", "verify", "cuda_graphs")
 # Options an environment variable sets (keyword arguments win over it).
 ENV_VARS = {
     "strict": "VFUSE_STRICT",
@@ -24,6 +24,7 @@ ENV_VARS = {
     "isa": "VFUSE_ISA",
     "dump_dir": "VFUSE_DUMP",
     "cache_dir": "VFUSE_CACHE_DIR",
+    "cuda_graphs": "VFUSE_CUDA_GRAPHS",
 }
 
 
@@ -50,6 +51,8 @@ class Options:
         and constant evaluation apply; later in-place weight updates are then not seen.
     verify: check the IR's invariants after lowering and after every optimization pass (a debug
         mode: env VFUSE_VERIFY; the test suite sets it); a broken one raises IRError naming the pass.
+    cuda_graphs: backend="triton" on CUDA tensors: capture each graph into a CUDA graph after a
+        warm-up call and replay it (env VFUSE_CUDA_GRAPHS=0 turns it off; docs/gpu.md).
     """
 
     strict: bool = False
@@ -62,6 +65,7 @@ class Options:
     static_outputs: bool = False
     freeze: bool = False
     verify: bool = False
+    cuda_graphs: bool = True
 
     def __post_init__(self) -> None:
         """Check every value (and normalize an unambiguous spelling: target="H100" is "h100")."""

@@ -70,6 +70,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--compile-workload", default="ln_gelu", help="workload for --compile-times (default ln_gelu)")
     p.add_argument("--allow-fallback", action="store_true", help="let vfuse fall back to eager (VFUSE_STRICT decides)")
     p.add_argument("--list", action="store_true", help="list workloads and contenders, then exit")
+    # The GPU benchmark (bench/device.py): its own workloads, contenders and JSON schema.
+    p.add_argument("--device", choices=("cpu", "cuda"), help="run the device benchmark (cuda; cpu: its smoke run)")
+    p.add_argument("--smoke", action="store_true", help="with --device: tiny sizes, Triton's interpreter on CPU")
+    p.add_argument("--budget-s", type=float, default=280.0, help="with --device: skip what is left after this")
     # Internal: the --no-mmap child runs with these and hands its run back as JSON.
     p.add_argument("--child-json", type=Path, help=argparse.SUPPRESS)
     p.add_argument("--label", default=DEFAULT_LABEL, help=argparse.SUPPRESS)
@@ -239,6 +243,10 @@ def main(argv: list[str] | None = None) -> int:
         args = build_parser().parse_args(argv)
     except SystemExit as exc:  # argparse exits on --help and on errors; we return instead
         return int(exc.code or 0)
+    if args.device is not None:
+        from vfuse.bench import device
+
+        return device.main(args)
     if args.list:
         _list(Console())
         return 0

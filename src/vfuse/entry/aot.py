@@ -23,7 +23,7 @@ from torch.export.graph_signature import InputKind, OutputKind
 from vfuse.compiler import compile_fx, lower_fx, optimize
 from vfuse.context import Context, Options
 from vfuse.entry import observe
-from vfuse.entry.devices import foreign_device
+from vfuse.entry.devices import devices_for, foreign_device
 from vfuse.entry.dumps import graph_context
 from vfuse.errors import VfuseCompileError, VfuseInputError
 from vfuse.ir import Graph
@@ -232,7 +232,7 @@ def _lifted_tensor(program: ExportedProgram, spec: Any) -> torch.Tensor | None:
 def compile_aot(fn: Callable, example_inputs: Sequence[Any], **options: Any) -> AotCompiled:
     checked = Options.from_env(**options)  # a bad option fails before the export
     program = export(fn, example_inputs)
-    foreign = foreign_device(program.graph_module)
+    foreign = foreign_device(program.graph_module, allowed=devices_for(checked.backend))
     if foreign is not None:  # kernels read CPU memory only; torch.compile runs such graphs eagerly
         raise VfuseCompileError(f"vfuse.compile compiles CPU programs only: {foreign}")
     ctx = graph_context(checked, "aot0", "aot", example_inputs)

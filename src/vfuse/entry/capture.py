@@ -26,7 +26,7 @@ from torch._subclasses.fake_tensor import unset_fake_temporarily
 from vfuse.compiler import compile_fx
 from vfuse.context import Options
 from vfuse.entry import observe
-from vfuse.entry.devices import foreign_device
+from vfuse.entry.devices import devices_for, foreign_device
 from vfuse.entry.direct import may_skip_wrappers, unboxed, wrappers_are_identity
 from vfuse.entry.dumps import graph_context
 from vfuse.entry.outputs import all_computed, with_none_outputs, without_none_outputs
@@ -116,7 +116,7 @@ class VfuseBackend:
         frozen = frozen or {}
         ctx = graph_context(self.options, f"graph{next(self._ids)}", kind, example_inputs)
         try:
-            foreign = foreign_device(gm, frozen)
+            foreign = foreign_device(gm, frozen, devices_for(self.options.backend))
             if foreign is not None:  # no CPU bytes behind it for a kernel to read or write
                 raise VfuseCompileError(f"vfuse compiles CPU graphs only: {foreign}")
             tensor_gm, present = without_none_outputs(gm)

@@ -108,7 +108,7 @@ class KernelTable:
             return form
         cost, pressure = summary_cost(s, form, self.nbytes, self.target)
         bad = budget_violation(len(s.names), pressure, self.target, self.budgets)
-        return bad or Kernel(-1, s, form, cost)
+        return bad or self.budgets.cap_violation(s.names) or Kernel(-1, s, form, cost)
 
     def _prologue_precheck(self, p: Summary, c: Summary) -> Illegal | None:
         """A quick no for an expensive producer feeding a contraction's operand, before the
@@ -128,6 +128,7 @@ class KernelTable:
         if isinstance(form, Illegal):
             return form
         bad = budget_violation(len(nodes), pressure_of(nodes, form, self.graph, self.target), self.target, self.budgets)
+        bad = bad or self.budgets.cap_violation(s.names)
         if bad:
             return bad
         cost = kernel_cost(nodes, external_inputs(nodes), outputs, form, self.graph, self.target)

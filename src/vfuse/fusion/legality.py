@@ -25,11 +25,28 @@ from vfuse.targets import Target
 
 
 @dataclass(frozen=True, slots=True)
+class NodeCap:
+    """At most `cap` of `nodes` in one kernel: a group measured too big on chip (`fusion/onchip.py`)."""
+
+    nodes: frozenset[str]
+    cap: int
+    rule: Rule  # ONCHIP_SPILLS or ONCHIP_SHARED
+    why: str  # the measured figures
+
+
+@dataclass(frozen=True, slots=True)
 class Budgets:
     """Hard limits on one kernel. max_nodes bounds kernel complexity (compile time, code size,
-    instruction cache and scheduler pressure grow with it)."""
+    instruction cache and scheduler pressure grow with it); caps split groups measured on chip."""
 
     max_nodes: int = 256
+    caps: tuple[NodeCap, ...] = ()
+
+    def cap_violation(self, names: frozenset[str]) -> Illegal | None:
+        for c in self.caps:
+            if len(names & c.nodes) > c.cap:
+                return Illegal(c.rule, f"at most {c.cap} of the {len(c.nodes)} nodes of a kernel that measured {c.why}")
+        return None
 
 
 def budget_violation(n_nodes: int, p: Pressure, target: Target, budgets: Budgets) -> Illegal | None:

@@ -48,6 +48,9 @@ class Rule(str, enum.Enum):
     REGISTER_BUDGET = "register-budget", "live values per point exceed the GPU's registers per thread"
     CACHE_BUDGET = "cache-budget", "a row's working set exceeds the L2 share of one core"
     SMEM_BUDGET = "smem-budget", "a row's working set exceeds the shared memory of one SM"
+    ONCHIP_SPILLS = "onchip-spills", "the kernel compiled for the target's SM spills registers: its group is split"
+    ONCHIP_SHARED = "onchip-shared", "the compiled kernel needs more shared memory than one SM has: its group is split"
+    ONCHIP_FITS = "onchip-fits", "the kernel compiled for the target's SM: registers, spills and shared memory fit"
     # forbidding: the cost model and recomputation
     UNPROFITABLE = "unprofitable", "the cost model predicts the merged kernel is not faster"
     RECOMPUTE_UNPROFITABLE = "recompute-unprofitable", "recomputing in every consumer is predicted slower"

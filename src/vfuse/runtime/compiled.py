@@ -29,6 +29,7 @@ class ExecStats:
     arena_bytes: int = 0
     fallbacks: Counter[str] = field(default_factory=Counter)
     native_error: str = ""  # why native code could not be built (the graph runs on the reference)
+    cuda_graphs: Any = None  # runtime.cudagraphs.GraphStats of a Triton executor's CUDA calls
 
 
 class Executor(Protocol):
@@ -71,6 +72,8 @@ class CompiledGraph:
         self._expected = [(n.attrs["index"], n.tensor_type) for n in graph.inputs]
         # What a call compares, in torch's terms (read per call, each costs a frame otherwise).
         self._checks = [(i, t.shape, t.dtype.torch) for i, t in self._expected]
+        # Executors that run CUDA tensors too (Triton) say so; the others read CPU memory only.
+        self._cuda = "cuda" in getattr(executor, "devices", ())
         # How errors name each input; the AOT path relabels lifted parameters and user inputs.
         self.input_labels = [f"input {i}" for i in range(len(self._expected))]
         self.compile_s = 0.0
@@ -94,11 +97,21 @@ class CompiledGraph:
             raise VfuseInputError(f"{self.name}: expected {len(self._expected)} inputs, got {len(inputs)}")
         for index, shape, dtype in self._checks:
             got = inputs[index]
-            if not (isinstance(got, torch.Tensor) and got.shape == shape and got.dtype is dtype and got.is_cpu):
+            if not (
+                isinstance(got, torch.Tensor)
+                and got.shape == shape
+                and got.dtype is dtype
+                and (got.is_cpu or (self._cuda and got.is_cuda))
+            ):
+                where = "cpu or cuda" if self._cuda else "cpu"
                 raise VfuseInputError(
-                    f"{self.name}: {self.input_labels[index]} was compiled for {dtype}{list(shape)} on cpu, "
+                    f"{self.name}: {self.input_labels[index]} was compiled for {dtype}{list(shape)} on {where}, "
                     f"received {_describe(got)}"
                 )
+        if self._cuda and inputs:
+            devices = {t.device for t in inputs}
+            if len(devices) > 1:
+                raise VfuseInputError(f"{self.name}: inputs on several devices ({', '.join(map(str, devices))})")
 
     def __call__(self, *inputs: torch.Tensor) -> list[torch.Tensor]:
         self.check_inputs(inputs)

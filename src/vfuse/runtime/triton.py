@@ -1,20 +1,24 @@
 """TritonExecutor: runs a Program's segments as Triton kernel launches, torch steps in between.
 
-The compiler hands it the Program and its rendered Triton module (`codegen/triton`); it loads
-the module (interpreted for CPU tensors: Triton's interpreter runs the kernels with numpy; a
-GPU run will load the same file jit-compiled), allocates the arena (intermediates as typed
-views of one byte buffer), the seeds array and the fault record. Each call: draw the RNG
-seeds, bind inputs (contiguous), allocate outputs from the pool, then per step launch the
-segment's kernels in order (index checks first) or run torch; after a segment, a fault a
-kernel recorded is raised as eager raises it, naming the node.
+The compiler hands it the Program and its rendered Triton module (`codegen/triton`). Memory is
+kept per device (`_Memory`): for CPU tensors the module is loaded for Triton's interpreter (the
+kernels run with numpy), for CUDA tensors jit-compiled and launched through `LeanLaunch` (the
+compiled kernel called directly, without `JITFunction.run`'s argument binding). Each memory holds
+the arena (intermediates as typed views of one byte buffer), the seeds array and the fault record.
+Each call: draw the RNG seeds, bind inputs (contiguous), allocate outputs, then per step launch
+the segment's kernels in order (index checks first) or run torch; after a segment, a fault a
+kernel recorded is raised as eager raises it, naming the node. CUDA calls go through
+`runtime.cudagraphs.GraphRunner` (warm-up, capture per input-shape key, replay) unless the
+`cuda_graphs` option is off or the program cannot be captured (`capture_blocker`).
 """
 
 from __future__ import annotations
 
 import threading
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 import numpy as np
@@ -30,12 +34,14 @@ from vfuse.ir import Op
 from vfuse.ir.defs.layout import index_out_of_bounds
 from vfuse.ir.defs.pointwise import integer_division_by_zero
 from vfuse.runtime.compiled import ExecStats
+from vfuse.runtime.cudagraphs import CudaDriver, GraphDriver, GraphRunner, capture_blocker
 from vfuse.runtime.pool import OutputPool
 from vfuse.runtime.steps import StepRunner, fallback_counts, torch_nodes
-from vfuse.schedule import BufKind, Program, Segment
+from vfuse.schedule import BufKind, Program, Segment, TorchStep
 
 NO_FAULT = 2**63 - 1
 ARENA_ALIGN = 64
+POINTER_ALIGN = 16  # Triton specializes a pointer argument on divisibility by 16
 
 
 @dataclass(frozen=True)
@@ -58,26 +64,79 @@ class TritonKernel:
         return resources_of(compile_kernel(module, self.name, self.signature, self.warps, sm), sm)
 
 
+class LeanLaunch:
+    """One launch of a jit-compiled kernel on CUDA tensors. The first call with a given pointer
+    alignment goes through `JITFunction.run` (which compiles and specializes the kernel); later
+    calls call the returned compiled kernel's launcher directly, on the current stream. Kernels
+    are kept per alignment key: Triton assumes 16-byte alignment where it compiled for it, so a
+    misaligned input (a view with a storage offset) must not reuse that kernel."""
+
+    def __init__(self, fn: Any, grid: int, warps: int, stream: Callable[[], int]) -> None:
+        self.fn, self.grid, self.warps, self.stream = fn, grid, warps, stream
+        self.kernels: dict[tuple[bool, ...], Any] = {}
+
+    def __call__(self, args: Sequence[torch.Tensor]) -> None:
+        if not self.grid:
+            return
+        key = tuple(a.data_ptr() % POINTER_ALIGN == 0 for a in args)
+        k = self.kernels.get(key)
+        if k is None:
+            self.kernels[key] = self.fn.run(*args, grid=(self.grid,), warmup=False, num_warps=self.warps)
+            return
+        k.run(self.grid, 1, 1, self.stream(), k.function, k.packed_metadata, None, None, None, *args)
+
+
+@dataclass
+class _Memory:
+    """What one device's calls share: the loaded module, arena views, seeds, fault record."""
+
+    device: torch.device
+    module: ModuleType
+    arena: torch.Tensor
+    views: dict[str, torch.Tensor]
+    seeds: torch.Tensor
+    faults: torch.Tensor
+    constants: dict[str, torch.Tensor]
+    launchers: dict[int, Callable[[Sequence[torch.Tensor]], None]] = field(default_factory=dict)
+    static: dict[str, torch.Tensor] = field(default_factory=dict)  # CUDA outputs with static_outputs
+
+
 class TritonExecutor(StepRunner):
     """Callable `(inputs) -> outputs` for one FusionPlan's Program rendered as Triton kernels."""
 
+    devices = ("cpu", "cuda")
+
     def __init__(
-        self, plan: FusionPlan, program: Program, rendered: TritonProgram, cache_dir: Path, static_outputs: bool = False
+        self,
+        plan: FusionPlan,
+        program: Program,
+        rendered: TritonProgram,
+        cache_dir: Path,
+        static_outputs: bool = False,
+        cuda_graphs: bool = True,
+        driver: Callable[[torch.device], GraphDriver] = CudaDriver,
     ) -> None:
         self.plan, self.graph, self.program, self.rendered = plan, plan.graph, program, rendered
         self.source = rendered.source
         self.path = module_path(rendered.source, cache_dir)
-        self._module = load_module(self.path, interpret=True)
         self.kernels = [
             TritonKernel(ln.fn, rendered.source, rendered.signatures[ln.fn], ln.warps, self.path)
             for ln in rendered.launches
         ]
-        self._arena: torch.Tensor | None = None
-        self._views: dict[str, torch.Tensor] = {}
-        self._constants: dict[str, torch.Tensor] = {}
+        self._memory: dict[torch.device, _Memory] = {}
+        self._mem: _Memory | None = None
+        self._arena = None
         self._static = static_outputs
         self._pool = OutputPool()
         self._lock = threading.Lock()
+        self._drawn: dict[str, Any] = {}
+        # CUDA calls go through a GraphRunner (tests point `driver` at a fake and add "cpu").
+        self.driver = driver
+        self.graph_devices: tuple[str, ...] = ("cuda",)
+        self._graphs: dict[torch.device, GraphRunner] = {}
+        # Why CUDA calls run uncaptured ('' when they are captured).
+        off = "the cuda_graphs option is off"
+        self.graph_blocker = capture_blocker(self.graph, program, len(rendered.faults)) if cuda_graphs else off
         self.stats = ExecStats(
             "triton",
             kernels=len(rendered.launches),
@@ -87,66 +146,149 @@ class TritonExecutor(StepRunner):
             fallbacks=fallback_counts(program, plan),
         )
 
-    def _allocate(self) -> None:
-        """Arena, seeds and fault record: on the first call (compilation may run under fake tensors)."""
-        self._arena = torch.empty(self.program.memory.size + ARENA_ALIGN, dtype=torch.uint8)
-        off = -self._arena.data_ptr() % ARENA_ALIGN
+    # -- memory per device -----------------------------------------------------------------
+    def _memory_for(self, device: torch.device) -> _Memory:
+        """Arena, seeds and fault record of `device`: made on its first call (compilation may
+        run under fake tensors)."""
+        mem = self._memory.get(device)
+        if mem is None:
+            mem = self._memory[device] = self._allocate(device)
+        return mem
+
+    def _allocate(self, device: torch.device) -> _Memory:
+        arena = torch.empty(self.program.memory.size + ARENA_ALIGN, dtype=torch.uint8, device=device)
+        off = -arena.data_ptr() % ARENA_ALIGN
+        views = {}
         for v, b in self.program.buffers.items():
             if b.kind is BufKind.ARENA:
-                raw = self._arena[off + b.slot : off + b.slot + b.type.nbytes]
-                self._views[v] = raw.view(b.type.dtype.torch).view(b.type.shape)
-        self._seeds = torch.zeros(max(len(self.program.seeds), 1), dtype=torch.int64)
-        self._faults = torch.full((max(len(self.rendered.faults), 1),), NO_FAULT, dtype=torch.int64)
-        self._constants = {
-            n.name: n.attrs["value"].tensor.contiguous() for n in self.graph.nodes if n.op is Op.CONSTANT
+                raw = arena[off + b.slot : off + b.slot + b.type.nbytes]
+                views[v] = raw.view(b.type.dtype.torch).view(b.type.shape)
+        seeds = torch.zeros(max(len(self.program.seeds), 1), dtype=torch.int64, device=device)
+        faults = torch.full((max(len(self.rendered.faults), 1),), NO_FAULT, dtype=torch.int64, device=device)
+        constants = {
+            n.name: n.attrs["value"].tensor.contiguous().to(device) for n in self.graph.nodes if n.op is Op.CONSTANT
         }
+        module = load_module(self.path, interpret=device.type == "cpu")
+        return _Memory(device, module, arena, views, seeds, faults, constants)
 
+    # -- calls -----------------------------------------------------------------------------
     def __call__(self, inputs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
         with self._lock:  # the arena, seeds and fault record are shared: one call at a time
-            if self._arena is None:
-                self._allocate()
-            env: dict[str, Any] = dict(self._constants)
-            for n in self.graph.inputs:
-                env[n.name] = inputs[n.attrs["index"]].contiguous()
-            for node in self.graph.nodes:
-                if node.op is Op.RNG_SEED:  # drawn in graph order, as the reference executor does
-                    env[node.name] = interp.run_node(node, [])
-            for k, name in enumerate(self.program.seeds):
-                self._seeds[k] = env[name]
-            for v, b in self.program.buffers.items():
-                if b.kind is BufKind.OUTPUT:
-                    env[v] = self._pool.get(v, b.type.shape, b.type.dtype.torch, static=self._static)
-            for step in self.program.steps:
-                if isinstance(step, Segment):
-                    self._run_segment(step, env)
-                else:
-                    self._run_torch(step, env)
-            return [self._result(o, env) for o in self.graph.outputs]
+            device = inputs[0].device if inputs else torch.device("cpu")
+            self._mem = self._memory_for(device)
+            self._arena = self._mem.arena
+            if device.type not in self.graph_devices:
+                self.seed()
+                return self.launch(inputs, None)
+            return self._runner(device)(inputs)
+
+    def _runner(self, device: torch.device) -> GraphRunner:
+        runner = self._graphs.get(device)
+        if runner is None:
+            blocker = self.graph_blocker
+            runner = self._graphs[device] = GraphRunner(self, self.driver(device), self._static, blocker)
+            self.stats.cuda_graphs = runner.stats
+        return runner
+
+    def seed(self) -> None:
+        """This call's RNG seeds, drawn in graph order as the reference executor does, written
+        into the device's seed tensor (on CUDA, outside any captured graph)."""
+        mem = self._mem
+        assert mem is not None
+        self._drawn = {n.name: interp.run_node(n, []) for n in self.graph.nodes if n.op is Op.RNG_SEED}
+        if self.program.seeds:
+            values = [int(self._drawn[s]) for s in self.program.seeds]
+            mem.seeds.copy_(torch.tensor(values, dtype=torch.int64))
+
+    def output_buffers(self) -> dict[str, torch.Tensor]:
+        mem = self._mem
+        assert mem is not None
+        return {
+            v: torch.empty(b.type.shape, dtype=b.type.dtype.torch, device=mem.device)
+            for v, b in self.program.buffers.items()
+            if b.kind is BufKind.OUTPUT
+        }
+
+    def launch(self, inputs: Sequence[torch.Tensor], outputs: dict[str, torch.Tensor] | None) -> list[torch.Tensor]:
+        """Every step of the program on `inputs` with this call's seeds already written, into
+        `outputs` (the output buffers: taken from the pool or allocated when None)."""
+        mem = self._mem
+        assert mem is not None
+        env: dict[str, Any] = dict(mem.constants)
+        env.update(self._drawn)
+        for n in self.graph.inputs:
+            env[n.name] = inputs[n.attrs["index"]].contiguous()
+        if outputs is None:
+            self._outputs(env, mem)
+        else:
+            env.update(outputs)
+        for step in self.program.steps:
+            if isinstance(step, Segment):
+                self._run_segment(step, env)
+            else:
+                self._run_torch(step, env)
+        return [self._result(o, env) for o in self.graph.outputs]
+
+    def _outputs(self, env: dict[str, Any], mem: _Memory) -> None:
+        for v, b in self.program.buffers.items():
+            if b.kind is not BufKind.OUTPUT:
+                continue
+            shape, dtype = b.type.shape, b.type.dtype.torch
+            if mem.device.type == "cpu":
+                env[v] = self._pool.get(v, shape, dtype, static=self._static)
+            elif self._static:  # uncaptured CUDA calls: one buffer per output, overwritten per call
+                if v not in mem.static:
+                    mem.static[v] = torch.empty(shape, dtype=dtype, device=mem.device)
+                env[v] = mem.static[v].data
+            else:  # torch's caching allocator (the capture's private pool while capturing)
+                env[v] = torch.empty(shape, dtype=dtype, device=mem.device)
 
     def _run_segment(self, seg: Segment, env: dict[str, Any]) -> None:
+        mem = self._mem
+        assert mem is not None
         for ln in self.rendered.segments[seg.name]:
-            self._launch(ln, env)
-        if self.rendered.faults and int(self._faults.min()) != NO_FAULT:
+            self._launch(ln, env, mem)
+        if self.rendered.faults and int(mem.faults.min()) != NO_FAULT:
             raise self._fault(env)
 
-    def _launch(self, ln: Launch, env: dict[str, Any]) -> None:
+    def _launch(self, ln: Launch, env: dict[str, Any], mem: _Memory) -> None:
         args = [self._arg(v, env) for v in ln.args]
-        # The interpreter computes with numpy, which warns where IEEE arithmetic gives inf / NaN
-        # (masked lanes, log(0), ...) and eager torch does not.
-        with np.errstate(all="ignore"):
-            getattr(self._module, ln.fn)[(ln.grid,)](*args, num_warps=ln.warps)
+        if mem.device.type == "cpu":
+            # The interpreter computes with numpy, which warns where IEEE arithmetic gives inf /
+            # NaN (masked lanes, log(0), ...) and eager torch does not.
+            with np.errstate(all="ignore"):
+                getattr(mem.module, ln.fn)[(ln.grid,)](*args, num_warps=ln.warps)
+            return
+        run = mem.launchers.get(id(ln))
+        if run is None:
+            run = mem.launchers[id(ln)] = LeanLaunch(getattr(mem.module, ln.fn), ln.grid, ln.warps, _stream(mem.device))
+        run(args)
+
+    def _run_torch(self, step: TorchStep, env: dict[str, Any]) -> None:
+        super()._run_torch(step, env)
+        mem = self._mem
+        if mem is not None and mem.device.type != "cpu":
+            # The reference executor makes sources (full, iota) on the host: kernels read the device.
+            for n in step.nodes:
+                v = env.get(n)
+                if isinstance(v, torch.Tensor) and v.device != mem.device:
+                    env[n] = v.to(mem.device)
 
     def _arg(self, value: str, env: dict[str, Any]) -> torch.Tensor:
+        mem = self._mem
+        assert mem is not None
         if value == SEEDS:
-            return self._seeds
+            return mem.seeds
         if value == FAULTS:
-            return self._faults
+            return mem.faults
         return self._get(value, env)
 
     def _fault(self, env: dict[str, Any]) -> Exception:
         """The exception of the first fault site that fired (launch order), as eager raises it."""
-        slots = self._faults.tolist()
-        self._faults.fill_(NO_FAULT)
+        mem = self._mem
+        assert mem is not None
+        slots = mem.faults.tolist()
+        mem.faults.fill_(NO_FAULT)
         site = next(s for s in self.rendered.faults if slots[s.slot] != NO_FAULT)
         node = self.graph[site.node]
         if site.kind is FaultKind.ZERO_DIVISION:
@@ -155,4 +297,13 @@ class TritonExecutor(StepRunner):
         return interp.located(node, index_out_of_bounds(value, node.attrs.get("dim", 0), site.rows))
 
     def _get(self, value: str, env: dict[str, Any]) -> Any:
-        return env[value] if value in env else self._views[value]
+        mem = self._mem
+        assert mem is not None
+        return env[value] if value in env else mem.views[value]
+
+
+def _stream(device: torch.device) -> Callable[[], int]:
+    """The raw handle of `device`'s current stream (the capture stream while capturing)."""
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    raw = torch._C._cuda_getCurrentRawStream
+    return lambda: raw(index)

@@ -4,12 +4,16 @@
 whole pipeline (TTIR, TTGIR, LLVM IR, PTX, cubin: ptxas ships with triton) on any machine.
 Registers and spills come from `ptxas -v` on the PTX, shared memory from Triton's allocation.
 Pointer parameters are compiled as 16-byte aligned, as Triton specializes them at launch for
-torch's allocations and vfuse's 64-byte aligned arena. The planner's register budget can later
-be checked against these figures (issue 13, item 2).
+torch's allocations and vfuse's 64-byte aligned arena. `measure` keeps each kernel's figures in
+the kernel cache (a compile takes 0.1-1 s), keyed by the function's own text, the helpers, its
+signature, warps, the SM and Triton's version: the planner's on-chip rule (`fusion/onchip.py`)
+compiles the same kernels again whenever a model is compiled again.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 import re
 import subprocess
 import tempfile
@@ -17,8 +21,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from vfuse.cachedir import usable_dir
 from vfuse.codegen.triton.module import load_module, module_path
-from vfuse.codegen.triton.render import TritonProgram
+from vfuse.codegen.triton.prelude import PRELUDE
+from vfuse.codegen.triton.render import Launch, TritonProgram
 
 
 @dataclass(frozen=True)
@@ -36,9 +42,10 @@ class Resources:
 
 def compile_kernel(module: Any, fn: str, signature: dict[str, str], warps: int, sm: int = 90) -> Any:
     """`fn` of a jit-loaded module compiled for compute capability `sm` (no GPU needed)."""
-    import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
+
+    import triton
 
     attrs = {(i,): [["tt.divisibility", 16]] for i, t in enumerate(signature.values()) if t.startswith("*")}
     src = ASTSource(getattr(module, fn), signature, attrs=attrs)
@@ -72,3 +79,52 @@ def pressure(program: TritonProgram, cache_dir: Path, sm: int = 90) -> dict[str,
         if ln.fn not in out:
             out[ln.fn] = resources_of(compile_kernel(module, ln.fn, program.signatures[ln.fn], ln.warps, sm), sm)
     return out
+
+
+def measure(program: TritonProgram, cache_dir: Path, sm: int = 90) -> dict[str, Resources]:
+    """`pressure`, each kernel's figures read from the kernel cache when it was compiled before
+    (without its PTX)."""
+    import triton
+
+    folder = usable_dir(cache_dir / "triton" / "onchip")
+    module = None
+    out: dict[str, Resources] = {}
+    for ln in program.launches:
+        if ln.fn in out:
+            continue
+        key = _cache_key(program, ln, sm, triton.__version__)
+        res = _read(folder / f"{key}.json") if folder else None
+        if res is None:
+            module = module or load_module(module_path(program.source, cache_dir), interpret=False)
+            res = resources_of(compile_kernel(module, ln.fn, program.signatures[ln.fn], ln.warps, sm), sm)
+            if folder:
+                _write(folder / f"{key}.json", res)
+        out[ln.fn] = res
+    return out
+
+
+def _cache_key(program: TritonProgram, ln: Launch, sm: int, version: str) -> str:
+    """What a kernel's compiled figures depend on: its function's text (up to the next
+    top-level definition), the helpers every module starts with, signature, warps, SM, Triton."""
+    start = program.source.index(f"\ndef {ln.fn}(")
+    end = program.source.find("\ndef ", start + 1)
+    text = program.source[start : end if end >= 0 else len(program.source)]
+    parts = [PRELUDE, text, repr(sorted(program.signatures[ln.fn].items())), str(ln.warps), str(sm), version]
+    return hashlib.sha256("\0".join(parts).encode()).hexdigest()[:32]
+
+
+def _read(path: Path) -> Resources | None:
+    try:
+        d = json.loads(path.read_text())
+        return Resources(int(d["registers"]), int(d["spill_bytes"]), int(d["shared_bytes"]))
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def _write(path: Path, res: Resources) -> None:
+    tmp = path.with_suffix(f".{id(res)}.tmp")
+    try:
+        tmp.write_text(json.dumps(res.as_dict()))
+        tmp.replace(path)
+    except OSError:
+        tmp.unlink(missing_ok=True)

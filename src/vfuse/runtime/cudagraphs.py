@@ -1,0 +1,218 @@
+"""CUDA Graphs for compiled graphs on CUDA tensors: warm up, capture once per input-shape key, replay.
+
+`GraphRunner` holds the policy; every CUDA call it needs (a private memory pool, capture,
+synchronize) goes through a `GraphDriver`, so the policy is tested on CPU with a fake driver
+(tests/triton/test_cudagraphs.py) and runs on a GPU with `CudaDriver` (torch.cuda.CUDAGraph).
+
+Per call, for an input-shape key:
+- first call: warm-up, uncaptured (Triton compiles its kernels, cuBLAS makes its handles:
+  neither may happen during a capture);
+- second call: capture. Inputs that are parameters (`torch.nn.Parameter`) are captured at their
+  own address; every other input gets a static buffer it is copied into. Outputs are static
+  buffers too. Host-side work (drawing the RNG seeds) is not captured: the seeds live in a device
+  tensor that the host writes before each replay, so dropout differs per call as in eager;
+- later calls: copy inputs into their buffers, write the seeds, replay. A parameter found at
+  another address (the user replaced it) recaptures the key.
+Outputs: with `static_outputs=False` each call returns copies of the static output buffers
+(fresh tensors the next call never overwrites, as on the CPU); with `static_outputs=True` the
+buffers themselves (the next call overwrites them, as on the CPU).
+A program that cannot be captured (a torch fallback, a fault record read after each segment:
+both may synchronize or run host code) runs uncaptured; `blocker` says why.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import torch
+
+from vfuse.ir import Graph, Kind, Op
+from vfuse.schedule import Program, TorchStep
+
+# Ops a torch step may run inside a capture: device-only work with no host synchronization
+# (cuBLAS / cuDNN contractions after their warm-up, views and layout copies).
+CAPTURABLE_KINDS = (Kind.CONTRACTION, Kind.REDUCE, Kind.INJECTIVE, Kind.BROADCAST, Kind.ELEMENTWISE)
+# Torch steps that would bake a host value into the graph (the seed is an int drawn on the host;
+# sources such as iota and full are made on the host by the reference executor).
+HOST_VALUE_OPS = (Op.RNG_SEED, Op.RAND)
+
+
+class Replayable(Protocol):
+    def replay(self) -> None: ...
+
+
+class GraphDriver(Protocol):
+    """The CUDA calls graph capture needs (torch.cuda in `CudaDriver`, a recorder in tests)."""
+
+    def new_pool(self) -> Any: ...
+
+    def capture(self, body: Callable[[], None], pool: Any) -> Replayable: ...
+
+    def synchronize(self) -> None: ...
+
+
+class CudaDriver:
+    """torch.cuda's graphs: capture on torch's side stream into a private memory pool."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+
+    def new_pool(self) -> Any:
+        return torch.cuda.graph_pool_handle()
+
+    def capture(self, body: Callable[[], None], pool: Any) -> Replayable:
+        graph = torch.cuda.CUDAGraph()
+        self.synchronize()  # the warm-up's work must be done before capture starts
+        with torch.cuda.device(self.device), torch.cuda.graph(graph, pool=pool):
+            body()
+        return graph
+
+    def synchronize(self) -> None:
+        torch.cuda.synchronize(self.device)
+
+
+class _Rerun:
+    def __init__(self, body: Callable[[], None]) -> None:
+        self.body = body
+
+    def replay(self) -> None:
+        self.body()
+
+
+class ReplayDriver:
+    """A host stand-in for CUDA graphs: a replay reruns the captured work on the captured
+    tensors. For CPU-only runs of the graph path (`vfuse bench --device cpu --smoke`)."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+
+    def new_pool(self) -> Any:
+        return None
+
+    def capture(self, body: Callable[[], None], pool: Any) -> Replayable:
+        body()
+        return _Rerun(body)
+
+    def synchronize(self) -> None:
+        pass
+
+
+def capture_blocker(graph: Graph, program: Program, faults: int) -> str:
+    """Why `program` cannot be captured into a CUDA graph ('' when it can)."""
+    if faults:
+        return "its kernels record faults (gathers, integer division) that the host reads after each segment"
+    for step in program.steps:
+        if not isinstance(step, TorchStep):
+            continue
+        for name in step.nodes:
+            node = graph[name]
+            if node.op in HOST_VALUE_OPS or node.kind not in CAPTURABLE_KINDS:
+                what = node.attrs.get("call", node.op.value) if node.op is Op.OPAQUE else node.op.value
+                return f"torch runs %{name} ({what}), which may synchronize or use host values"
+    return ""
+
+
+@dataclass
+class GraphStats:
+    """What the runner did; `blocker` is why calls run uncaptured ('' when they are captured)."""
+
+    warmups: int = 0
+    captures: int = 0
+    replays: int = 0
+    uncaptured: int = 0
+    blocker: str = ""
+
+    def describe(self) -> str:
+        if self.blocker:
+            return f"not captured: {self.blocker}"
+        return f"{self.captures} captured, {self.replays} replays, {self.warmups} warm-up calls"
+
+
+@dataclass
+class Captured:
+    """One input-shape key's graph and its static memory."""
+
+    graph: Replayable
+    inputs: list[torch.Tensor]  # what the graph reads: static buffers, or the parameters themselves
+    copied: tuple[int, ...]  # inputs copied into their static buffer each call
+    pinned: dict[int, int]  # parameter index -> the address it was captured at
+    outputs: list[torch.Tensor]
+
+
+class Body(Protocol):
+    """The executor's work, split at what must stay outside a capture."""
+
+    def seed(self) -> None:
+        """Draw this call's RNG seeds on the host and write them into the device seed tensor."""
+
+    def output_buffers(self) -> dict[str, torch.Tensor]:
+        """A new buffer for each output the kernels write."""
+        ...
+
+    def launch(self, inputs: Sequence[torch.Tensor], outputs: dict[str, torch.Tensor] | None) -> list[torch.Tensor]:
+        """Every kernel and torch step on `inputs`, writing into `outputs` (allocated when
+        None); the graph's results."""
+        ...
+
+
+Key = tuple[tuple[tuple[int, ...], torch.dtype, tuple[int, ...]], ...]
+
+
+@dataclass
+class GraphRunner:
+    body: Body
+    driver: GraphDriver
+    static_outputs: bool = False
+    blocker: str = ""
+    stats: GraphStats = field(default_factory=GraphStats)
+    _seen: set[Key] = field(default_factory=set)
+    _graphs: dict[Key, Captured] = field(default_factory=dict)
+    _pool: Any = None
+
+    def __post_init__(self) -> None:
+        self.stats.blocker = self.blocker
+
+    def __call__(self, inputs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+        key = tuple((tuple(t.shape), t.dtype, tuple(t.stride())) for t in inputs)
+        if self.blocker:
+            self.stats.uncaptured += 1
+            return self._eager(inputs)
+        if key not in self._seen:  # warm-up: compile kernels and make library handles uncaptured
+            self._seen.add(key)
+            self.stats.warmups += 1
+            return self._eager(inputs)
+        cap = self._graphs.get(key)
+        if cap is None or any(inputs[i].data_ptr() != p for i, p in cap.pinned.items()):
+            cap = self._graphs[key] = self._capture(inputs)
+        for i in cap.copied:
+            cap.inputs[i].copy_(inputs[i])
+        self.body.seed()
+        cap.graph.replay()
+        self.stats.replays += 1
+        if self.static_outputs:
+            return list(cap.outputs)
+        return [o.clone() if isinstance(o, torch.Tensor) else o for o in cap.outputs]
+
+    def _eager(self, inputs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+        self.body.seed()
+        return self.body.launch(inputs, None)
+
+    def _capture(self, inputs: Sequence[torch.Tensor]) -> Captured:
+        pinned = {i: t.data_ptr() for i, t in enumerate(inputs) if isinstance(t, torch.nn.Parameter)}
+        static = [t if i in pinned else torch.empty_like(t) for i, t in enumerate(inputs)]
+        copied = tuple(i for i in range(len(inputs)) if i not in pinned)
+        for i in copied:
+            static[i].copy_(inputs[i])
+        outputs = self.body.output_buffers()
+        # Once more uncaptured on the static buffers (with the last call's seeds: one draw per
+        # call, as uncaptured), so kernels specialized for their alignment compile now, not
+        # during the capture.
+        self.body.launch(static, outputs)
+        if self._pool is None:
+            self._pool = self.driver.new_pool()
+        results: list[list[torch.Tensor]] = []
+        graph = self.driver.capture(lambda: results.append(self.body.launch(static, outputs)), self._pool)
+        self.stats.captures += 1
+        return Captured(graph, static, copied, pinned, results[0])

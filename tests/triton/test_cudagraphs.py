@@ -1,0 +1,215 @@
+"""CUDA Graph policy (runtime/cudagraphs.py) with a fake driver on CPU tensors: the Triton executor's
+graph path runs in Triton's interpreter, the fake records pools, captures and replays (a replay
+reruns the captured work on the captured tensors, as a CUDA graph replays on its addresses).
+Checked: warm-up then one capture per input-shape key, replays after, inputs copied into static
+buffers whose addresses never change, parameters read in place, the seed written per call (dropout
+differs per call and matches the uncaptured run), graphs that cannot be captured never are (the
+reason recorded), and static_outputs as on the CPU. Plus the lean launcher's kernel reuse per
+pointer alignment with a fake jit function."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+import torch
+import torch.nn.functional as F
+from tests.triton.triton_cases import compile_triton
+
+from vfuse.runtime.cudagraphs import GraphStats
+from vfuse.runtime.triton import LeanLaunch, TritonExecutor
+
+pytest.importorskip("triton", reason="triton is not installed (pip install 'vfuse[gpu]')")
+
+
+class FakeGraph:
+    def __init__(self, driver: FakeDriver, body: Callable[[], None]) -> None:
+        self.driver, self.body = driver, body
+
+    def replay(self) -> None:
+        self.driver.replays += 1
+        self.body()
+
+
+class FakeDriver:
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+        self.pools: list[object] = []
+        self.captures = self.replays = self.syncs = 0
+        self.capturing = False
+
+    def new_pool(self) -> object:
+        self.pools.append(object())
+        return self.pools[-1]
+
+    def capture(self, body: Callable[[], None], pool: Any) -> FakeGraph:
+        assert pool in self.pools
+        self.captures += 1
+        self.capturing = True
+        try:
+            body()  # records the work; a real capture runs nothing, so the runner must replay
+        finally:
+            self.capturing = False
+        return FakeGraph(self, body)
+
+    def synchronize(self) -> None:
+        self.syncs += 1
+
+
+def _graphed(fn: Callable, args: tuple[torch.Tensor, ...], **options: Any) -> tuple[Any, TritonExecutor, list]:
+    compiled = compile_triton(fn, args, **options)
+    ex = compiled.compiled.executor
+    assert isinstance(ex, TritonExecutor)
+    drivers: list[FakeDriver] = []
+    ex.driver = lambda d: drivers.append(FakeDriver(d)) or drivers[-1]
+    ex.graph_devices = ("cpu",)
+    return compiled, ex, drivers
+
+
+def _stats(ex: TritonExecutor) -> GraphStats:
+    assert ex.stats.cuda_graphs is not None
+    return ex.stats.cuda_graphs
+
+
+def test_warm_up_then_capture_once_then_replay_with_inputs_copied() -> None:
+    fn = lambda x, w: F.layer_norm(x, (13,), w).relu() * 2  # noqa: E731
+    x, w = torch.randn(7, 13), torch.randn(13)
+    compiled, ex, drivers = _graphed(fn, (x, w))
+    xs = [x, *(torch.randn(7, 13) for _ in range(3))]
+    seen = [compiled(xi, w) for xi in xs]
+    (driver,) = drivers
+    s = _stats(ex)
+    assert (s.warmups, s.captures, s.replays, s.uncaptured) == (1, 1, 3, 0)
+    assert (driver.captures, driver.replays, len(driver.pools)) == (1, 3, 1)
+    (cap,) = ex._graphs[torch.device("cpu")]._graphs.values()
+    assert cap.copied == (0, 1) and cap.pinned == {}  # plain tensors: both copied
+    ptrs = [t.data_ptr() for t in cap.inputs]
+    compiled(x, w)
+    assert [t.data_ptr() for t in cap.inputs] == ptrs and torch.equal(cap.inputs[0], x)
+    # fresh outputs by default: no result is overwritten by a later call
+    assert len({o.data_ptr() for o in seen}) == len(seen)
+    for xi, out in zip(xs, seen, strict=True):
+        torch.testing.assert_close(out, fn(xi, w))
+
+
+def test_one_capture_per_input_shape_key() -> None:
+    fn = lambda x: torch.softmax(x, -1)  # noqa: E731
+    x = torch.randn(3, 5)
+    _compiled, ex, _drivers = _graphed(fn, (x,))
+    runner_inputs = [x, x.t().contiguous().t(), x, x.t().contiguous().t(), x]  # two stride keys
+    for t in runner_inputs:
+        torch.testing.assert_close(ex([t])[0], fn(t))
+    s = _stats(ex)
+    assert (s.warmups, s.captures, s.replays) == (2, 2, 3)
+    assert len(ex._graphs[torch.device("cpu")]._graphs) == 2
+
+
+def test_parameters_keep_their_address_and_a_moved_one_recaptures() -> None:
+    lin = torch.nn.Parameter(torch.randn(9))
+    fn = lambda x, w: torch.tanh(x * w) + w  # noqa: E731
+    x = torch.randn(4, 9)
+    _compiled, ex, _drivers = _graphed(fn, (x, lin.detach()))
+    for _ in range(3):
+        torch.testing.assert_close(ex([x, lin])[0], fn(x, lin).detach())
+    (cap,) = ex._graphs[torch.device("cpu")]._graphs.values()
+    assert cap.copied == (0,) and cap.pinned == {1: lin.data_ptr()} and cap.inputs[1] is lin
+    with torch.no_grad():
+        lin.mul_(3)  # updated in place: read in place at replay, nothing copied
+    torch.testing.assert_close(ex([x, lin])[0], fn(x, lin).detach())
+    assert _stats(ex).captures == 1
+    moved = torch.nn.Parameter(lin.detach().clone())
+    torch.testing.assert_close(ex([x, moved])[0], fn(x, moved).detach())
+    assert _stats(ex).captures == 2  # another address: captured again
+
+
+def test_seed_written_per_call_so_dropout_differs_like_eager() -> None:
+    fn = lambda x: F.dropout(x, 0.5, training=True) * 3  # noqa: E731
+    x = torch.ones(6, 40)
+    compiled, ex, _ = _graphed(fn, (x,))
+    plain = compile_triton(fn, (x,))
+    torch.manual_seed(7)
+    graphed = [compiled(x) for _ in range(4)]
+    torch.manual_seed(7)
+    reference = [plain(x) for _ in range(4)]
+    assert _stats(ex).replays == 3
+    for g, r in zip(graphed, reference, strict=True):
+        torch.testing.assert_close(g, r)  # same seeds drawn in the same order as uncaptured
+    masks = [tuple((g == 0).flatten().tolist()) for g in graphed]
+    assert len(set(masks)) == 4  # every call its own mask, replays included
+
+
+def test_a_graph_with_faults_or_torch_fallbacks_is_never_captured() -> None:
+    emb = lambda i, t: F.embedding(i, t) * 2  # noqa: E731
+    i, t = torch.tensor([[0, 3], [2, 1]]), torch.randn(4, 6)
+    compiled, ex, drivers = _graphed(emb, (i, t))
+    for _ in range(3):
+        torch.testing.assert_close(compiled(i, t), emb(i, t))
+    s = _stats(ex)
+    assert (s.captures, s.replays, s.uncaptured) == (0, 0, 3)
+    assert "record faults" in s.blocker and s.describe().startswith("not captured")
+    assert drivers[0].captures == 0
+    with pytest.raises(IndexError, match=r"out of range|out of bounds"):
+        compiled(torch.tensor([[0, 9], [2, 1]]), t)  # faults still raised on uncaptured calls
+
+    fallback = lambda x: torch.linalg.det(x).exp()  # noqa: E731
+    x = torch.randn(3, 4, 4)
+    compiled, ex, drivers = _graphed(fallback, (x,))
+    for _ in range(3):
+        torch.testing.assert_close(compiled(x), fallback(x))
+    assert _stats(ex).captures == 0 and "may synchronize" in _stats(ex).blocker
+
+
+def test_cuda_graphs_option_off_runs_uncaptured() -> None:
+    fn = lambda x: x.sigmoid()  # noqa: E731
+    x = torch.randn(5)
+    compiled, ex, _drivers = _graphed(fn, (x,), cuda_graphs=False)
+    for _ in range(3):
+        torch.testing.assert_close(compiled(x), fn(x))
+    assert _stats(ex).captures == 0 and _stats(ex).blocker == "the cuda_graphs option is off"
+
+
+def test_static_outputs_return_the_captured_buffers() -> None:
+    fn = lambda x: (x * 2).exp()  # noqa: E731
+    x = torch.randn(3, 7)
+    compiled, _ex, _ = _graphed(fn, (x,), static_outputs=True)
+    compiled(x)  # warm-up
+    a = compiled(x)
+    x2 = torch.randn(3, 7)
+    b = compiled(x2)
+    assert a.data_ptr() == b.data_ptr()  # the next call overwrites: documented for static_outputs
+    torch.testing.assert_close(a, fn(x2))
+
+
+class _Kernel:
+    def __init__(self, log: list) -> None:
+        self.log, self.function, self.packed_metadata = log, object(), object()
+
+    def run(self, *args: Any) -> None:
+        assert args[4] is self.function and args[5] is self.packed_metadata  # the launcher's own handles
+        self.log.append(("direct", args[:4], len(args) - 9))
+
+
+class _Jit:
+    def __init__(self) -> None:
+        self.log: list = []
+
+    def run(self, *args: Any, grid: tuple[int], warmup: bool, num_warps: int) -> _Kernel:
+        self.log.append(("jit", grid, num_warps, tuple(a.data_ptr() % 16 == 0 for a in args)))
+        return _Kernel(self.log)
+
+
+def test_lean_launch_reuses_the_kernel_per_pointer_alignment() -> None:
+    fn = _Jit()
+    run = LeanLaunch(fn, grid=5, warps=4, stream=lambda: 77)
+    a, b = torch.zeros(64), torch.zeros(64)
+    run([a, b])
+    run([a, b])
+    run([a[1:], b])  # a misaligned view: Triton must specialize again
+    run([a[1:], b])
+    kinds = [e[0] for e in fn.log]
+    assert kinds == ["jit", "direct", "jit", "direct"]
+    assert fn.log[0] == ("jit", (5,), 4, (True, True)) and fn.log[2][3] == (False, True)
+    assert fn.log[1] == ("direct", (5, 1, 1, 77), 2)
+    LeanLaunch(fn, grid=0, warps=1, stream=lambda: 0)([a])  # an empty grid launches nothing
+    assert len(fn.log) == 4
