@@ -8,7 +8,11 @@ milliseconds."""
 
 from __future__ import annotations
 
+import json
+import re
 from collections.abc import Callable
+from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -16,6 +20,13 @@ import torch.nn.functional as F
 from tests.triton.triton_cases import compile_triton
 
 import vfuse
+from vfuse.codegen.triton import render
+from vfuse.codegen.triton.autotune import Autotuner, tune_key
+from vfuse.codegen.triton.module import load_module, module_path
+from vfuse.codegen.triton.offline import resources_of
+from vfuse.runtime.triton import TritonExecutor
+from vfuse.schedule.gpu import candidates
+from vfuse.targets import get_target
 
 pytest.importorskip("triton", reason="triton is not installed (pip install 'vfuse[gpu]')")
 
@@ -147,3 +158,96 @@ def test_tiles_come_from_the_schedule() -> None:
     assert k.gpu.dot == "fp32" and k.gpu.programs == 1
     source = compile_triton(fn, inputs).compiled.executor.source
     assert "for k0_ in range(3):" in source and "mk_ = rk_ < 70" in source
+
+
+# ---- offline compiles for sm_90 (H100 / H200): no GPU needed ----
+
+OFFLINE: dict[str, tuple[Callable, tuple[torch.Tensor, ...]]] = {
+    "gemm_f16_bias_gelu": (
+        lambda x, w, b: F.gelu(F.linear(x, w, b)),
+        (torch.randn(512, 512).to(F16), torch.randn(512, 512).to(F16), torch.randn(512).to(F16)),
+    ),
+    "gemm_bf16": (lambda a, b: a @ b, (torch.randn(256, 256).to(BF16), torch.randn(256, 256).to(BF16))),
+    "gemm_f32": (lambda a, b: torch.relu(a @ b), (torch.randn(256, 256), torch.randn(256, 256))),
+    "conv_f16": (
+        lambda x, w: F.relu(F.conv2d(x, w, padding=1)),
+        (torch.randn(8, 64, 32, 32).to(F16), torch.randn(128, 64, 3, 3).to(F16)),
+    ),
+    "attention_f16_causal": (
+        lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True),
+        tuple(torch.randn(1, 8, 512, 64).to(F16) for _ in range(3)),
+    ),
+    "attention_f32": (
+        lambda q, k, v: F.scaled_dot_product_attention(q, k, v),
+        tuple(torch.randn(1, 8, 256, 64) for _ in range(3)),
+    ),
+}
+WGMMA = {"gemm_f16_bias_gelu", "gemm_bf16", "conv_f16", "attention_f16_causal"}
+
+
+def compile_template(fn: Callable, inputs: tuple[torch.Tensor, ...], tmp_path: Path) -> tuple[Any, Any, Any]:
+    """(launch, compiled kernel, resources) of the graph's one template, compiled for sm_90 with
+    the schedule's warps and stages (compiling only: the interpreter never runs these sizes)."""
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    import triton
+
+    rendered = compile_triton(fn, inputs).compiled.executor.rendered
+    (ln,) = rendered.launches
+    module = load_module(module_path(rendered.source, tmp_path), interpret=False)
+    sig = rendered.signatures[ln.fn]
+    attrs = {(i,): [["tt.divisibility", 16]] for i, t in enumerate(sig.values()) if t.startswith("*")}
+    options = {"num_warps": ln.warps, "num_stages": ln.stages}
+    src = ASTSource(getattr(module, ln.fn), sig, attrs=attrs)
+    compiled = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=options)
+    return ln, compiled, resources_of(compiled)
+
+
+@pytest.mark.parametrize("case", sorted(OFFLINE))
+def test_template_compiles_for_sm90_without_spills(case: str, tmp_path: Path) -> None:
+    """No spills, shared memory within the preset, wgmma on the tensor cores at fp16 / bf16, and
+    operand tiles read with 16-byte accesses (cp.async into shared memory or ld.global.v4)."""
+    ln, compiled, res = compile_template(*OFFLINE[case], tmp_path)
+    assert 0 < res.registers <= 255 and res.spill_bytes == 0, (case, res.as_dict())
+    assert res.shared_bytes <= get_target("h100").smem_per_sm, (case, res.as_dict())
+    ptx = compiled.asm["ptx"]
+    assert ("wgmma.mma_async" in ptx) == (case in WGMMA), case
+    wide = len(re.findall(r"cp\.async\.c[ag]\.shared\.global \[[^]]*\], \[[^]]*\], 0x10", ptx))
+    wide += len(re.findall(r"ld\.global(\.\w+)*\.v4", ptx))
+    assert wide > 0, case
+    print(case, ln.warps, ln.stages, res.as_dict())  # the figures docs/gpu.md quotes (pytest -s)
+
+
+# ---- autotuning (codegen/triton/autotune.py) with a fake timer ----
+
+
+def test_autotuner_times_each_candidate_once_and_caches_its_choice(tmp_path: Path) -> None:
+    fn, inputs, _ = CASES["k_tail_over_blocks"]
+    executor = compile_triton(fn, inputs).compiled.executor
+    (k,) = executor.program.kernels
+    h100 = get_target("h100")
+    cands = candidates(k, h100)
+    assert cands[0] == k.gpu and len(cands) > 3 and len(set(cands)) == len(cands)
+
+    def fake(kc: Any, program: Any) -> float:  # fastest: 64-deep K steps over 2 stages
+        return 1.0 - 0.5 * (kc.gpu.block_k == 64) - 0.25 * (kc.gpu.stages == 2)
+
+    tuner = Autotuner(tmp_path, fake)
+    tuned = tuner.tune(executor.program, "h100", lambda kc: candidates(kc, h100))
+    (best,) = tuned.kernels
+    assert best.gpu.block_k == 64 and best.gpu.stages == 2 and tuner.timed == len(cands)
+    # the chosen tiles render and run: the same numbers as eager
+    out = TritonExecutor(executor.plan, tuned, render(tuned), tmp_path)(list(inputs))
+    torch.testing.assert_close(out[0], fn(*inputs), rtol=2e-5, atol=2e-5)
+    assert "for k0_ in range(2):" in render(tuned).source
+
+    def refuse(kc: Any, program: Any) -> float:
+        raise AssertionError("a cached choice is not timed again")
+
+    again = Autotuner(tmp_path, refuse)
+    assert again.tune(executor.program, "h100", lambda kc: candidates(kc, h100)).kernels == tuned.kernels
+    assert again.timed == 0 and tune_key(k, "h100") in json.loads((tmp_path / "triton" / "autotune.json").read_text())
+    assert tune_key(k, "a100") != tune_key(k, "h100")
+    # no device (no timer) and nothing cached: the table's tiles
+    assert Autotuner(tmp_path / "other").tune(executor.program, "h100", lambda kc: cands).kernels == (k,)

@@ -164,11 +164,11 @@ class ContractionTable:
 # for wgmma; sm_80 (164 KB): 4 stages of 128x128x32. fp32 FMA tiles are smaller (registers).
 _SM90 = ContractionTable(
     TileRow(128, 128, 64, 8, 8, 3), TileRow(64, 64, 32, 8, 4, 3),
-    TileRow(128, 64, 0, 1, 8, 2), TileRow(64, 32, 0, 1, 4, 2), 228 << 10,
+    TileRow(128, 64, 0, 1, 8, 2), TileRow(32, 32, 0, 1, 4, 2), 228 << 10,
 )  # fmt: skip
 _SM80 = ContractionTable(
     TileRow(128, 128, 32, 8, 4, 4), TileRow(64, 64, 32, 8, 4, 3),
-    TileRow(128, 64, 0, 1, 4, 2), TileRow(64, 32, 0, 1, 4, 2), 164 << 10,
+    TileRow(128, 64, 0, 1, 4, 2), TileRow(32, 32, 0, 1, 4, 2), 164 << 10,
 )  # fmt: skip
 CONTRACTION_TABLES: dict[str, ContractionTable] = {"a100": _SM80, "h100": _SM90, "h200": _SM90}
 _DOT = {DType.F16: "fp16", DType.BF16: "bf16", DType.F32: "fp32"}
