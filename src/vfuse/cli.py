@@ -7,6 +7,7 @@ with one line on stderr and exit code 2; `--traceback` shows the full error for 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import importlib
 import importlib.util
 import json
@@ -84,6 +85,15 @@ def build_parser() -> argparse.ArgumentParser:
     pr.add_argument("--html", type=Path, metavar="PATH", help="also write the HTML report, measured times included")
     pr.add_argument("--width", type=int, default=120, help="width of the printed table (default: 120)")
     pr.add_argument("--traceback", action="store_true", help="show the full traceback of an error")
+    ca = sub.add_parser(
+        "calibrate",
+        help="time vfuse's own kernels on this machine and cache the cost model's rates (per tier)",
+        description="Time vfuse's kernels on one thread (streaming add in L2, L3 and DRAM, transcendental "
+        "chain, GEMM, tiny kernels) and cache the rates for the tier (targets/calibrate.py).",
+    )
+    ca.add_argument("--isa", default="auto", help="instruction-set tier to calibrate (default: auto)")
+    ca.add_argument("--reps", type=int, default=30, help="runs per kernel, the fastest kept (default: 30)")
+    ca.add_argument("--traceback", action="store_true", help="show the full traceback of an error")
     # Registered so that it is listed in --help; main() forwards its arguments untouched.
     sub.add_parser("bench", help="run the benchmarks (vfuse bench --help for their options)", add_help=False)
     return parser
@@ -111,7 +121,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return int(bench.main(args[1:]) or 0)
     ns = build_parser().parse_args(args)
     try:
-        return run_profile(ns) if ns.command == "profile" else run_explain(ns)
+        return {"profile": run_profile, "calibrate": run_calibrate}.get(ns.command, run_explain)(ns)
     except UsageError as e:
         if ns.traceback:
             raise
@@ -170,6 +180,20 @@ def run_profile(ns: argparse.Namespace) -> int:
         Console(width=ns.width, color_system="auto" if sys.stdout.isatty() else None).print(profile_table(report))
     if ns.html is not None:
         _write(ns.html, report.to_html())
+    return 0
+
+
+def run_calibrate(ns: argparse.Namespace) -> int:
+    if ns.reps < 1:
+        raise UsageError(f"--reps must be at least 1, got {ns.reps}")
+    from vfuse.context import Options
+    from vfuse.entry.calibrate import calibrate
+
+    cal, bad, path = calibrate(ns.isa, Options.from_env().cache_dir, ns.reps)
+    for f in dataclasses.fields(cal):
+        note = "  (implausible: the torch-measured figure kept)" if f.name in bad else ""
+        print(f"{f.name:16s} {getattr(cal, f.name):.4g}{note}")
+    print(f"wrote {path}", file=sys.stderr)
     return 0
 
 

@@ -48,7 +48,7 @@ def measure_kernels(target: Target, reps: int = 30, **options: Any) -> Calibrati
 
     def add_bw(nbytes: int) -> float:
         n = max(nbytes // 12, 64)
-        row = _kernel(torch.add, (torch.randn(n), torch.randn(n)), reps, **options)
+        row = _kernel(torch.add, (torch.ones(n), torch.ones(n)), reps, **options)  # values do not matter
         return 12 * n / row.best_s
 
     l2 = add_bw(target.l2_bytes // 2)
@@ -73,14 +73,17 @@ def measure_kernels(target: Target, reps: int = 30, **options: Any) -> Calibrati
     )
 
 
-def calibrate(isa: str = "auto", cache_dir: Path | None = None, reps: int = 30) -> tuple[Calibration, list[str], Path]:
-    """Measure, guard and cache the calibration of tier `isa`: (what was cached, the names of the
-    values replaced by the torch-measured ones as implausible, the cache file)."""
+def calibrate(
+    isa: str = "auto", cache_dir: Path | None = None, reps: int = 30, kernel_cache: Path | None = None
+) -> tuple[Calibration, list[str], Path]:
+    """Measure, guard and cache in `cache_dir` the calibration of tier `isa`: (what was cached, the
+    names of the values replaced by the torch-measured ones as implausible, the cache file). The
+    kernels timed are built in `kernel_cache` (default: `cache_dir`)."""
     from vfuse.targets.isa import parse_isa
 
     cache_dir = cache_dir or DEFAULT_CACHE_DIR
     target = measured_target(cache_dir, isa=parse_isa(isa))
     assert target.isa is not None
-    raw = measure_kernels(target, reps, isa=target.isa.value, cache_dir=cache_dir)
+    raw = measure_kernels(target, reps, isa=target.isa.value, cache_dir=kernel_cache or cache_dir)
     cal, bad = guarded(raw, target)
     return cal, bad, write(cache_dir, detect().fingerprint(), target.isa.value, cal)

@@ -1,0 +1,135 @@
+"""Calibration of the cpu target on vfuse's kernels (targets/calibrate.py): the plausibility guard,
+the per-tier cache keyed by CPU fingerprint, how a Target is derived from it and for fewer threads,
+and what the cost model does with it (bandwidth by bytes without a step, serial small kernels)."""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import json
+from pathlib import Path
+
+import pytest
+
+from vfuse.fusion.cost import Figures, Pressure, cost_from, memory_bw
+from vfuse.ir import Kind
+from vfuse.targets import Target, get_target
+from vfuse.targets import calibrate as cal_mod
+from vfuse.targets.calibrate import Calibration, apply, at_threads, guarded
+from vfuse.targets.cpu import detect
+
+BASE = Target(
+    "cpu", "cpu", 2, 16, 32 << 10, 1 << 20, 32 << 20, 0, 32, 32,
+    20e9, 60e9, 200e9, 200e9, 400e9, 800e9, 160e9, 2e-6, 2,
+)  # fmt: skip
+CAL = Calibration(
+    l2_bw=96e9, l3_bw=90e9, dram_bw=15e9, vector_f32=18e9, peak_f32=105e9, serial_launch_s=3e-8, launch_s=1.5e-6
+)
+
+
+def test_guard_keeps_plausible_values_and_replaces_the_rest() -> None:
+    kept, bad = guarded(CAL, BASE)
+    assert kept == CAL and bad == []
+    wild = dataclasses.replace(CAL, dram_bw=1e3, peak_f32=1e15, serial_launch_s=0.0, launch_s=0.01)
+    fixed, bad = guarded(wild, BASE)
+    assert bad == ["dram_bw", "peak_f32", "serial_launch_s", "launch_s"]
+    assert fixed.dram_bw == BASE.dram_bw / 2 and fixed.peak_f32 == BASE.peak_f32 / 2
+    assert fixed.launch_s == 0.0 and fixed.l2_bw == CAL.l2_bw  # 0: keep the target's launch_s
+
+
+def test_apply_scales_per_thread_rates_to_the_cores() -> None:
+    t = apply(BASE, CAL)
+    assert (t.l2_bw, t.cache_bw, t.vector_f32, t.peak_f32) == (192e9, 180e9, 36e9, 210e9)
+    assert t.peak_bf16 == 2 * t.peak_f32 and t.peak_i8 == 4 * t.peak_f32  # the tier's ratios kept
+    assert t.dram_bw == max(BASE.dram_bw, CAL.dram_bw) and t.dram_bw_thread == CAL.dram_bw
+    assert (t.serial_launch_s, t.launch_s) == (3e-8, 1.5e-6)
+    one = at_threads(t, 1)
+    assert (one.cores, one.max_threads, one.l2_bw, one.vector_f32) == (1, 1, 96e9, 18e9)
+    assert one.dram_bw == CAL.dram_bw and one.launch_s == CAL.serial_launch_s
+    assert at_threads(t, 2) is t
+
+
+def test_cache_is_per_tier_and_per_cpu(tmp_path: Path) -> None:
+    cal_mod.write(tmp_path, "cpu-a", "avx2", CAL)
+    other = dataclasses.replace(CAL, peak_f32=99e9)
+    cal_mod.write(tmp_path, "cpu-a", "avx512", other)
+    assert cal_mod.read(tmp_path, "cpu-a", "avx2") == CAL
+    assert cal_mod.read(tmp_path, "cpu-a", "avx512") == other
+    assert cal_mod.read(tmp_path, "cpu-b", "avx2") is None  # another CPU's figures are not used
+    assert cal_mod.read(tmp_path, "cpu-a", "generic") is None
+    (tmp_path / cal_mod.CALIBRATION_FILE).write_text("{not json")
+    assert cal_mod.read(tmp_path, "cpu-a", "avx2") is None
+
+
+def test_cpu_target_applies_the_cached_tier(tmp_path: Path) -> None:
+    plain = get_target("cpu", tmp_path)
+    assert plain.l2_bw == 0 and plain.serial_launch_s == 0
+    assert plain.isa is not None
+    cal_mod.write(tmp_path, detect().fingerprint(), plain.isa.value, CAL)
+    calibrated = get_target("cpu", tmp_path)
+    assert calibrated.l2_bw == CAL.l2_bw * plain.cores and calibrated.serial_launch_s == CAL.serial_launch_s
+    data = json.loads((tmp_path / cal_mod.CALIBRATION_FILE).read_text())
+    assert data["fingerprint"] == detect().fingerprint()
+
+
+def _figures(nbytes: int, domain: int, kind: Kind = Kind.ELEMENTWISE) -> Figures:
+    return Figures(domain, 0.0, nbytes // 2, nbytes - nbytes // 2, kind, domain, 0, Pressure(4, 32, 0, 0, 1))
+
+
+def test_bandwidth_falls_with_bytes_without_a_step() -> None:
+    t = apply(BASE, CAL)
+    assert memory_bw(BASE, 1 << 10) == memory_bw(BASE, 1 << 30) == BASE.dram_bw  # uncalibrated: unchanged
+    sizes = [int(2 ** (k / 4)) for k in range(40, 120)]
+    bws = [memory_bw(t, s) for s in sizes]
+    assert bws[0] == t.l2_bw and bws[-1] == t.dram_bw
+    assert all(a >= b * (1 - 1e-12) for a, b in itertools.pairwise(bws))
+    times = [s / b for s, b in zip(sizes, bws)]
+    assert all(a < b for a, b in itertools.pairwise(times))  # more bytes always take longer
+    assert max(a / b for a, b in itertools.pairwise(bws)) < 1.5  # no step (the anchors are 9x apart)
+
+
+def test_small_kernels_run_serially_once_calibrated() -> None:
+    t = apply(BASE, CAL)
+    small = cost_from(_figures(4096, 1024), t)
+    assert small.launch_s == CAL.serial_launch_s and small.parallelism == pytest.approx(0.5)
+    big = cost_from(_figures(1 << 22, 1 << 20), t)
+    assert big.launch_s == t.launch_s
+    gemm = cost_from(_figures(4096, 1024, Kind.CONTRACTION), t)
+    assert gemm.launch_s == t.launch_s  # contraction templates always fork
+    assert cost_from(_figures(4096, 1024), BASE).launch_s == BASE.launch_s
+
+
+def test_calibrating_vfuse_kernels_at_the_avx2_tier(tmp_path: Path) -> None:
+    """A real (short) calibration at the forced avx2 tier: every figure measured on vfuse's own
+    kernels is cached for avx2 alone and read back into that tier's target."""
+    from vfuse.context import Options
+    from vfuse.entry.calibrate import calibrate
+    from vfuse.targets.cpu import machine_isa
+
+    if machine_isa().tier.value not in ("avx2", "avx512"):
+        pytest.skip("no AVX2 on this CPU")
+    cal, bad, path = calibrate("avx2", tmp_path, reps=2, kernel_cache=Options.from_env().cache_dir)
+    assert path == tmp_path / cal_mod.CALIBRATION_FILE
+    assert set(bad) <= {"launch_s", "dram_bw", "serial_launch_s"}  # what a loaded machine can spoil
+    assert cal.l2_bw > 1e9 and cal.peak_f32 > 1e9 and cal.vector_f32 > 1e8
+    assert cal_mod.read(tmp_path, detect().fingerprint(), "avx2") == cal
+    assert cal_mod.read(tmp_path, detect().fingerprint(), "avx512") is None
+    t = get_target("cpu", tmp_path, isa="avx2")
+    assert t.simd_lanes == 8 and t.l2_bw == pytest.approx(cal.l2_bw * t.cores)
+
+
+def test_cli_calibrate(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    import vfuse.entry.calibrate as entry
+    from vfuse import cli
+
+    seen = []
+
+    def fake(isa: str, cache_dir: Path, reps: int) -> tuple[Calibration, list[str], Path]:
+        seen.append((isa, reps))
+        return CAL, ["launch_s"], cache_dir / "calibration_cpu.json"
+
+    monkeypatch.setattr(entry, "calibrate", fake)
+    assert cli.main(["calibrate", "--isa", "avx2", "--reps", "3"]) == 0
+    out = capsys.readouterr().out
+    assert seen == [("avx2", 3)] and "l2_bw            9.6e+10" in out and "launch_s" in out and "implausible" in out
+    assert cli.main(["calibrate", "--reps", "0"]) == 2
