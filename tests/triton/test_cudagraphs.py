@@ -213,3 +213,19 @@ def test_lean_launch_reuses_the_kernel_per_pointer_alignment() -> None:
     assert fn.log[1] == ("direct", (5, 1, 1, 77), 2)
     LeanLaunch(fn, grid=0, warps=1, stream=lambda: 0)([a])  # an empty grid launches nothing
     assert len(fn.log) == 4
+
+
+def test_a_capture_that_fails_runs_uncaptured_from_then_on() -> None:
+    class Refusing(FakeDriver):
+        def capture(self, body: Callable[[], None], pool: Any) -> FakeGraph:
+            raise RuntimeError("operation not permitted when stream is capturing")
+
+    fn = lambda x: x.exp() * 2  # noqa: E731
+    x = torch.randn(9)
+    compiled, ex, _ = _graphed(fn, (x,))
+    ex.driver = Refusing
+    for _ in range(4):
+        torch.testing.assert_close(compiled(x), fn(x))
+    s = _stats(ex)
+    assert (s.warmups, s.captures, s.replays, s.uncaptured) == (1, 0, 0, 3)
+    assert s.blocker == "capture failed: RuntimeError: operation not permitted when stream is capturing"

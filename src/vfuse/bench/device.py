@@ -91,6 +91,11 @@ def _rand(*shape: int, device: torch.device, dtype: torch.dtype) -> torch.Tensor
     return torch.randn(*shape, device=device).to(dtype)
 
 
+def _param(t: torch.Tensor) -> torch.Tensor:
+    """Weights as parameters: a CUDA graph reads them in place instead of copying them per call."""
+    return torch.nn.Parameter(t, requires_grad=False)
+
+
 def _memory(fn: Callable[..., Any], row_param: bool) -> Callable[..., Any]:
     def make(s: Sizes, dev: torch.device, dt: torch.dtype) -> tuple[Callable[..., Any], tuple[torch.Tensor, ...]]:
         x = _rand(s.rows, s.cols, device=dev, dtype=dt)
@@ -110,16 +115,16 @@ MEMORY = {
 
 
 def _linear_gelu(s: Sizes, dev: torch.device, dt: torch.dtype) -> tuple[Callable[..., Any], tuple[torch.Tensor, ...]]:
-    x, w, b = _rand(s.rows, s.cols, device=dev, dtype=dt), _rand(s.cols, s.cols, device=dev, dtype=dt), None
-    b = _rand(s.cols, device=dev, dtype=dt)
+    x = _rand(s.rows, s.cols, device=dev, dtype=dt)
+    w, b = _param(_rand(s.cols, s.cols, device=dev, dtype=dt)), _param(_rand(s.cols, device=dev, dtype=dt))
     return (lambda x, w, b: F.gelu(F.linear(x, w, b))), (x, w, b)
 
 
 def _conv_bn_relu(s: Sizes, dev: torch.device, dt: torch.dtype) -> tuple[Callable[..., Any], tuple[torch.Tensor, ...]]:
     c = s.channels
     x = _rand(s.batch * 4, c, s.image, s.image, device=dev, dtype=dt).contiguous(memory_format=torch.channels_last)
-    w, mean, var = _rand(c, c, 3, 3, device=dev, dtype=dt), _rand(c, device=dev, dtype=dt), torch.rand(c, device=dev)
-    var = var.to(dt) + 0.5
+    w, mean = _param(_rand(c, c, 3, 3, device=dev, dtype=dt)), _param(_rand(c, device=dev, dtype=dt))
+    var = _param(torch.rand(c, device=dev).to(dt) + 0.5)
 
     def fn(x: torch.Tensor, w: torch.Tensor, mean: torch.Tensor, var: torch.Tensor) -> torch.Tensor:
         return F.batch_norm(F.conv2d(x, w, padding=1), mean, var, training=False).relu()
@@ -138,7 +143,7 @@ def _attention(causal: bool) -> Callable[..., Any]:
 def _gpt2_block(s: Sizes, dev: torch.device, dt: torch.dtype) -> tuple[Callable[..., Any], tuple[torch.Tensor, ...]]:
     d = s.heads * s.dim
     g = torch.Generator().manual_seed(0)
-    p = {n: (torch.randn(*shape, generator=g) * 0.02).to(dev, dt) for n, shape in _gpt2_shapes(d).items()}
+    p = {n: _param((torch.randn(*shape, generator=g) * 0.02).to(dev, dt)) for n, shape in _gpt2_shapes(d).items()}
     x = _rand(s.batch, s.seq, d, device=dev, dtype=dt)
 
     def block(x: torch.Tensor, *w: torch.Tensor) -> torch.Tensor:

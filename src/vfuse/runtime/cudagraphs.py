@@ -185,7 +185,12 @@ class GraphRunner:
             return self._eager(inputs)
         cap = self._graphs.get(key)
         if cap is None or any(inputs[i].data_ptr() != p for i, p in cap.pinned.items()):
-            cap = self._graphs[key] = self._capture(inputs)
+            try:
+                cap = self._graphs[key] = self._capture(inputs)
+            except Exception as e:  # e.g. an op that cannot be captured: run uncaptured from now on
+                self.blocker = self.stats.blocker = f"capture failed: {type(e).__name__}: {e}"
+                self.stats.uncaptured += 1
+                return self._eager(inputs)
         for i in cap.copied:
             cap.inputs[i].copy_(inputs[i])
         self.body.seed()

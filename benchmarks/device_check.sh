@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# The GPU checks of issue 13, prepared for a lent GPU machine (no network, nothing installed):
+#   1. tests/triton/test_cuda.py: the Triton backend on CUDA tensors, CUDA Graphs, the lean launcher,
+#      offline registers against the driver's (about 2 minutes, capped at 150 s);
+#   2. vfuse bench --device cuda: JSON with copy bandwidth, every workload for eager / Inductor /
+#      vfuse / vfuse + CUDA Graphs, % of copy bandwidth, replay vs launch overhead (budget 240 s).
+# About 7 minutes in all. Writes env.txt, gpu_tests.txt, bench.txt and bench.json under $OUT
+# (default /tmp/vfuse-device). Runs the repository's sources (PYTHONPATH=src) under the machine's
+# python3 (its torch and triton), or under VFUSE_PY. Exit status: the tests' (the bench's JSON
+# says per contender what failed).
+set -u -o pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-/tmp/vfuse-device}
+mkdir -p "$OUT"
+PY=${VFUSE_PY:-python3}
+export PYTHONPATH="$PWD/src:$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
+export VFUSE_CACHE_DIR=${VFUSE_CACHE_DIR:-/tmp/vfuse-cache}
+{
+    nvidia-smi
+    "$PY" -c 'import torch, triton; print("torch", torch.__version__, "cuda", torch.version.cuda, "triton", triton.__version__, torch.cuda.get_device_name())'
+} >"$OUT/env.txt" 2>&1
+echo "== GPU tests" && tail -n 1 "$OUT/env.txt"
+timeout 150 "$PY" -m pytest -p no:cacheprovider -q tests/triton/test_cuda.py 2>&1 | tee "$OUT/gpu_tests.txt" | tail -n 25
+tests=$?
+echo "== vfuse bench --device cuda"
+timeout 300 "$PY" -m vfuse.bench --device cuda --budget-s 240 --json "$OUT/bench.json" 2>&1 | tee "$OUT/bench.txt" | tail -n 30
+exit "$tests"

@@ -1,0 +1,158 @@
+"""backend="triton" on a real GPU (skipped without CUDA; benchmarks/device_check.sh runs them on a lent
+H200): kernels on CUDA tensors against eager, the lean launcher on misaligned views, faults, CUDA
+Graphs (warm-up, one capture, replays, parameters in place, fresh or static outputs, dropout per
+call), torch.compile with CUDA tensors, and the offline registers against the driver's."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import vfuse
+from vfuse.runtime.cudagraphs import GraphStats
+from vfuse.runtime.triton import LeanLaunch, TritonExecutor
+
+pytest.importorskip("triton", reason="triton is not installed (pip install 'vfuse[gpu]')")
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+TARGET = "h100"
+
+
+def _compile(fn: Callable, args: tuple[Any, ...], **options: Any) -> Any:
+    return vfuse.compile(fn, args, backend="triton", target=TARGET, **options)
+
+
+def _executor(compiled: Any) -> TritonExecutor:
+    ex = compiled.compiled.executor
+    assert isinstance(ex, TritonExecutor)
+    return ex
+
+
+def _graphs(compiled: Any) -> GraphStats:
+    stats = _executor(compiled).stats.cuda_graphs
+    assert stats is not None
+    return stats
+
+
+CASES: dict[str, tuple[Callable, Callable[[], tuple[torch.Tensor, ...]]]] = {
+    "pointwise": (lambda x, y: (x * y + 1).relu().tanh(), lambda: (torch.randn(37, 41), torch.randn(41))),
+    "layernorm_gelu": (
+        lambda x, w: F.gelu(F.layer_norm(x, (1000,), w)),
+        lambda: (torch.randn(33, 1000), torch.randn(1000)),
+    ),
+    "softmax_long": (lambda x: torch.softmax(x, -1), lambda: (torch.randn(5, 9001),)),
+    "column_sum": (lambda x: x.sum(0) + x.amax(0), lambda: (torch.randn(300, 77),)),
+    "bf16_rms_silu": (
+        lambda x, w: F.silu(F.rms_norm(x.bfloat16(), (256,), w.bfloat16())).float(),
+        lambda: (torch.randn(64, 256), torch.randn(256)),
+    ),
+    "linear_gelu": (lambda x, w: F.gelu(x @ w.t()), lambda: (torch.randn(130, 96), torch.randn(70, 96))),
+    "attention_causal": (
+        lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True),
+        lambda: tuple(torch.randn(2, 3, 65, 32) for _ in range(3)),
+    ),
+}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+@pytest.mark.parametrize("graphs", [False, True])
+def test_cuda_matches_eager(case: str, graphs: bool) -> None:
+    fn, make = CASES[case]
+    args = tuple(t.cuda() for t in make())
+    compiled = _compile(fn, args, cuda_graphs=graphs)
+    want = fn(*args)
+    for _ in range(3):  # warm-up, capture + replay, replay
+        torch.testing.assert_close(compiled(*args), want, rtol=2e-3, atol=2e-3)
+    s = _graphs(compiled)
+    if graphs:
+        assert (s.warmups, s.captures, s.replays) == (1, 1, 2), s
+    else:
+        assert s.captures == 0 and s.blocker == "the cuda_graphs option is off"
+
+
+def test_graph_replays_read_new_inputs_and_return_fresh_outputs() -> None:
+    fn = lambda x, w: F.layer_norm(x, (512,), w).relu()  # noqa: E731
+    w = torch.randn(512, device="cuda")
+    xs = [torch.randn(64, 512, device="cuda") for _ in range(5)]
+    compiled = _compile(fn, (xs[0], w))
+    outs = [compiled(x, w) for x in xs]
+    torch.cuda.synchronize()
+    for x, out in zip(xs, outs, strict=True):
+        torch.testing.assert_close(out, fn(x, w))
+    assert len({o.data_ptr() for o in outs}) == len(outs)
+    s = _graphs(compiled)
+    assert (s.warmups, s.captures, s.replays) == (1, 1, 4)
+
+
+def test_parameters_are_read_in_place_by_the_graph() -> None:
+    w = torch.nn.Parameter(torch.randn(256, device="cuda"), requires_grad=False)
+    fn = lambda x, w: torch.sigmoid(x * w)  # noqa: E731
+    x = torch.randn(32, 256, device="cuda")
+    compiled = _compile(fn, (x, w))
+    for _ in range(3):
+        compiled(x, w)
+    w.mul_(-2)
+    torch.testing.assert_close(compiled(x, w), fn(x, w))
+    (cap,) = _executor(compiled)._graphs[x.device]._graphs.values()
+    assert cap.inputs[1] is w and cap.copied == (0,) and _graphs(compiled).captures == 1
+
+
+def test_static_outputs_reuse_the_captured_buffer() -> None:
+    x = torch.randn(1000, device="cuda")
+    compiled = _compile(torch.exp, (x,), static_outputs=True)
+    compiled(x)
+    a = compiled(x)
+    b = compiled(x * 2)
+    assert a.data_ptr() == b.data_ptr()
+    torch.testing.assert_close(b, torch.exp(x * 2))
+
+
+def test_dropout_differs_per_replay_and_matches_the_uncaptured_sequence() -> None:
+    fn = lambda x: F.dropout(x, 0.5, training=True)  # noqa: E731
+    x = torch.ones(64, 128, device="cuda")
+    graphed, plain = _compile(fn, (x,)), _compile(fn, (x,), cuda_graphs=False)
+    torch.manual_seed(3)
+    a = [graphed(x).clone() for _ in range(4)]
+    torch.manual_seed(3)
+    b = [plain(x).clone() for _ in range(4)]
+    for u, v in zip(a, b, strict=True):
+        torch.testing.assert_close(u, v)
+    assert len({tuple(u.flatten()[:256].tolist()) for u in a}) == 4
+    assert _graphs(graphed).replays == 3
+
+
+def test_misaligned_views_and_faults() -> None:
+    base = torch.randn(1001, device="cuda")
+    compiled = _compile(lambda t: t * 3 + 1, (base[:1000],))
+    for view in (base[:1000], base[1:], base[:1000]):
+        torch.testing.assert_close(compiled(view), view * 3 + 1)
+    emb = lambda i, t: F.embedding(i, t) * 2  # noqa: E731
+    i, t = torch.tensor([[0, 3]], device="cuda"), torch.randn(4, 8, device="cuda")
+    ce = _compile(emb, (i, t))
+    torch.testing.assert_close(ce(i, t), emb(i, t))
+    with pytest.raises(IndexError):
+        ce(torch.tensor([[0, 4]], device="cuda"), t)
+    assert "record faults" in _graphs(ce).blocker
+
+
+def test_torch_compile_with_cuda_tensors() -> None:
+    backend = vfuse.backend(backend="triton", target=TARGET, strict=True)
+    fn = torch.compile(lambda x, w: F.rms_norm(x * 2, (64,), w), backend=backend, dynamic=False)
+    x, w = torch.randn(8, 64, device="cuda"), torch.randn(64, device="cuda")
+    for _ in range(3):
+        torch.testing.assert_close(fn(x, w), F.rms_norm(x * 2, (64,), w))
+
+
+def test_offline_registers_equal_the_drivers() -> None:
+    x = torch.randn(64, 4096, device="cuda")
+    compiled = _compile(lambda t: torch.softmax(t, -1), (x,), cuda_graphs=False)
+    compiled(x)
+    ex = _executor(compiled)
+    launches = [run for run in ex._memory[x.device].launchers.values() if isinstance(run, LeanLaunch)]
+    for run, kernel in zip(launches, ex.kernels, strict=False):
+        (loaded,) = run.kernels.values()
+        offline = kernel.resources(sm=int("".join(map(str, torch.cuda.get_device_capability()))))
+        assert loaded.n_regs == offline["registers"] and loaded.n_spills == offline["spill_bytes"] == 0
