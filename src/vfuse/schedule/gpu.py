@@ -158,16 +158,20 @@ class ContractionTable:
     attention16: TileRow
     attention32: TileRow
     smem: int  # shared memory per SM (bytes): no candidate may need more
+    conv32: TileRow = TileRow(64, 64, 16, 8, 8, 3)  # fp32 implicit GEMM: its gathers' addresses take registers
 
 
 # sm_90 (228 KB shared): 128x128x64 fp16 tiles over 3 stages use 96 KB, 8 warps (two warpgroups)
-# for wgmma; sm_80 (164 KB): 4 stages of 128x128x32. fp32 FMA tiles are smaller (registers).
+# for wgmma; sm_80 (164 KB): 4 stages of 128x128x32. fp32 runs on FMA (exact, no TF32): 64x64
+# tiles 16 deep (32 deep spilled 96 bytes with a GELU epilogue, offline for sm_90); fp32
+# attention 32 x 32 (64 x 32 spilled at head dim 64); fp32 conv over 8 warps (4 spilled 20
+# bytes on a 3-channel 3x3 conv).
 _SM90 = ContractionTable(
-    TileRow(128, 128, 64, 8, 8, 3), TileRow(64, 64, 32, 8, 4, 3),
+    TileRow(128, 128, 64, 8, 8, 3), TileRow(64, 64, 16, 8, 4, 3),
     TileRow(128, 64, 0, 1, 8, 2), TileRow(32, 32, 0, 1, 4, 2), 228 << 10,
 )  # fmt: skip
 _SM80 = ContractionTable(
-    TileRow(128, 128, 32, 8, 4, 4), TileRow(64, 64, 32, 8, 4, 3),
+    TileRow(128, 128, 32, 8, 4, 4), TileRow(64, 64, 16, 8, 4, 3),
     TileRow(128, 64, 0, 1, 4, 2), TileRow(32, 32, 0, 1, 4, 2), 164 << 10,
 )  # fmt: skip
 CONTRACTION_TABLES: dict[str, ContractionTable] = {"a100": _SM80, "h100": _SM90, "h200": _SM90}
@@ -235,6 +239,8 @@ def _row_for(k: ContractionKernel, table: ContractionTable, dot: str) -> TileRow
     wide = dot != "fp32"
     if k.op is Op.SDPA:
         return table.attention16 if wide else table.attention32
+    if k.op is Op.CONV2D and not wide:
+        return table.conv32
     return table.gemm16 if wide else table.gemm32
 
 

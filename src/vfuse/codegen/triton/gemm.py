@@ -214,7 +214,8 @@ def render_gemm(k: ContractionKernel, program: Program, faults: FaultTable) -> t
         f"acc_ = tl.full([{g.block_m}, {g.block_n}], 0.0, tl.float32)",
         f"for k0_ in range({-(-kk // g.block_k)}):",
         f"    rk_ = k0_ * {g.block_k} + tl.arange(0, {g.block_k})",
-        f"    mk_ = rk_ < {kk}",
+        # K a multiple of the block: a constant mask the compiler folds away (no per-step compares)
+        f"    mk_ = tl.full([{g.block_k}], 1, tl.int1)" if kk % g.block_k == 0 else f"    mk_ = rk_ < {kk}",
     ]
     lines = ["    " + ln for ln in body]
     lines += _operand_tile(sec, 0, 2) + _operand_tile(sec, 1, 2) + dot_lines("a_", "b_", g.dot, 2)
