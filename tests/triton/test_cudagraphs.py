@@ -17,6 +17,7 @@ import torch
 import torch.nn.functional as F
 from tests.triton.triton_cases import compile_triton
 
+from vfuse.entry.observe import CompileStats
 from vfuse.runtime.cudagraphs import GraphStats
 from vfuse.runtime.triton import LeanLaunch, TritonExecutor
 
@@ -79,6 +80,7 @@ def test_warm_up_then_capture_once_then_replay_with_inputs_copied() -> None:
     xs = [x, *(torch.randn(7, 13) for _ in range(3))]
     seen = [compiled(xi, w) for xi in xs]
     (driver,) = drivers
+    assert CompileStats.of([compiled.compiled]).cuda_graphs == {"captured": 1}
     s = _stats(ex)
     assert (s.warmups, s.captures, s.replays, s.uncaptured) == (1, 1, 3, 0)
     assert (driver.captures, driver.replays, len(driver.pools)) == (1, 3, 1)
@@ -149,6 +151,8 @@ def test_a_graph_with_faults_or_torch_fallbacks_is_never_captured() -> None:
     assert (s.captures, s.replays, s.uncaptured) == (0, 0, 3)
     assert "record faults" in s.blocker and s.describe().startswith("not captured")
     assert drivers[0].captures == 0
+    summary = CompileStats.of([compiled.compiled])
+    assert summary.cuda_graphs == {s.blocker: 1} and f"not captured ({s.blocker})" in str(summary)
     with pytest.raises(IndexError, match=r"out of range|out of bounds"):
         compiled(torch.tensor([[0, 9], [2, 1]]), t)  # faults still raised on uncaptured calls
 

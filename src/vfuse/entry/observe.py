@@ -21,7 +21,7 @@ import logging
 import weakref
 from collections import Counter
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from torch._logging._internal import getArtifactLogger, register_artifact, register_log
@@ -135,6 +135,8 @@ class CompileStats:
     eager_graphs: int  # graphs that failed to compile and run eagerly
     reused_graphs: int  # graphs with symbolic sizes that reused a fixed-shape graph
     compile_s: float  # time spent compiling them
+    # Graphs that ran CUDA calls (backend="triton"): "captured" or why they run uncaptured -> graphs.
+    cuda_graphs: dict[str, int] = field(default_factory=dict)
 
     @staticmethod
     def of(graphs: Sequence[CompiledGraph], eager_graphs: int = 0, reused_graphs: int = 0) -> CompileStats:
@@ -150,6 +152,7 @@ class CompileStats:
             eager_graphs=eager_graphs,
             reused_graphs=reused_graphs,
             compile_s=sum(g.compile_s for g in graphs),
+            cuda_graphs=dict(Counter(g.stats.cuda_graphs.blocker or "captured" for g in graphs if g.stats.cuda_graphs)),
         )
 
     def __str__(self) -> str:
@@ -165,6 +168,9 @@ class CompileStats:
             lines.append(f"{_count(self.eager_graphs, 'graph')} failed to compile and ran eagerly")
         if self.reused_graphs:
             lines.append(f"{_count(self.reused_graphs, 'graph')} with symbolic sizes reused a compiled one")
+        for why, n in sorted(self.cuda_graphs.items()):
+            state = "captured" if why == "captured" else f"not captured ({why})"
+            lines.append(f"CUDA graphs: {_count(n, 'graph')} {state}")
         return "\n".join(lines)
 
 
