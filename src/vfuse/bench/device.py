@@ -242,27 +242,13 @@ def _nbytes(args: Sequence[torch.Tensor], out: Any) -> int:
 def run_workload(w: Workload, bench: Bench, copy_bps: float) -> dict[str, Any]:
     fn, args = w.make(bench.sizes, bench.device, DTYPES[w.dtype])
     want = fn(*args)
-    results: dict[str, Result] = {}
-    callables: dict[str, Callable[[], Any]] = {}
-    for name in CONTENDERS:
-        r = results[name] = Result()
-        if bench.left_s() < 0:
-            r.error = "skipped: time budget spent"
-            continue
-        try:
-            t = time.perf_counter()
-            c = _compile(name, fn, args, bench)
-            for _ in range(3):  # warm-up; with graphs: the warm-up call, the capture, a replay
-                got = c(*args)
-            r.compile_s = time.perf_counter() - t
-            r.max_err = _check(got, want, w.dtype)
-            r.ok, r.cuda_graphs = True, _graph_note(c)
-            callables[name] = lambda c=c: c(*args)
-        except Exception as e:  # one contender's failure is a result, not the end of the run
-            r.error = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"[:300]
+    results = {name: Result() for name in CONTENDERS}
+    callables = {name: c for name in CONTENDERS if (c := _prepare(name, fn, args, want, w, bench, results[name]))}
     samples: dict[str, list[float]] = {n: [] for n in callables}
+    order = list(callables)
     for rep in range(bench.sizes.reps):  # interleaved: drift hits every contender alike
-        order = list(callables)
+        if rep >= 3 and bench.left_s() < 0:
+            break
         for name in order[rep % len(order) :] + order[: rep % len(order)] if order else []:
             samples[name].append(bench.timer.per_call(callables[name], bench.sizes.calls))
     nbytes = _nbytes(args, want)
@@ -272,6 +258,35 @@ def run_workload(w: Workload, bench: Bench, copy_bps: float) -> dict[str, Any]:
         if w.family == "memory" and copy_bps > 0:
             r.pct_copy_bw = 100.0 * nbytes / (statistics.median(s) * copy_bps)
     return {"name": w.name, "family": w.family, "dtype": w.dtype, "bytes": nbytes, "results": _plain(results)}
+
+
+def _prepare(
+    name: str, fn: Callable[..., Any], args: tuple[torch.Tensor, ...], want: Any, w: Workload, bench: Bench, r: Result
+) -> Callable[[], Any] | None:
+    """The contender compiled, warmed up and checked into `r`; None when it cannot be timed. A
+    mismatch against eager is recorded (not ok) and still timed."""
+    if bench.left_s() < 0:
+        r.error = "skipped: time budget spent"
+        return None
+    try:
+        t = time.perf_counter()
+        c = _compile(name, fn, args, bench)
+        for _ in range(3):  # warm-up; with graphs: the warm-up call, the capture, a replay
+            got = c(*args)
+        r.compile_s, r.cuda_graphs = time.perf_counter() - t, _graph_note(c)
+    except Exception as e:  # one contender's failure is a result, not the end of the run
+        r.error = _error(e)
+        return None
+    try:
+        r.max_err = _check(got, want, w.dtype)
+        r.ok = True
+    except Exception as e:
+        r.error = "mismatch: " + _error(e)
+    return lambda: c(*args)
+
+
+def _error(e: Exception) -> str:
+    return f"{type(e).__name__}: {' '.join(str(e).split())}"[:300]
 
 
 def _plain(results: dict[str, Result]) -> dict[str, dict[str, Any]]:
@@ -305,7 +320,7 @@ def overhead(bench: Bench) -> dict[str, Any]:
             out[f"{name}_us"] = statistics.median(times) * 1e6
         except Exception as e:
             out[f"{name}_us"] = None
-            out[f"{name}_error"] = f"{type(e).__name__}: {e}"[:300]
+            out[f"{name}_error"] = _error(e)
     launch, replay = out.get("vfuse_us"), out.get("vfuse_graphs_us")
     out["replay_saves_us"] = launch - replay if launch is not None and replay is not None else None
     return out
