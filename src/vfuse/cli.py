@@ -192,7 +192,7 @@ def run_calibrate(ns: argparse.Namespace) -> int:
     cal, bad, path = calibrate(ns.isa, Options.from_env().cache_dir, ns.reps)
     for f in dataclasses.fields(cal):
         note = "  (implausible: the torch-measured figure kept)" if f.name in bad else ""
-        print(f"{f.name:16s} {getattr(cal, f.name):.4g}{note}")
+        print(f"{f.name:18s} {getattr(cal, f.name):.4g}{note}")
     print(f"wrote {path}", file=sys.stderr)
     return 0
 

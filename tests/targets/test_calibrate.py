@@ -23,7 +23,15 @@ BASE = Target(
     20e9, 60e9, 200e9, 200e9, 400e9, 800e9, 160e9, 2e-6, 2,
 )  # fmt: skip
 CAL = Calibration(
-    l2_bw=96e9, l3_bw=90e9, dram_bw=15e9, vector_f32=18e9, peak_f32=105e9, serial_launch_s=3e-8, launch_s=1.5e-6
+    l1_bw=180e9,
+    l2_bw=96e9,
+    l3_bw=90e9,
+    dram_bw=15e9,
+    vector_f32=50e9,
+    transcendental_f32=18e9,
+    peak_f32=105e9,
+    serial_launch_s=3e-8,
+    launch_s=1.5e-6,
 )
 
 
@@ -39,12 +47,13 @@ def test_guard_keeps_plausible_values_and_replaces_the_rest() -> None:
 
 def test_apply_scales_per_thread_rates_to_the_cores() -> None:
     t = apply(BASE, CAL)
-    assert (t.l2_bw, t.cache_bw, t.vector_f32, t.peak_f32) == (192e9, 180e9, 36e9, 210e9)
+    assert (t.l1_bw, t.l2_bw, t.cache_bw, t.dram_bw_thread) == (360e9, 192e9, 180e9, 15e9)
+    assert (t.vector_f32, t.transcendental_f32, t.peak_f32) == (100e9, 36e9, 210e9)
     assert t.peak_bf16 == 2 * t.peak_f32 and t.peak_i8 == 4 * t.peak_f32  # the tier's ratios kept
     assert t.dram_bw == max(BASE.dram_bw, CAL.dram_bw) and t.dram_bw_thread == CAL.dram_bw
     assert (t.serial_launch_s, t.launch_s) == (3e-8, 1.5e-6)
     one = at_threads(t, 1)
-    assert (one.cores, one.max_threads, one.l2_bw, one.vector_f32) == (1, 1, 96e9, 18e9)
+    assert (one.cores, one.max_threads, one.l2_bw, one.vector_f32, one.transcendental_f32) == (1, 1, 96e9, 50e9, 18e9)
     assert one.dram_bw == CAL.dram_bw and one.launch_s == CAL.serial_launch_s
     assert at_threads(t, 2) is t
 
@@ -81,7 +90,8 @@ def test_bandwidth_falls_with_bytes_without_a_step() -> None:
     assert memory_bw(BASE, 1 << 10) == memory_bw(BASE, 1 << 30) == BASE.dram_bw  # uncalibrated: unchanged
     sizes = [int(2 ** (k / 4)) for k in range(40, 120)]
     bws = [memory_bw(t, s) for s in sizes]
-    assert bws[0] == t.l2_bw and bws[-1] == t.dram_bw
+    assert bws[0] == t.l1_bw and bws[-1] == t.dram_bw
+    assert memory_bw(t, t.l2_bytes) == pytest.approx(t.l2_bw)  # half of the two cores' L2
     assert all(a >= b * (1 - 1e-12) for a, b in itertools.pairwise(bws))
     times = [s / b for s, b in zip(sizes, bws)]
     assert all(a < b for a, b in itertools.pairwise(times))  # more bytes always take longer
@@ -111,7 +121,7 @@ def test_calibrating_vfuse_kernels_at_the_avx2_tier(tmp_path: Path) -> None:
     cal, bad, path = calibrate("avx2", tmp_path, reps=2, kernel_cache=Options.from_env().cache_dir)
     assert path == tmp_path / cal_mod.CALIBRATION_FILE
     assert set(bad) <= {"launch_s", "dram_bw", "serial_launch_s"}  # what a loaded machine can spoil
-    assert cal.l2_bw > 1e9 and cal.peak_f32 > 1e9 and cal.vector_f32 > 1e8
+    assert cal.l2_bw > 1e9 and cal.peak_f32 > 1e9 and cal.vector_f32 > cal.transcendental_f32 > 1e8
     assert cal_mod.read(tmp_path, detect().fingerprint(), "avx2") == cal
     assert cal_mod.read(tmp_path, detect().fingerprint(), "avx512") is None
     t = get_target("cpu", tmp_path, isa="avx2")
@@ -131,5 +141,22 @@ def test_cli_calibrate(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFi
     monkeypatch.setattr(entry, "calibrate", fake)
     assert cli.main(["calibrate", "--isa", "avx2", "--reps", "3"]) == 0
     out = capsys.readouterr().out
-    assert seen == [("avx2", 3)] and "l2_bw            9.6e+10" in out and "launch_s" in out and "implausible" in out
+    assert seen == [("avx2", 3)] and "l2_bw              9.6e+10" in out and "launch_s" in out and "implausible" in out
     assert cli.main(["calibrate", "--reps", "0"]) == 2
+
+
+def test_transcendental_ops_take_the_calibrated_rate() -> None:
+    from vfuse.fusion.cost import estimate
+    from vfuse.ir import DType, GraphBuilder, Op, TensorType
+
+    b = GraphBuilder()
+    x = b.add(Op.INPUT, name="x", index=0, type=TensorType((1 << 16,), DType.F32))
+    e = b.add(Op.EXP, [x], name="e")
+    n = b.add(Op.NEG, [x], name="n")
+    graph = b.build([e, n])
+    t = apply(BASE, CAL)
+    exp, neg = estimate(["e"], graph, t), estimate(["n"], graph, t)
+    assert exp.compute_s == pytest.approx(exp.flops / t.transcendental_f32)
+    assert neg.compute_s == pytest.approx(neg.flops / t.vector_f32)
+    plain = estimate(["e"], graph, BASE)
+    assert plain.compute_s == pytest.approx(plain.flops / BASE.vector_f32)  # uncalibrated: one rate

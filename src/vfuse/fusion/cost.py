@@ -39,6 +39,9 @@ GPU_SATURATION = 0.5
 # Kernels with fewer loop points run on one thread (schedule/strategy.PARALLEL_MIN, which the
 # schedule decides; the cost model sits below the schedule and keeps its own copy).
 PARALLEL_MIN_ELEMENTS = 32 * 1024
+# Ops the IR counts as >= 8 flops per element (exp, log, tanh, sigmoid, SiLU, GELU, erf, pow) run
+# at the calibrated transcendental rate: per IR flop they take ~2-3x as long as cheap arithmetic.
+TRANSCENDENTAL = 8
 
 
 @dataclass(frozen=True, slots=True)
@@ -146,6 +149,8 @@ def _flops(nodes: Sequence[Node], form: Form, graph: Graph, target: Target) -> t
         total += f
         if n.kind is Kind.CONTRACTION:
             seconds += f / target.matrix_peak(graph[n.inputs[0]].tensor_type.dtype)
+        elif target.transcendental_f32 and n.kind is not Kind.REDUCE and per_element_flops(n, graph) >= TRANSCENDENTAL:
+            seconds += f / target.transcendental_f32
         else:
             seconds += f / target.vector_f32
     return total, seconds
@@ -193,14 +198,16 @@ class Figures:
 
 def memory_bw(target: Target, nbytes: int) -> float:
     """Bytes/s of a kernel moving `nbytes`. Uncalibrated targets and GPUs: DRAM bandwidth at every
-    size. Calibrated CPUs (`targets/calibrate.py`): L2 bandwidth up to half the cores' L2, L3 at a
-    quarter of L3, DRAM from the L3 size on, interpolated in log-log between them: no step at a
-    cache size (a step made merges that cross it look unprofitable), and time still grows with
-    bytes (bandwidth falls slower than size grows), so a merge that saves bytes still gains."""
+    size. Calibrated CPUs (`targets/calibrate.py`): L1 bandwidth up to half the cores' L1, L2 at half
+    their L2, L3 at a quarter of L3, DRAM from the L3 size on, interpolated in log-log between them.
+    No step at a cache size (a step made merges that cross it look unprofitable), and bandwidth never
+    rises with size, so time grows with bytes and a merge that saves bytes still gains."""
     if target.is_gpu or target.l2_bw <= 0:
         return target.dram_bw
-    sizes = (target.l2_bytes * target.cores / 2, target.l3_bytes / 4, float(max(target.l3_bytes, 1)))
-    bws = (target.l2_bw, min(target.l2_bw, target.cache_bw), min(target.l2_bw, target.cache_bw, target.dram_bw))
+    l1 = target.l1_bw or target.l2_bw
+    sizes = (target.l1_bytes * target.cores / 2, target.l2_bytes * target.cores / 2, target.l3_bytes / 4)
+    sizes += (float(max(target.l3_bytes, 1)),)
+    bws = tuple(itertools.accumulate((l1, target.l2_bw, target.cache_bw, target.dram_bw), min))
     if nbytes <= sizes[0]:
         return bws[0]
     for (s0, b0), (s1, b1) in itertools.pairwise(zip(sizes, bws)):

@@ -19,7 +19,7 @@ from pathlib import Path
 
 from vfuse.targets.target import Target
 
-CALIBRATION_VERSION = 1
+CALIBRATION_VERSION = 2
 CALIBRATION_FILE = "calibration_cpu.json"
 
 
@@ -27,16 +27,19 @@ CALIBRATION_FILE = "calibration_cpu.json"
 class Calibration:
     """Per-thread rates of vfuse's kernels at one tier (bytes/s, flop/s, seconds).
 
-    l2_bw / l3_bw / dram_bw: the streaming add (read 2, write 1) with its data in L2, in L3, in DRAM.
-    vector_f32: IR flops (the cost model's count) per second of a chain of transcendental ops in L2.
+    l1_bw / l2_bw / l3_bw / dram_bw: the streaming add (read 2, write 1) with its data in L1, L2,
+    L3, DRAM. vector_f32: IR flops (the cost model's count) per second of a chain of cheap ops
+    (add, mul, abs, max) in L2; transcendental_f32: the same for exp, tanh, sigmoid, GELU, SiLU.
     peak_f32: the GEMM template's flop/s. serial_launch_s: a kernel too small to fork threads.
     launch_s: a threaded kernel's fork/join on all cores (0: not measured or implausible).
     """
 
+    l1_bw: float
     l2_bw: float
     l3_bw: float
     dram_bw: float
     vector_f32: float
+    transcendental_f32: float
     peak_f32: float
     serial_launch_s: float
     launch_s: float = 0.0
@@ -49,10 +52,12 @@ def guarded(cal: Calibration, target: Target) -> tuple[Calibration, list[str]]:
     n = max(target.cores, 1)
     vector = target.vector_f32 / n  # half the theoretical FMA rate of one core (targets/cpu.py)
     ranges = {
+        "l1_bw": (1e9, 4e12, target.cache_bw / n),
         "l2_bw": (1e9, 2e12, target.cache_bw / n),
         "l3_bw": (1e9, 2e12, target.cache_bw / n),
         "dram_bw": (5e8, 1e12, target.dram_bw / n),
         "vector_f32": (0.01 * vector, 2.0 * vector, vector),
+        "transcendental_f32": (0.005 * vector, 2.0 * vector, vector),
         "peak_f32": (0.05 * vector, 3.0 * vector, target.peak_f32 / n),
         "serial_launch_s": (5e-9, 2e-5, target.launch_s / 4),
         "launch_s": (5e-8, 5e-5, 0.0),
@@ -76,11 +81,13 @@ def apply(target: Target, cal: Calibration) -> Target:
     r = f32 / target.peak_f32  # bf16/f16/i8 peaks keep their ratios to fp32 (the tier's extensions)
     return replace(
         target,
+        l1_bw=cal.l1_bw * n,
         l2_bw=cal.l2_bw * n,
         cache_bw=cal.l3_bw * n,
         dram_bw=max(target.dram_bw, cal.dram_bw),
         dram_bw_thread=cal.dram_bw,
         vector_f32=cal.vector_f32 * n,
+        transcendental_f32=cal.transcendental_f32 * n,
         peak_f32=f32,
         serial_launch_s=cal.serial_launch_s,
         launch_s=cal.launch_s or target.launch_s,
@@ -108,7 +115,9 @@ def at_threads(target: Target, threads: int) -> Target:
         peak_f16=target.peak_f16 * s,
         peak_bf16=target.peak_bf16 * s,
         peak_i8=target.peak_i8 * s,
+        l1_bw=target.l1_bw * s,
         l2_bw=target.l2_bw * s,
+        transcendental_f32=target.transcendental_f32 * s,
         cache_bw=target.cache_bw * s,
         dram_bw=dram,
         launch_s=target.serial_launch_s if one else target.launch_s,

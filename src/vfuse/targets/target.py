@@ -32,10 +32,11 @@ class Target:
     max_threads: hardware threads resident at once (CPU cores; GPU SMs * threads per SM).
     isa / isa_extras: the instruction-set tier CPU kernels are compiled for and its optional
         extensions (`targets.isa`; None on GPU presets).
-    l2_bw: bytes/s of a kernel whose data stays in L2 (0: unknown, the cost model then uses
-        dram_bw for every size); serial_launch_s: fixed cost of a kernel too small to fork threads
-        (0: unknown, launch_s); dram_bw_thread: one thread's DRAM bandwidth (0: unknown). Set by
-        calibrating vfuse's own kernels (`targets/calibrate.py`).
+    l1_bw / l2_bw: bytes/s of a kernel whose data stays in L1 / L2 (0: unknown, the cost model
+        then uses dram_bw for every size); serial_launch_s: fixed cost of a kernel too small to
+        fork threads (0: unknown, launch_s); dram_bw_thread: one thread's DRAM bandwidth (0:
+        unknown); transcendental_f32: IR flop/s of exp, tanh, GELU and the like (0: vector_f32).
+        Set by calibrating vfuse's own kernels (`targets/calibrate.py`).
     """
 
     name: str
@@ -63,6 +64,8 @@ class Target:
     l2_bw: float = 0.0
     serial_launch_s: float = 0.0
     dram_bw_thread: float = 0.0
+    l1_bw: float = 0.0
+    transcendental_f32: float = 0.0
 
     @property
     def is_gpu(self) -> bool:
