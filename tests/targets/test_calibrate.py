@@ -160,3 +160,28 @@ def test_transcendental_ops_take_the_calibrated_rate() -> None:
     assert neg.compute_s == pytest.approx(neg.flops / t.vector_f32)
     plain = estimate(["e"], graph, BASE)
     assert plain.compute_s == pytest.approx(plain.flops / BASE.vector_f32)  # uncalibrated: one rate
+
+
+def test_planner_summaries_price_transcendental_ops_as_the_exact_model() -> None:
+    """The planner scores merges from per-kernel summaries; on a calibrated target they must weigh
+    exp as the exact cost does, or merges would be scored on other times than the plan reports."""
+    from vfuse.fusion import summary as sm
+    from vfuse.fusion.cost import estimate, time_weight
+    from vfuse.ir import DType, GraphBuilder, Op, TensorType
+
+    b = GraphBuilder()
+    x = b.add(Op.INPUT, name="x", index=0, type=TensorType((300, 257), DType.F32))
+    e = b.add(Op.EXP, [x], name="e")
+    n = b.add(Op.NEG, [e], name="n")
+    graph = b.build([n])
+    t = apply(BASE, CAL)
+    facts = {v.name: sm.node_facts(v, graph, t) for v in graph.nodes}
+    pe, ce = (sm.leaf(facts[v], graph[v], frozenset((v,)), facts) for v in ("e", "n"))
+    merged = sm.combine(pe, ce, frozenset(("n",)), facts)
+    form = sm.form_of(merged, pe, ce, facts)
+    nbytes = {v.name: v.type.nbytes for v in graph.nodes}
+    cost, _ = sm.summary_cost(merged, form, nbytes, t)
+    exact = estimate(["e", "n"], graph, t)
+    assert cost.time_s == pytest.approx(exact.time_s) and cost.compute_s == pytest.approx(exact.compute_s)
+    assert time_weight(graph["e"], graph, t) == pytest.approx(t.vector_f32 / t.transcendental_f32)
+    assert time_weight(graph["n"], graph, t) == time_weight(graph["e"], graph, BASE) == 1.0

@@ -149,11 +149,20 @@ def _flops(nodes: Sequence[Node], form: Form, graph: Graph, target: Target) -> t
         total += f
         if n.kind is Kind.CONTRACTION:
             seconds += f / target.matrix_peak(graph[n.inputs[0]].tensor_type.dtype)
-        elif target.transcendental_f32 and n.kind is not Kind.REDUCE and per_element_flops(n, graph) >= TRANSCENDENTAL:
-            seconds += f / target.transcendental_f32
         else:
-            seconds += f / target.vector_f32
+            seconds += f * time_weight(n, graph, target) / target.vector_f32
     return total, seconds
+
+
+def time_weight(node: Node, graph: Graph, target: Target) -> float:
+    """Time of one of the node's IR flops in cheap-arithmetic flops (1.0 for most ops): a
+    transcendental pointwise op on a calibrated target takes vector_f32 / transcendental_f32.
+    The planner's summaries weight their per-element flops the same way (`summary.node_facts`)."""
+    if not target.transcendental_f32 or node.kind is not Kind.ELEMENTWISE:
+        return 1.0
+    if per_element_flops(node, graph) < TRANSCENDENTAL:
+        return 1.0
+    return target.vector_f32 / target.transcendental_f32
 
 
 def _nbytes(node: Node) -> int:

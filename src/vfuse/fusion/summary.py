@@ -14,7 +14,7 @@ import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from vfuse.fusion.cost import Figures, Pressure, cost_from, register_budget, registers, ws_budget
+from vfuse.fusion.cost import Figures, Pressure, cost_from, register_budget, registers, time_weight, ws_budget
 from vfuse.fusion.forms import CONTRACTION_LABELS, Form, Illegal, numel_of, per_element_flops
 from vfuse.fusion.plan import Cost
 from vfuse.fusion.rules import Rule
@@ -51,7 +51,8 @@ def node_facts(node: Node, graph: Graph, target: Target) -> Facts:
         fixed_s = fixed / peak
         if node.kind is Kind.REDUCE:
             sig = (first.shape, tuple(node.attrs["axes"]), numel_of(node))
-    pe = 0.0 if fixed else per_element_flops(node, graph)
+    # In cheap-arithmetic flops: transcendental ops weigh more on a calibrated target (cost.time_weight).
+    pe = 0.0 if fixed else per_element_flops(node, graph) * time_weight(node, graph, target)
     layout = opdef(node.op).layout_only
     return Facts(
         node.kind, shape, numel_of(node), node.type.nbytes, pe, fixed, fixed_s, layout, sig, registers(node.type)
