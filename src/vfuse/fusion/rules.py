@@ -56,3 +56,7 @@ class Rule(str, enum.Enum):
     RECOMPUTE_UNPROFITABLE = "recompute-unprofitable", "recomputing in every consumer is predicted slower"
     RECOMPUTE_TOO_EXPENSIVE = "recompute-too-expensive", "only cheap pointwise producers are recomputed"
     RECOMPUTE_GRAPH_OUTPUT = "recompute-graph-output", "a graph output is written by exactly one kernel"
+    LIBRARY_CONTRACTION = (
+        "library-contraction",
+        "the cost model predicts torch's GEMM/conv beats the template: it runs in torch, its epilogue fused after it",
+    )

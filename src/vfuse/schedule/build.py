@@ -17,7 +17,7 @@ from vfuse.ir.defs.layout import IndexBounds, index_bounds
 from vfuse.ir.shapes import numel
 from vfuse.ir.shapes import reduce as reduced_shape
 from vfuse.schedule import expr
-from vfuse.schedule.contraction import FP32_ONLY, GPU_DTYPES, Caches, plan_contraction
+from vfuse.schedule.contraction import FP32_ONLY, GPU_DTYPES, Caches, library_choice, plan_contraction
 from vfuse.schedule.expr import Lin, Var
 from vfuse.schedule.gpu import decide_contraction, decide_gpu
 from vfuse.schedule.kernel import (
@@ -136,6 +136,8 @@ def _contraction_steps(
     try:
         dtypes = GPU_DTYPES if gpu is not None else FP32_ONLY
         cp = plan_contraction(graph, g.nodes, g.outputs, g.id, g.label, caches, unit, dtypes)
+        if gpu is None and (choice := library_choice(graph, g.cost, cp)).library:
+            raise Unsupported(choice.reason())  # torch is predicted faster: fuse around it instead
         kernel = decide_contraction(cp.kernel, gpu, graph) if gpu is not None else cp.kernel
         copies: list[AnyKernel | TorchStep] = []
         for i, v in enumerate(cp.copies):

@@ -1,0 +1,66 @@
+"""Template or library: whether a contraction runs as vfuse's generated template or through
+torch's library (oneDNN / MKL / OpenBLAS) with the rest of its group fused around it.
+
+Both are priced from the planner's cost of the group (`fusion.cost`, the same model that made
+the group), so the comparison uses the target's peak and bandwidth:
+
+* template: the group's time, plus the flops its register tile computes past the edges of C
+  (a 64-wide tile on an N = 3 output computes 64 columns) at the same peak;
+* library: the group's time for the useful flops (library GEMMs cover ragged edges with narrower
+  kernels), plus one torch call (dispatch, an output allocation, leaving the native segment), and,
+  when the group has an epilogue, a second pass over the output: the epilogue then runs as its
+  own kernel, reading the contraction's output back instead of working on it in registers.
+
+The library wins only when the tile's waste costs more than the call and the lost fusion: small
+or ragged outputs (N or M far below one tile). The schedule asks (`schedule/build.py`) and runs
+such a contraction through torch, reason `Rule.LIBRARY_CONTRACTION`, shown in the report.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from vfuse.fusion.plan import Cost
+from vfuse.fusion.rules import Rule
+
+# One torch call from a compiled graph: leaving the native segment, ATen dispatch, allocating
+# the output (the runtime's torch step, measured at 5-15 us on Zen 4 under load; docs/perf-log.md).
+LIBRARY_CALL_S = 10e-6
+
+
+@dataclass(frozen=True, slots=True)
+class ContractionChoice:
+    """The two predicted times of one contraction group, in seconds, and the verdict."""
+
+    template_s: float
+    library_s: float
+
+    @property
+    def library(self) -> bool:
+        return self.library_s < self.template_s
+
+    def reason(self) -> str:
+        return (
+            f"{Rule.LIBRARY_CONTRACTION.value}: torch predicted {self.library_s * 1e6:.1f} us, "
+            f"the template {self.template_s * 1e6:.1f} us"
+        )
+
+
+def tile_waste(m: int, n: int, mr: int, nr: int) -> float:
+    """Flops the mr x nr register tile computes over an m x n output, per useful flop (>= 1)."""
+    if m <= 0 or n <= 0:
+        return 1.0
+    return (math.ceil(m / mr) * mr * math.ceil(n / nr) * nr) / (m * n)
+
+
+def choose(cost: Cost, waste: float, out_bytes: int, epilogue: bool) -> ContractionChoice:
+    """Template or library for a contraction group of planner cost `cost` whose template's tile
+    computes `waste` times the useful flops; `out_bytes`: the contraction's output, which a split
+    epilogue reads back and writes again (`epilogue`: the group has pointwise work after it)."""
+    template_s = cost.time_s + cost.compute_s * (waste - 1.0)
+    library_s = cost.time_s + LIBRARY_CALL_S
+    if epilogue:
+        bandwidth = cost.bytes / cost.memory_s if cost.memory_s > 0 else math.inf
+        library_s += cost.launch_s + 2 * out_bytes / bandwidth
+    return ContractionChoice(template_s, library_s)

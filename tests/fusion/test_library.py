@@ -1,0 +1,66 @@
+"""Template or library (`fusion/library.py`): the cost model keeps a contraction in torch when its
+template would compute mostly padding, fuses the epilogue after it, and the report says why."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import vfuse
+from vfuse.fusion.library import LIBRARY_CALL_S, choose, tile_waste
+from vfuse.fusion.plan import Cost
+from vfuse.fusion.rules import Rule
+from vfuse.report.rows import RunKind
+
+
+def _cost(compute_s: float, memory_s: float = 1e-6, nbytes: int = 1 << 20) -> Cost:
+    return Cost(1, nbytes, compute_s, memory_s, 2e-6, 2e-6 + compute_s + memory_s, 0.5, 1.0)
+
+
+def test_tile_waste() -> None:
+    assert tile_waste(256, 1024, 8, 64) == 1.0
+    assert tile_waste(256, 3, 8, 64) == pytest.approx(64 / 3)
+    assert tile_waste(7, 5, 8, 8) == pytest.approx(64 / 35)
+    assert tile_waste(0, 5, 8, 8) == 1.0  # empty: nothing to waste (and no division by zero)
+
+
+def test_choice_weighs_waste_against_the_call_and_the_lost_epilogue() -> None:
+    big = _cost(compute_s=1e-3)
+    assert not choose(big, 1.0, 1 << 20, epilogue=True).library  # full tiles: the template
+    assert choose(big, 20.0, 1 << 20, epilogue=True).library  # 20x padding: torch
+    tiny = _cost(compute_s=1e-7)
+    assert not choose(tiny, 20.0, 1 << 20, epilogue=False).library  # waste < one torch call
+    # The epilogue pass counts: the same waste that wins without one loses with a large output.
+    mid = _cost(compute_s=2 * LIBRARY_CALL_S)
+    assert choose(mid, 2.0, 0, epilogue=False).library
+    assert not choose(mid, 2.0, 64 << 20, epilogue=True).library
+    reason = choose(big, 20.0, 1 << 20, epilogue=True).reason()
+    assert reason.startswith(f"{Rule.LIBRARY_CONTRACTION.value}: torch predicted")
+
+
+class Head(torch.nn.Module):
+    """A regression head: Linear(d, 1) with GELU, an output one column wide."""
+
+    def __init__(self, d: int, out: int) -> None:
+        super().__init__()
+        self.fc = torch.nn.Linear(d, out)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.gelu(self.fc(x)) * 2.0
+
+
+@pytest.mark.parametrize(("out", "library"), [(1, True), (3, True), (256, False)])
+def test_narrow_linear_runs_in_torch_with_its_epilogue_fused(out: int, library: bool) -> None:
+    torch.manual_seed(0)
+    model, x = Head(256, out).eval(), torch.randn(193, 256)  # 193 rows: prime, ragged tiles
+    report = vfuse.explain(model, x, freeze=True)
+    torch_rows = [k for k in report.kernels if k.runs is RunKind.TORCH]
+    assert bool(torch_rows) == library
+    if library:
+        (row,) = torch_rows
+        assert Rule.LIBRARY_CONTRACTION.value in row.note
+        assert any(k.runs is RunKind.NATIVE for k in report.kernels)  # GELU and * 2 still fused
+    with torch.no_grad():
+        compiled = vfuse.compile(model, (x,), freeze=True, strict=True)
+        torch.testing.assert_close(compiled(x), model(x), rtol=1e-4, atol=1e-5)
