@@ -35,7 +35,7 @@ from vfuse.frontend.lower import lower
 from vfuse.fusion import FusionPlan, format_plan, plan_fusion
 from vfuse.fusion.onchip import OnChip, fit_on_chip
 from vfuse.ir import Graph, IRError, format_graph, verify
-from vfuse.passes import PIPELINE
+from vfuse.passes import PIPELINE, fuse_attention
 from vfuse.passes.freeze import freeze_inputs
 from vfuse.runtime.compiled import CompiledGraph, Executor, InterpExecutor
 from vfuse.runtime.native import NativeExecutor
@@ -89,13 +89,21 @@ def lower_fx(gm: torch.fx.GraphModule, ctx: Context) -> Graph:
 
 
 def optimize(graph: Graph, ctx: Context) -> Graph:
-    """The optimization passes in order (`passes.PIPELINE`), each checked in verify mode."""
-    for name, run in PIPELINE:
+    """The optimization passes in order (`passes.PIPELINE`), each checked in verify mode; for
+    backend="triton", attention with dropout on P becomes SDPA too (its template draws the mask)."""
+    passes = [*PIPELINE] + (
+        [("fuse_attention(dropout)", _attention_dropout)] if ctx.options.backend == "triton" else []
+    )
+    for name, run in passes:
         graph = run(graph)
         if ctx.options.verify:
             _verify(graph, f"after pass {name}")
     ctx.dump("03_optimized.txt", format_graph(graph))
     return graph
+
+
+def _attention_dropout(graph: Graph) -> Graph:
+    return fuse_attention(graph, dropout=True)
 
 
 def _verify(graph: Graph, where: str) -> None:

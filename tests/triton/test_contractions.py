@@ -17,14 +17,18 @@ from typing import Any
 import pytest
 import torch
 import torch.nn.functional as F
+from tests.codegen.native_helpers import hand_plan, inputs
 from tests.triton.triton_cases import compile_triton
 
 import vfuse
-from vfuse.codegen.triton import render
+from vfuse.codegen.triton import pressure, render
 from vfuse.codegen.triton.autotune import Autotuner, tune_key
 from vfuse.codegen.triton.module import load_module, module_path
 from vfuse.codegen.triton.offline import resources_of
+from vfuse.ir import DType, GraphBuilder, Op
+from vfuse.runtime.compiled import InterpExecutor
 from vfuse.runtime.triton import TritonExecutor
+from vfuse.schedule import build
 from vfuse.schedule.gpu import candidates
 from vfuse.targets import get_target
 
@@ -251,3 +255,40 @@ def test_autotuner_times_each_candidate_once_and_caches_its_choice(tmp_path: Pat
     assert tune_key(k, "a100") != tune_key(k, "h100")
     # no device (no timer) and nothing cached: the table's tiles
     assert Autotuner(tmp_path / "other").tune(executor.program, "h100", lambda kc: cands).kernels == (k,)
+
+
+def test_attention_dropout_is_one_kernel_with_the_cpu_paths_mask() -> None:
+    """Dropout on P (torch's math SDPA: safe softmax, RAND >= p, scale) becomes the attention
+    template's own draw for backend="triton"; the C++ path runs the decomposed chain: the same
+    seed gives the same output, and the mask does drop."""
+
+    def fn(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        return F.scaled_dot_product_attention(q, k, v, dropout_p=0.3, is_causal=True)
+
+    inputs = tuple(torch.randn(1, 2, 19, 16) for _ in range(3))
+    triton_fn, cpp_fn = compile_triton(fn, inputs), vfuse.compile(fn, inputs, backend="cpp")
+    assert triton_fn.stats.kernels == 1 and triton_fn.stats.torch_calls == 0, triton_fn.stats
+    assert "_vf_rand(dk_lo, dk_hi" in triton_fn.compiled.executor.source
+    for seed in (0, 9):
+        torch.manual_seed(seed)
+        got = triton_fn(*inputs)
+        torch.manual_seed(seed)
+        want = cpp_fn(*inputs)
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    plain = F.scaled_dot_product_attention(*inputs, is_causal=True)
+    assert not torch.allclose(got, plain, atol=1e-3)
+    graph = triton_fn.compiled.graph  # the SDPA's own reference (a torch fallback) draws the same mask
+    torch.manual_seed(9)
+    torch.testing.assert_close(InterpExecutor(graph)(list(inputs))[0], want, rtol=1e-5, atol=1e-5)
+
+
+def test_a_template_past_2_31_elements_uses_64_bit_offsets(tmp_path: Path) -> None:
+    """Built and compiled only (the operand alone would be 4 GiB)."""
+    b = GraphBuilder()
+    x, w = inputs(b, (((1 << 16) + 1, 1 << 15), DType.F16), ((1 << 15, 64), DType.F16))
+    graph = b.build([b.add(Op.MATMUL, [x, w])])
+    h100 = get_target("h100")
+    rendered = render(build(hand_plan(graph, [[n.name for n in graph.compute_nodes]]), h100, triton=True))
+    assert "pid_ = tl.program_id(0).to(tl.int64)" in rendered.source
+    (res,) = pressure(rendered, tmp_path).values()
+    assert res.spill_bytes == 0 and "mul.wide" in res.ptx

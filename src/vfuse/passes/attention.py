@@ -17,7 +17,9 @@ K/V. A mask that folds to a constant top-left causal pattern (tril of ones, IOTA
 -inf/finfo.min triu buffer) becomes causal=True when it is the only mask; several masks are
 summed into one additive mask. The chain is rewritten only when every intermediate (scores,
 probabilities, softmax pieces) has no user outside it and is not a graph output. Training-mode
-dropout on P (RAND/GE/MUL between softmax and the PV matmul) is not matched: it stays as is.
+dropout on P (RAND/GE/MUL between softmax and the PV matmul, after torch's "safe softmax" WHERE)
+is matched only with `dropout=True` (backend="triton"): the SDPA then carries the rate, the
+RAND's stream and its seed, so its mask has the decomposed chain's bits.
 
 Half precision: a softmax computed in fp32 between CASTs (HF's softmax(..., dtype=float32)
 .to(q.dtype)) is matched too; the SDPA then runs in the model's dtype, like eager SDPA would.
@@ -55,6 +57,15 @@ class _Mask:
 
 
 @dataclass(frozen=True)
+class _Dropout:
+    """Dropout on P: kept where RAND(seed; stream) >= rate, scaled by 1 / (1 - rate)."""
+
+    seed: str
+    rate: float
+    stream: int
+
+
+@dataclass(frozen=True)
 class _Match:
     """Everything needed to emit the SDPA for one attention chain ending at MATMUL `pv`."""
 
@@ -68,6 +79,7 @@ class _Match:
     scale: float
     masks: tuple[_Mask, ...]
     causal: bool
+    dropout: _Dropout | None = None
 
 
 # -- reading the graph ----------------------------------------------------------------------
@@ -303,10 +315,48 @@ def _private(graph: Graph, chain: set[str], pv: str) -> bool:
     return all(not graph.is_output(n) and all(u in chain or u == pv for u in graph.users(n)) for n in chain)
 
 
-def _match(graph: Graph, pv_name: str) -> _Match | None:
+def _dropout(graph: Graph, p: str) -> tuple[str, _Dropout, list[str]] | None:
+    """(P, the dropout, its nodes) when `p` = P * CAST(RAND(seed) >= rate) * (1 / (1 - rate)),
+    the decomposition of dropout (frontend/lower_random.py), either MUL order."""
+    outer = graph[p]
+    factor = _scale_factor(graph, outer) if outer.op is Op.MUL else None
+    inner = graph[factor[0]] if factor else None
+    if factor is None or inner is None or inner.op is not Op.MUL:
+        return None
+    for x, keep in (inner.inputs, inner.inputs[::-1]):
+        cast = graph[keep]
+        ge = graph[cast.inputs[0]] if cast.op is Op.CAST else cast
+        rand = graph[ge.inputs[0]] if ge.op is Op.GE else None
+        rate = _full_value(graph, ge.inputs[1]) if rand is not None else None
+        if rand is None or rand.op is not Op.RAND or rate is None or not 0.0 < rate < 1.0:
+            continue
+        if abs(factor[1] * (1.0 - rate) - 1.0) > 1e-6 or _shape(graph, x) != rand.tensor_type.shape:
+            continue
+        nodes = [p, inner.name, *([keep] if cast.op is Op.CAST else []), ge.name, rand.name]
+        return x, _Dropout(rand.inputs[0], rate, int(rand.attrs["stream"])), nodes
+    return None
+
+
+def _safe_softmax(graph: Graph, p: str) -> tuple[str, str, list[str]]:
+    """(P, Z, nodes) when `p` = WHERE(ALL(Z == -inf), 0, P) (torch's math SDPA: a fully masked
+    row gives 0, as the template does); else (p, "", [])."""
+    node = graph[p]
+    if node.op is not Op.WHERE or _full_value(graph, node.inputs[1]) != 0.0:
+        return p, "", []
+    cond = graph[node.inputs[0]]
+    eq = graph[cond.inputs[0]] if cond.op is Op.ALL else None
+    if eq is None or eq.op is not Op.EQ or _full_value(graph, eq.inputs[1]) != -math.inf:
+        return p, "", []
+    return node.inputs[2], eq.inputs[0], [p, cond.name, eq.name]
+
+
+def _match(graph: Graph, pv_name: str, dropout: bool = False) -> _Match | None:
     pv = graph[pv_name]
     pm, vm = pv.inputs
     p, _, p_views = _peel(graph, pm, None)
+    found = _dropout(graph, p) if dropout else None
+    p, drop_nodes = (found[0], found[2]) if found else (p, [])
+    p, safe_z, safe_nodes = _safe_softmax(graph, p) if found else (p, "", [])
     p, p_cast = _uncast(graph, p)
     soft = _softmax_input(graph, p)
     z, z_cast = _uncast(graph, soft[0]) if soft else ("", [])
@@ -314,7 +364,9 @@ def _match(graph: Graph, pv_name: str) -> _Match | None:
     folded = path and _fold_scores(graph, path)
     if not soft or not path or not folded or graph[z].tensor_type.dtype != pv.tensor_type.dtype:
         return None
-    chain = {*path, *soft[1], *p_views, *p_cast, *z_cast}
+    if safe_z and safe_z not in (z, soft[0]):
+        return None
+    chain = {*path, *soft[1], *p_views, *p_cast, *z_cast, *drop_nodes, *safe_nodes}
     zshape = _shape(graph, z)
     batch, (lq, lk) = zshape[:-2], zshape[-2:]
     if not _private(graph, chain, pv_name) or _shape(graph, pm)[:-2] != pv.tensor_type.shape[:-2]:
@@ -329,7 +381,10 @@ def _match(graph: Graph, pv_name: str) -> _Match | None:
         return None
     causal = len(masks) == 1 and _keeps_causal(graph, masks[0], lq, lk)
     masks = () if causal else masks
-    return _Match(pv_name, frozenset(chain), q, k, k_perm, v, batch, scale, masks, causal)
+    if found and math.prod(_shape(graph, found[1].seed)) != 1:
+        return None
+    drop = found[1] if found else None
+    return _Match(pv_name, frozenset(chain), q, k, k_perm, v, batch, scale, masks, causal, drop)
 
 
 # -- rewriting ------------------------------------------------------------------------------------
@@ -375,7 +430,11 @@ class _Emitter:
         k = self.reshape(k, heads + self._tail(k))
         v = self.reshape(v, heads + self._tail(v))
         ins = [q, k, v, *self.mask(m.masks, out_type.dtype)]
-        out = b.add(Op.SDPA, ins, name="sdpa", scale=m.scale, causal=m.causal, gqa=gqa)
+        drop = {}
+        if m.dropout is not None:  # the seed last; the RAND's stream, so the same mask bits
+            ins.append(self.name(m.dropout.seed))
+            drop = {"dropout": m.dropout.rate, "stream": m.dropout.stream}
+        out = b.add(Op.SDPA, ins, name="sdpa", scale=m.scale, causal=m.causal, gqa=gqa, **drop)
         return self.reshape(out, out_type.shape)
 
     def _tail(self, x: str) -> tuple[int, ...]:
@@ -426,12 +485,14 @@ def _rewrite(graph: Graph, matches: dict[str, _Match]) -> Graph:
     return b.build([alias.get(o, o) for o in graph.outputs])
 
 
-def fuse_attention(graph: Graph) -> Graph:
-    """Replace every recognised attention chain by one SDPA node (then drop what became dead)."""
+def fuse_attention(graph: Graph, dropout: bool = False) -> Graph:
+    """Replace every recognised attention chain by one SDPA node (then drop what became dead).
+    `dropout`: also chains with dropout on P (for a backend whose attention template draws the
+    mask itself: Triton's; the C++ path keeps them decomposed, so both draw the same bits)."""
     matches: dict[str, _Match] = {}
     for node in graph.nodes:
         if node.op is Op.MATMUL:
-            m = _match(graph, node.name)
+            m = _match(graph, node.name, dropout)
             if m is not None:
                 matches[node.name] = m
     return dce(_rewrite(graph, matches)) if matches else graph

@@ -29,9 +29,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from vfuse.fusion.library import ContractionChoice, choose, tile_waste
-from vfuse.fusion.plan import Cost
 from vfuse.ir import DType, Graph, Kind, Op
+from vfuse.ir.defs.contraction import sdpa_dropout, sdpa_has_mask
 from vfuse.ir.shapes import numel
 from vfuse.schedule import expr
 from vfuse.schedule.expr import Lin, Var
@@ -171,7 +170,7 @@ def _check_types(graph: Graph, node: str, dtypes: frozenset[DType] = FP32_ONLY) 
     dtype = n.tensor_type.dtype
     if any(t.dtype is not dtype for t in types[:3]) or dtype not in dtypes:
         raise Unsupported(f"%{node}: the contraction templates take {sorted(d.value for d in dtypes)} only")
-    if len(types) == 4 and types[3].dtype not in (dtype, DType.BOOL):
+    if n.op is Op.SDPA and sdpa_has_mask(len(types), n.attrs) and types[3].dtype not in (dtype, DType.BOOL):
         raise Unsupported(f"%{node}: attention mask of {types[3].dtype.value}")
     if any(math.prod(t.shape) == 0 for t in (*types, n.tensor_type)):
         raise Unsupported(f"%{node} is empty")
@@ -199,8 +198,10 @@ def _conv_operands(graph: Graph, node: str, ops: _Operands) -> None:
         ops.add(i)
 
 
-def _sdpa_operands(graph: Graph, node: str, ops: _Operands) -> None:
+def _sdpa_operands(graph: Graph, node: str, ops: _Operands, dtypes: frozenset[DType]) -> None:
     n = graph[node]
+    if sdpa_dropout(n.attrs) and dtypes is not GPU_DTYPES:
+        raise Unsupported(f"%{node}: attention dropout (only the Triton template draws its mask)")
     q, k, v = (graph[i].tensor_type.shape for i in n.inputs[:3])
     rank = len(q)
     if rank not in (3, 4) or len(k) != rank or len(v) != rank or k[:-1] != v[:-1] or q[:-3] != k[:-3]:
@@ -265,7 +266,7 @@ def plan_contraction(graph: Graph, nodes: tuple[str, ...], outputs: tuple[str, .
     elif op is Op.CONV2D:
         _conv_operands(graph, node, ops)
     elif op is Op.SDPA:
-        _sdpa_operands(graph, node, ops)
+        _sdpa_operands(graph, node, ops, dtypes)
     else:
         raise Unsupported(f"no template for {op.value}")
     fused = _fuse(graph, node, rest, outputs, prologue)
@@ -295,19 +296,3 @@ def _fuse(
     if graph[node].op is Op.SDPA and extras:
         return None  # the attention kernel's signature has no room for extra buffers
     return outputs[0], stmts, result, extras
-
-
-def library_choice(graph: Graph, cost: Cost, cp: ContractionPlan) -> ContractionChoice:
-    """The cost model's template-or-library verdict for a planned GEMM or conv group of planner
-    cost `cost` (`fusion/library.py`). Attention always stays a template: torch's math path
-    would materialize the scores."""
-    k = cp.kernel
-    if k.op is Op.SDPA:
-        return ContractionChoice(0.0, math.inf)
-    shape = k.out_shape
-    if k.op is Op.CONV2D:
-        m, n = shape[1] // k.attrs["groups"], shape[2] * shape[3]
-    else:
-        m, n = shape[-2], shape[-1]
-    epilogue = bool(k.epilogue) or bool(cp.rest)
-    return choose(cost, tile_waste(m, n, k.mr, k.nr), graph[k.node].type.nbytes, epilogue)

@@ -6,7 +6,9 @@ when the max grows), and O is divided by the sum once at the end. Causal attenti
 top-left alignment: key j is seen by query i when j <= i) stops at the block holding the
 diagonal, so the blocks above it are never read. With GQA the query head h reads key / value
 head h // (H / Hkv). A boolean mask keeps keys, a float mask is added to the scaled scores; the
-mask is read with its own broadcast strides. A row whose every key is masked has a sum of 0:
+mask is read with its own broadcast strides. Dropout on P draws vfuse's counter-based mask at
+the scores' flat index (the bits of the decomposed dropout, so the same as the C++ path's) after
+the row sum, and scales O by 1 / (1 - p). A row whose every key is masked has a sum of 0:
 its output is 0, as eager's. Head dims are padded to a power of two (masked).
 """
 
@@ -18,6 +20,8 @@ from vfuse.codegen.triton.gemm import INTERPRETED, Section, epilogue, signature_
 from vfuse.codegen.triton.names import param
 from vfuse.codegen.triton.writer import FaultTable
 from vfuse.ir import DType
+from vfuse.ir.defs.contraction import sdpa_dropout, sdpa_has_mask
+from vfuse.ir.defs.rng import GOLDEN, MASK32
 from vfuse.schedule.kernel import ContractionKernel, Program
 
 
@@ -62,7 +66,7 @@ def _scores(k: ContractionKernel, program: Program, causal: bool) -> list[str]:
     lines += ["s_ = qk_ * scale_", f"keep_ = mm_[:, None] & (rn_ < {lk})[None, :]"]
     if causal:
         lines.append("keep_ = keep_ & (rn_[None, :] <= rm_[:, None])")
-    if len(k.operands) == 4:
+    if sdpa_has_mask(len(k.operands), k.attrs):
         off, rs, cs = _mask_offset(k.shapes[3], (*q[:-1], lk))
         load = f"tl.load({param(k.operands[3])} + {off} + rm_[:, None] * {rs} + rn_[None, :] * {cs}, mask=keep_"
         if program.buffers[k.operands[3]].type.dtype is DType.BOOL:
@@ -72,6 +76,31 @@ def _scores(k: ContractionKernel, program: Program, causal: bool) -> list[str]:
     lines.append('s_ = tl.where(keep_, s_, float("-inf"))')
     del lq
     return lines
+
+
+def _dropout(k: ContractionKernel) -> list[str]:
+    """Dropout on P after the row sum (the softmax normalizes over every key): the counter is the
+    scores' flat index, as the decomposed RAND over [*batch, H, Lq, Lk] draws it."""
+    rate = sdpa_dropout(k.attrs)
+    if not rate:
+        return []
+    lq, lk = k.shapes[0][-2], k.shapes[1][-2]
+    idx = f"(bh_ * {lq} + rm_).to(tl.int64)[:, None] * {lk} + rn_[None, :]"
+    return [f"p_ = tl.where(_vf_rand(dk_lo, dk_hi, {idx}) >= {rate!r}, p_, 0.0)"]
+
+
+def _dropout_setup(k: ContractionKernel, program: Program) -> list[str]:
+    """The dropout's key words, from the seed (the SDPA's last operand) and the stream."""
+    rate = sdpa_dropout(k.attrs)
+    if not rate:
+        return []
+    stream = int(k.attrs["stream"])
+    slot = program.buffers[k.operands[-1]].slot
+    return [
+        f"seed_ = tl.load(seeds + {slot})",
+        f"dk_lo = _vf_key_lo(seed_, {(stream * GOLDEN) & MASK32})",
+        f"dk_hi = _vf_key_hi(seed_, {stream})",
+    ]
 
 
 def _widen(load: str, dtype: DType) -> str:
@@ -108,6 +137,7 @@ def _key_block(k: ContractionKernel, program: Program, causal: bool, cast: str) 
         "p_ = tl.exp(s_ - ms_[:, None])",
         "alpha_ = tl.exp(mi_ - ms_)",
         "li_ = li_ * alpha_ + tl.reduce(p_, 1, _vf_add)",
+        *_dropout(k),
         "acc_ = acc_ * alpha_[:, None]",
         f"v_ = tl.load({pv} + kh_ * {lk * dv} + rn_[:, None] * {dv} + rv_[None, :], "
         f"mask=(rn_ < {lk})[:, None] & (rv_ < {dv})[None, :], other=0.0){cast}",
@@ -151,12 +181,15 @@ def render_attention(
         f'mi_ = tl.full([{g.block_m}], float("-inf"), tl.float32)',
         f"li_ = tl.full([{g.block_m}], 0.0, tl.float32)",
         f"acc_ = tl.full([{g.block_m}, {bdv}], 0.0, tl.float32)",
+        *_dropout_setup(k, program),
         f"for n0_ in range(0, {stop}, {g.block_n}):",
     ]
     loop = _key_block(k, program, causal, cast)
     lines = ["    " + ln for ln in body] + ["        " + ln for ln in loop if ln]
+    rate = sdpa_dropout(k.attrs)
+    keep = f" * {1.0 / (1.0 - rate)!r}" if rate else ""  # kept values scaled by 1 / (1 - p), as dropout
     lines += [
-        "    v = acc_ / tl.where(li_ == 0.0, 1.0, li_)[:, None]",
+        f"    v = acc_ / tl.where(li_ == 0.0, 1.0, li_)[:, None]{keep}",
         f"    om_ = mm_[:, None] & (rv_ < {dv})[None, :]",
     ]
     lines += epilogue(Section(k, program, faults), f"(bh_ * {lq} + rm_)[:, None]", "rv_[None, :]", dv, "om_")
