@@ -29,6 +29,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from vfuse.fusion.library import ContractionChoice, choose, tile_waste
+from vfuse.fusion.plan import Cost
 from vfuse.ir import DType, Graph, Kind, Op
 from vfuse.ir.defs.contraction import sdpa_dropout, sdpa_has_mask
 from vfuse.ir.shapes import numel
@@ -296,3 +298,19 @@ def _fuse(
     if graph[node].op is Op.SDPA and extras:
         return None  # the attention kernel's signature has no room for extra buffers
     return outputs[0], stmts, result, extras
+
+
+def library_choice(graph: Graph, cost: Cost, cp: ContractionPlan) -> ContractionChoice:
+    """The cost model's template-or-library verdict for a planned GEMM or conv group of planner
+    cost `cost` (`fusion/library.py`). Attention always stays a template: torch's math path
+    would materialize the scores."""
+    k = cp.kernel
+    if k.op is Op.SDPA:
+        return ContractionChoice(0.0, math.inf)
+    shape = k.out_shape
+    if k.op is Op.CONV2D:
+        m, n = shape[1] // k.attrs["groups"], shape[2] * shape[3]
+    else:
+        m, n = shape[-2], shape[-1]
+    epilogue = bool(k.epilogue) or bool(cp.rest)
+    return choose(cost, tile_waste(m, n, k.mr, k.nr), graph[k.node].type.nbytes, epilogue)
