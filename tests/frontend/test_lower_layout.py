@@ -108,3 +108,34 @@ def test_embedding() -> None:
     idx = torch.tensor([[1, 0, 9], [3, 3, 2]])
     check(lambda t, i: (torch.nn.functional.embedding(i, t), torch.nn.functional.embedding(i.int(), t)), table, idx)
     check(lambda t, i: torch.nn.functional.embedding(i, t, padding_idx=0) * 2, table, idx)
+
+
+@pytest.mark.parametrize(
+    ("shape", "dim", "index_shape"),
+    [
+        ((2, 9), 1, (2, 9)),
+        ((5, 7, 3), 1, (4, 11, 2)),
+        ((5, 7, 3), 0, (9, 7, 3)),
+        ((5, 7, 3), -1, (5, 2, 6)),
+        ((13,), 0, (1,)),
+    ],
+)
+def test_gather(shape: tuple[int, ...], dim: int, index_shape: tuple[int, ...]) -> None:
+    # HF BERT gathers its token_type_ids buffer at the position ids; odd and smaller index shapes.
+    gen = torch.Generator().manual_seed(1)
+    x = torch.randn(shape, generator=gen).transpose(0, -1).contiguous().transpose(0, -1)  # a view
+    index = torch.randint(0, shape[dim], index_shape, generator=gen)
+    graph = check(lambda x, i: torch.gather(x, dim, i) * 2, x, index)
+    assert ops_of(graph)[Op.EMBEDDING] == 2
+
+
+def test_gather_index_out_of_its_dim_raises() -> None:
+    import vfuse
+
+    x, index = torch.randn(3, 4), torch.tensor([[0, 4]])  # 4: past dim 1 but inside the buffer
+    torch._dynamo.reset()
+    compiled = torch.compile(lambda x, i: torch.gather(x, 1, i), backend=vfuse.backend(strict=True))
+    with pytest.raises(IndexError, match="out of bounds for dimension 1 with size 4"):
+        compiled(x, index)
+    with pytest.raises(IndexError):
+        compiled(x, -index)

@@ -95,3 +95,30 @@ def lower_index(em: Emitter, node: torch.fx.Node) -> str:
     if len(indices) != 1 or indices[0] is None:
         raise Fallback("advanced indexing other than x[int_tensor]")
     return gather_rows(em, em.value(a["self"]), 0, em.value(indices[0]), IndexBounds.WRAP)
+
+
+@lowers(aten.gather.default)
+def lower_gather(em: Emitter, node: torch.fx.Node) -> str:
+    """torch.gather: out[..., i, ...] = x[..., index[..., i, ...], ...] along `dim`, index of x's rank.
+
+    Two gathers: the index through a checked table of offsets along `dim` (an index out of range
+    raises as in eager, not merely one inside the buffer), then a trusted gather from the flattened
+    input at that offset plus the other dims' (HF BERT's token_type_ids buffer)."""
+    a = bind(node)
+    x, idx = em.value(a["self"]), em.value(a["index"])
+    t, ishape = em.ttype(x), em.ttype(em.value(a["index"])).shape
+    if em.ttype(idx).dtype is not DType.I64 or a["sparse_grad"]:
+        raise Fallback("gather with a non-int64 or sparse-gradient index")
+    if len(ishape) != t.rank or t.rank == 0 or 0 in ishape or 0 in t.shape:
+        raise Fallback("gather of a scalar or an empty tensor")
+    dim = normalize_dim(a["dim"], t.rank)
+    strides = [math.prod(t.shape[d + 1 :]) for d in range(t.rank)]
+    offsets = em.emit(Op.IOTA, length=t.shape[dim], start=0, step=strides[dim], dtype=DType.I64)
+    table = reshape(em, offsets, (t.shape[dim], 1))
+    flat = reshape(em, em.emit(Op.EMBEDDING, (table, idx), bounds=IndexBounds.CHECK, dim=dim), ishape)
+    for d, size in enumerate(ishape):
+        if d != dim and size > 1:
+            iota = em.emit(Op.IOTA, length=size, start=0, step=strides[d], dtype=DType.I64)
+            flat = em.emit(Op.ADD, (flat, reshape(em, iota, (1,) * d + (size,) + (1,) * (t.rank - d - 1))))
+    rows = em.emit(Op.EMBEDDING, (reshape(em, x, (t.numel, 1)), flat), bounds=IndexBounds.TRUSTED, dim=0)
+    return reshape(em, rows, ishape)
