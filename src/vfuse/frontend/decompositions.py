@@ -25,7 +25,7 @@ DECOMPOSE: tuple[Any, ...] = (
     aten.elu, aten.celu, aten.selu, aten.softplus, aten.mish, aten.hardsigmoid, aten.hardswish,
     aten.hardshrink, aten.softshrink, aten.logit, aten.xlogy, aten.logaddexp, aten.logaddexp2, aten.frac,
     aten.deg2rad, aten.rad2deg, aten.nan_to_num, aten.glu, aten.log_sigmoid_forward, aten.isneginf,
-    aten.isposinf, aten.lerp, aten.addcmul, aten.addcdiv, aten.round.decimals, aten.sinc,
+    aten.isposinf, aten.addcmul, aten.addcdiv, aten.round.decimals, aten.sinc,
     aten.prelu, aten._prelu_kernel,
     # norms and losses built from reductions
     aten.native_group_norm, aten.linalg_vector_norm, aten.norm, aten.mse_loss, aten.smooth_l1_loss,

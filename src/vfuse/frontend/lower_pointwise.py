@@ -14,6 +14,7 @@ import torch.fx
 
 from vfuse.frontend.emitter import Emitter, bind
 from vfuse.frontend.errors import Fallback
+from vfuse.frontend.lower_foreach import fused_multiply_add
 from vfuse.frontend.registry import lowers
 from vfuse.ir import DType, Op
 
@@ -132,9 +133,14 @@ def lower_add_sub(em: Emitter, node: torch.fx.Node) -> str:
         a, b = b, a
     dtype = em.out_dtype()
     y = em.operand(b, dtype)
+    add = node.target.overloadpacket is aten.add  # type: ignore[union-attr]
+    if args["alpha"] != 1 and dtype.is_float:
+        # Eager's kernel is fma(b, alpha, a), alpha in the tensor's dtype: one rounding.
+        alpha = em.scalar(args["alpha"] if add else -args["alpha"], dtype)
+        return fused_multiply_add(em, y, alpha, em.operand(a, dtype), dtype)
     if args["alpha"] != 1:
         y = em.emit(Op.MUL, (y, em.scalar(args["alpha"], dtype)))
-    op = Op.ADD if node.target.overloadpacket is aten.add else Op.SUB  # type: ignore[union-attr]
+    op = Op.ADD if add else Op.SUB
     return em.emit(op, (em.operand(a, dtype), y))
 
 

@@ -9,6 +9,7 @@ from typing import Any
 import torch
 
 from vfuse.frontend import (  # noqa: F401  (imported for their table entries)
+    lower_foreach,
     lower_gather,
     lower_layout,
     lower_linalg,
@@ -25,7 +26,8 @@ def lowering_for(target: Any) -> LowerFn | None:
     """The lowering of an FX call target, or None if vfuse runs it through torch."""
     fn = TABLE.get(target)
     if fn is None and isinstance(target, torch._ops.OpOverload):
-        fn = TABLE.get(target.overloadpacket)
+        # By name: ops of namespaces torch registers late (inductor's prims.fma: on first use).
+        fn = TABLE.get(target.overloadpacket) or TABLE.get(str(target))
     return fn
 
 

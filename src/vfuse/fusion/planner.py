@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from vfuse.fusion.cost import external_inputs
 from vfuse.fusion.forms import POINTWISE_KINDS, Illegal
 from vfuse.fusion.groups import Kernel, KernelTable
+from vfuse.fusion.horizontal import horizontal
 from vfuse.fusion.legality import Budgets, allowing_rule
 from vfuse.fusion.plan import Decision, FusionPlan, Group
 from vfuse.fusion.rules import Rule
@@ -300,4 +301,6 @@ def plan_fusion(graph: Graph, target: Target, budgets: Budgets | None = None) ->
         planner.chains()
         planner.score_all()
         planner.run()
-        return planner.plan()
+        plan = planner.plan()
+    # CPU only: the Triton renderer has no horizontal walk (a GPU would want one launch too).
+    return plan if target.is_gpu else horizontal(plan, target.launch_s)

@@ -30,6 +30,7 @@ class Rule(str, enum.Enum):
     EPILOGUE_AFTER_CONTRACTION = "epilogue-after-contraction", "pointwise work on a GEMM/conv/attention output tile"
     PROLOGUE_INTO_CONTRACTION = "prologue-into-contraction", "a cheap operand transform runs while packing"
     RECOMPUTE_INTO_CONSUMERS = "recompute-into-consumers", "a cheap producer is recomputed in each of its consumers"
+    HORIZONTAL = "horizontal", "independent pointwise kernels of one dtype (e.g. every parameter's update) run as one"
     # forbidding: kernel forms
     TWO_CONTRACTIONS = "two-contractions", "at most one GEMM/conv/attention per kernel"
     CONTRACTION_WITH_REDUCTION = "contraction-with-reduction", "a contraction kernel takes only a pointwise epilogue"

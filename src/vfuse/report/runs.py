@@ -124,7 +124,7 @@ def _row(
         ops=tuple(op_label(graph[n]) for n in nodes),
         kind=group.kind.name.lower(),
         label=group.label,
-        pattern=pattern_of(graph, nodes, sources, torch=runs is RunKind.TORCH),
+        pattern=_horizontal(group, runs) + pattern_of(graph, nodes, sources, torch=runs is RunKind.TORCH),
         module=src.label if src is not None else "",
         modules=modules,
         time_s=cost.time_s if cost is not None else None,
@@ -177,3 +177,8 @@ def _sum_unfused(facts: Facts, nodes: Sequence[str]) -> Cost | None:
         max(c.pressure for c in cs),
         min(c.parallelism for c in cs),
     )
+
+
+def _horizontal(group: Group, runs: RunKind) -> str:
+    """The word before the pattern of a kernel running independent nests (`fusion/horizontal.py`)."""
+    return "horizontal " if group.label == "horizontal" and runs is not RunKind.TORCH else ""

@@ -20,6 +20,7 @@ from vfuse.schedule import expr
 from vfuse.schedule.contraction import FP32_ONLY, GPU_DTYPES, Caches, library_choice, plan_contraction
 from vfuse.schedule.expr import Lin, Var
 from vfuse.schedule.gpu import decide_contraction, decide_gpu
+from vfuse.schedule.horizontal import join_horizontal
 from vfuse.schedule.kernel import (
     AnyKernel,
     Buffer,
@@ -253,6 +254,8 @@ def build(plan: FusionPlan, target: object, templates: bool = True, triton: bool
     ]
     if getattr(target, "is_gpu", False):
         items = [decide_gpu(k, target, graph) if isinstance(k, Kernel) else k for k in items]
+    elif templates and not triton:  # the C++ renderer (the Triton one has no horizontal walk)
+        items = join_horizontal(items)
     steps = _segments(items)
     stored = {st.buf for s in steps if isinstance(s, Segment) for k in s.kernels for st in _stores(k)}
     torch_made = {n for s in steps if isinstance(s, TorchStep) for n in s.nodes} - stored

@@ -177,6 +177,7 @@ class Walk(enum.Enum):
     TILED_COLUMNS = "tiled columns"  # reduced loops outside, `Kernel.tile` adjacent columns as the SIMD loop
     LOOKUP_TABLE = "lookup table"  # results for all 256 values of `Kernel.table` tabulated, one lookup each
     TILED_TRANSPOSE = "tiled transpose"  # pointwise, operands contiguous along different loops: `Kernel.transpose`
+    HORIZONTAL = "horizontal"  # independent pointwise nests (`Kernel.parts`) in one function (`horizontal.py`)
 
 
 class Accumulate(enum.Enum):
@@ -335,6 +336,9 @@ class Kernel:
     table_flat: bool = False  # LOOKUP_TABLE: contiguous bytes in and out, one flat loop
     transpose: TransposeTiles | None = None  # TILED_TRANSPOSE: the tiles and the accesses staged through L1
     gpu: GpuLaunch | None = None  # GPU targets: launch and tiling for the Triton renderer (`gpu.py`)
+    # HORIZONTAL: the nests, each decided as if alone; `threaded` then says whether the parts that
+    # are not threaded themselves are spread over the threads (`horizontal.py`).
+    parts: tuple[Kernel, ...] = ()
 
     @property
     def is_row(self) -> bool:

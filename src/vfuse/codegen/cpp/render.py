@@ -18,6 +18,7 @@ from collections.abc import Callable
 from vfuse.codegen.cpp.columns import render_tiled
 from vfuse.codegen.cpp.contraction import render_contraction
 from vfuse.codegen.cpp.function import kernel_function, render_entry, render_profiled_entry
+from vfuse.codegen.cpp.horizontal import render_horizontal
 from vfuse.codegen.cpp.prelude import PRELUDE
 from vfuse.codegen.cpp.rowgroups import render_row_groups
 from vfuse.codegen.cpp.rows import render_rows, render_single_row
@@ -40,6 +41,7 @@ RENDERERS: dict[Walk, KernelRenderer] = {
     Walk.ROW_GROUPS: _walking(render_row_groups),
     Walk.TILED_COLUMNS: _walking(render_tiled),
     Walk.LOOKUP_TABLE: render_table,
+    Walk.HORIZONTAL: render_horizontal,
     Walk.TILED_TRANSPOSE: render_transpose,
 }
 

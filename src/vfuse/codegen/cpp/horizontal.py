@@ -1,0 +1,51 @@
+"""`Walk.HORIZONTAL`: one function running independent pointwise nests (`Kernel.parts`).
+
+Each part is written as the single-row walk writes it alone, in its own scope (its pointers
+and variables cannot clash with another part's). Parts that fork threads themselves run first,
+one after another; the others follow, and when the schedule marked the kernel `threaded` they
+are spread over the threads: a parallel loop over part numbers, one `case` per part, dynamic
+so a thread that finishes a small part takes the next.
+"""
+
+from __future__ import annotations
+
+from vfuse.codegen.cpp.function import SIGNATURE
+from vfuse.codegen.cpp.rows import render_single_row
+from vfuse.codegen.cpp.writer import KernelWriter
+from vfuse.schedule.kernel import Kernel, Program
+
+
+def render_horizontal(k: Kernel, program: Program) -> str:
+    lines: list[str] = []
+    big = [p for p in k.parts if p.threaded]
+    small = [p for p in k.parts if not p.threaded]
+    for p in big:
+        lines += _scoped(p, program, 1)
+    if k.threaded:
+        lines.append("#pragma omp parallel for num_threads(nt) schedule(dynamic, 1)")
+        lines.append(f"  for (int vf_part = 0; vf_part < {len(small)}; ++vf_part) {{")
+        lines.append("    switch (vf_part) {")
+        for i, p in enumerate(small):
+            lines.append(f"      case {i}:")
+            lines += _scoped(p, program, 4)
+            lines.append("        break;")
+        lines += ["    }", "  }"]
+    else:
+        for p in small:
+            lines += _scoped(p, program, 1)
+    sizes = ", ".join(_size(p) for p in k.parts)
+    doc = f"// group {k.group} ({k.label}): {len(k.parts)} independent nests ({sizes})"
+    return "\n".join([doc, f"static void {k.name}{SIGNATURE} {{", *lines, "}"])
+
+
+def _scoped(part: Kernel, program: Program, depth: int) -> list[str]:
+    """The part's pointers and walk inside `{ }`, at indentation `depth`."""
+    w = KernelWriter(part, program)
+    w.pointers()
+    render_single_row(w)
+    pad = "  " * depth
+    return [f"{pad}{{  // {part.name}", *(pad + line for line in w.lines), f"{pad}}}"]
+
+
+def _size(p: Kernel) -> str:
+    return "x".join(str(lp.size) for lp in p.inner) or "1"

@@ -1,0 +1,73 @@
+"""The kernels of a horizontal group (`fusion/horizontal.py`) joined into one `Walk.HORIZONTAL` kernel.
+
+A horizontal group's pointwise nests (one per output shape, each recomputing what it needs from
+the group's inputs, so none reads another's stores) are decided as if alone, then become the
+`parts` of one kernel. Parts big enough to fork threads keep their own parallel loops; the
+others are spread over the threads, one part per thread at a time, when together they are big
+enough (`Kernel.threaded`), so a hundred small parameter updates no longer run one after another
+on one core. The joined kernel also carries every part's passes, so what reads a kernel's loads
+and stores (memory plan, report, profiler) sees them all.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Sequence
+
+from vfuse.ir import Op
+from vfuse.schedule.kernel import AnyKernel, Compute, Kernel, TorchStep, Walk
+from vfuse.schedule.strategy import PARALLEL_MIN
+
+LABEL = "horizontal"  # fusion.horizontal.LABEL (the schedule reads the plan's labels only)
+INT_DIVISIONS = (Op.FLOOR_DIV, Op.REMAINDER, Op.FMOD, Op.DIV)
+
+
+def join_horizontal(items: Sequence[AnyKernel | TorchStep]) -> list[AnyKernel | TorchStep]:
+    """`items` with the joinable kernels of each horizontal group replaced by one kernel, where
+    the group's first kernel was (a group's kernels are consecutive)."""
+    out: list[AnyKernel | TorchStep] = []
+    pending: list[Kernel] = []
+    for it in [*items, None]:
+        if pending and (it is None or not _joins(it) or it.group != pending[0].group):  # type: ignore[union-attr]
+            out.append(joined(pending) if len(pending) > 1 else pending[0])
+            pending = []
+        if it is None:
+            break
+        if _joins(it):
+            pending.append(it)  # type: ignore[arg-type]
+        else:
+            out.append(it)
+    return out
+
+
+def _joins(it: AnyKernel | TorchStep) -> bool:
+    """A plain pointwise nest of a horizontal group that cannot fault (a fault returns from the
+    kernel, which a part inside a parallel region cannot)."""
+    if not isinstance(it, Kernel) or it.label != LABEL or it.walk is not Walk.SINGLE_ROW:
+        return False
+    if it.outer or any(p.reduces for p in it.passes) or it.stream or it.table or it.checks:
+        return False
+    stmts = [s for p in it.passes for s in (*p.before, *p.body)] + list(it.after)
+    return not any(isinstance(s, Compute) and s.op in INT_DIVISIONS and not s.dtype.is_float for s in stmts)
+
+
+def joined(parts: Sequence[Kernel]) -> Kernel:
+    """One kernel running `parts`: threaded when its unthreaded parts are more than one and
+    together reach the element count that pays for forking threads."""
+    small = [p for p in parts if not p.threaded]
+    work = sum(math.prod(lp.size for lp in (*p.outer, *p.inner)) for p in small)
+    first = parts[0]
+    placement = {k: v for p in parts for k, v in p.placement.items()}
+    return dataclasses.replace(
+        first,
+        outer=(),
+        inner=(),
+        passes=tuple(ps for p in parts for ps in p.passes),
+        after=tuple(s for p in parts for s in p.after),
+        buffers=tuple(dict.fromkeys(b for p in parts for b in p.buffers)),
+        placement=placement,
+        walk=Walk.HORIZONTAL,
+        threaded=len(small) > 1 and work >= PARALLEL_MIN,
+        parts=tuple(parts),
+    )

@@ -1,0 +1,168 @@
+"""A compiled optimizer step (`torch.compile(step, backend=vfuse)` around `opt.step()`) runs every
+parameter's update in one horizontal kernel per dtype and gives eager's numbers: SGD and every
+optimizer state bit for bit in fp32; in bf16 the state within one ulp per step. AdamW's
+parameters follow Dynamo's graph, which keeps the step count an fp32 tensor: its bias
+correction 1 - beta2^t in fp32 is off by up to ulp(beta2) / (1 - beta2) relative (6e-5 at
+t = 1), as it is under Inductor; they are checked to that bound."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import pytest
+import torch
+
+import vfuse
+
+SIZES = ((1,), (7,), (1003,), (13, 31))  # odd sizes, a matrix, one parameter of one element
+STEPS = 3
+Make = Callable[[list[torch.nn.Parameter]], torch.optim.Optimizer]
+
+
+def ulps(a: torch.Tensor, b: torch.Tensor) -> int:
+    """The largest distance between a and b in units in the last place (signs handled)."""
+    int_type, bits = (torch.int16, 16) if a.dtype in (torch.bfloat16, torch.float16) else (torch.int32, 32)
+    ia, ib = (x.contiguous().view(int_type).long() for x in (a, b))
+    ia, ib = (torch.where(i < 0, -(i & ((1 << (bits - 1)) - 1)), i) for i in (ia, ib))
+    return int((ia - ib).abs().max()) if a.numel() else 0
+
+
+def _pair(make: Make, dtype: torch.dtype) -> tuple[list, list, torch.optim.Optimizer, torch.optim.Optimizer]:
+    torch.manual_seed(0)
+    init = [torch.randn(s, dtype=dtype) for s in SIZES]
+    eager = [torch.nn.Parameter(p.clone()) for p in init]
+    comp = [torch.nn.Parameter(p.clone()) for p in init]
+    return eager, comp, make(eager), make(comp)
+
+
+def _run(make: Make, dtype: torch.dtype, check: Callable, sync: bool = False) -> vfuse.backend:
+    """STEPS steps of eager and compiled optimizers on the same gradients, `check` after each;
+    `sync`: the compiled side restarts each step from eager's values (per-step error only)."""
+    torch._dynamo.reset()
+    eager, comp, opt_e, opt_c = _pair(make, dtype)
+    backend = vfuse.backend(strict=True)
+    step = torch.compile(lambda: opt_c.step(), backend=backend)
+    for _ in range(STEPS):
+        for pe, pc in zip(eager, comp, strict=True):
+            pe.grad = torch.randn(pe.shape, dtype=dtype)
+            pc.grad = pe.grad.clone()
+        opt_e.step()
+        step()
+        check(eager, comp, opt_e, opt_c)
+        if sync:
+            with torch.no_grad():
+                for pe, pc in zip(eager, comp, strict=True):
+                    pc.copy_(pe)
+                    for k, v in opt_e.state[pe].items():
+                        opt_c.state[pc][k].copy_(v)
+    return backend
+
+
+def _states(eager, comp, opt_e, opt_c):
+    for pe, pc in zip(eager, comp, strict=True):
+        for k, v in opt_e.state[pe].items():
+            yield k, v, opt_c.state[pc][k]
+
+
+def _bitwise(eager, comp, opt_e, opt_c, params: bool = True) -> None:
+    for k, v, w in _states(eager, comp, opt_e, opt_c):
+        torch.testing.assert_close(w, v, rtol=0, atol=0, msg=lambda m, k=k: f"{k}: {m}")
+    if params:
+        for pe, pc in zip(eager, comp, strict=True):
+            torch.testing.assert_close(pc.detach(), pe.detach(), rtol=0, atol=0)
+
+
+def _kernels_per_graph(backend: vfuse.backend, expected: int) -> None:
+    assert backend.stats["eager_graphs"] == 0 and not backend.stats["fallbacks"], backend.stats
+    assert backend.stats["kernels"] == expected * backend.stats["graphs"], backend.stats
+
+
+SGD = {
+    "plain": lambda p: torch.optim.SGD(p, lr=0.1),
+    "momentum_wd": lambda p: torch.optim.SGD(p, lr=0.1, momentum=0.9, weight_decay=0.01),
+    "nesterov_dampening": lambda p: torch.optim.SGD(p, lr=0.1, momentum=0.9, nesterov=True, weight_decay=0.01),
+    "dampening": lambda p: torch.optim.SGD(p, lr=0.05, momentum=0.5, dampening=0.3),
+}
+
+
+@pytest.mark.parametrize("name", list(SGD))
+def test_sgd_step_is_eager_bit_for_bit(name: str) -> None:
+    backend = _run(SGD[name], torch.float32, _bitwise)
+    _kernels_per_graph(backend, 1)  # every parameter's update in one kernel
+
+
+ADAMW = {
+    "adamw": lambda p: torch.optim.AdamW(p, lr=1e-2, weight_decay=0.1),
+    "adamw_amsgrad": lambda p: torch.optim.AdamW(p, lr=1e-2, weight_decay=0.1, amsgrad=True),
+    "adam": lambda p: torch.optim.Adam(p, lr=1e-2, betas=(0.8, 0.99)),
+}
+
+
+@pytest.mark.parametrize("name", list(ADAMW))
+def test_adam_state_is_eager_bit_for_bit(name: str) -> None:
+    def check(eager, comp, opt_e, opt_c) -> None:
+        _bitwise(eager, comp, opt_e, opt_c, params=False)  # step, exp_avg, exp_avg_sq, max_exp_avg_sq
+        lr = opt_e.param_groups[0]["lr"]
+        for pe, pc in zip(eager, comp, strict=True):
+            # The fp32 bias correction's error (module doc), bounded at 1e-4 of the step size.
+            torch.testing.assert_close(pc.detach(), pe.detach(), rtol=0, atol=1e-4 * lr)
+
+    backend = _run(ADAMW[name], torch.float32, check)
+    _kernels_per_graph(backend, 1)
+
+
+@pytest.mark.parametrize("name", ["momentum_wd", "nesterov", "adamw", "adamw_amsgrad"])
+def test_bf16_step(name: str) -> None:
+    """Per step: one-op state updates (momentum buffer without weight decay in its input,
+    exp_avg's lerp, exp_avg_sq's addcmul, the max) within one ulp of eager; chains of bf16 ops
+    keep their intermediates in fp32 inside the kernel where eager rounds each one
+    (docs/semantics.md, as Inductor), a few ulps where a sum cancels: within torch's bf16
+    tolerance (Nesterov's buffer, AdamW's parameters, whose step size also has the fp32 bias
+    correction of the module doc)."""
+    exact_state = name != "nesterov"
+
+    def check(eager, comp, opt_e, opt_c) -> None:
+        for k, v, w in _states(eager, comp, opt_e, opt_c):
+            if exact_state and v.is_floating_point():
+                assert ulps(v, w) <= 1, k
+            torch.testing.assert_close(w, v)
+        # A parameter near 0 after the step: the fp32-kept direction vs eager's rounded one,
+        # one bf16 rounding of a direction up to 4 in size, times the learning rate.
+        atol = 2**-7 * 4 * opt_e.param_groups[0]["lr"]
+        for pe, pc in zip(eager, comp, strict=True):
+            torch.testing.assert_close(pc.detach(), pe.detach(), rtol=1.6e-2, atol=atol)
+
+    make = {**SGD, **ADAMW, "nesterov": SGD["nesterov_dampening"]}[name]
+    backend = _run(make, torch.bfloat16, check, sync=True)
+    # AdamW's step counters are fp32: one kernel for them, one for the bf16 updates.
+    _kernels_per_graph(backend, 2 if name.startswith("adam") else 1)
+
+
+SPREAD = "#pragma omp parallel for num_threads(nt) schedule(dynamic, 1)"
+
+
+@pytest.mark.parametrize(
+    ("sizes", "spread"),
+    [(((5,), (3, 1001), (40000,)), False), (((20011,), (19997,), (97, 101)), True)],
+    ids=["one_part_threaded", "small_parts_spread"],
+)
+def test_horizontal_kernel_in_plan_and_report(sizes: tuple, spread: bool) -> None:
+    """Independent updates of different sizes: one kernel labelled horizontal, its rule in the
+    plan's decisions, the same numbers as eager (add with alpha and lerp are eager's fma).
+    A part of 32K elements or more forks threads itself; smaller parts that together reach that
+    are spread over the threads, one part per thread at a time."""
+
+    def update(p1, g1, p2, g2, p3, g3):
+        return p1.add(g1, alpha=-0.1), p2.sub(g2, alpha=0.3), p3.lerp(g3, 0.75)
+
+    torch.manual_seed(0)
+    args = [torch.randn(s) for s in sizes for _ in range(2)]
+    report = vfuse.explain(update, *args)
+    assert report.num_kernels == 1 and report.torch_calls == 0
+    (row,) = report.kernels
+    assert row.label == "horizontal" and row.pattern.startswith("horizontal pointwise chain")
+    assert any(d.rule is vfuse.fusion.rules.Rule.HORIZONTAL and d.accepted for d in report.decisions)
+    assert (SPREAD in report.source) is spread
+    compiled = vfuse.compile(update, args)
+    for got, want in zip(compiled(*args), update(*args), strict=True):
+        torch.testing.assert_close(got, want, rtol=0, atol=0)
