@@ -190,9 +190,11 @@ def run_calibrate(ns: argparse.Namespace) -> int:
     from vfuse.entry.calibrate import calibrate
 
     cal, bad, path = calibrate(ns.isa, Options.from_env().cache_dir, ns.reps)
-    for f in dataclasses.fields(cal):
-        note = "  (implausible: the torch-measured figure kept)" if f.name in bad else ""
-        print(f"{f.name:18s} {getattr(cal, f.name):.4g}{note}")
+    values = [(f.name, getattr(cal, f.name)) for f in dataclasses.fields(cal) if f.name != "op_rates"]
+    for name, value in values + [(f"op_rates.{op}", rate) for op, rate in cal.op_rates]:
+        print(f"{name:18s} {value:.4g}")
+    for name in bad:
+        print(f"{name:18s} implausible: the torch-measured figure kept")
     print(f"wrote {path}", file=sys.stderr)
     return 0
 

@@ -118,10 +118,12 @@ def test_calibrating_vfuse_kernels_at_the_avx2_tier(tmp_path: Path) -> None:
 
     if machine_isa().tier.value not in ("avx2", "avx512"):
         pytest.skip("no AVX2 on this CPU")
-    cal, bad, path = calibrate("avx2", tmp_path, reps=2, kernel_cache=Options.from_env().cache_dir)
+    kernels = Options.from_env().cache_dir
+    cal, bad, path = calibrate("avx2", tmp_path, reps=2, kernel_cache=kernels, ops=("exp", "gelu"))
     assert path == tmp_path / cal_mod.CALIBRATION_FILE
     assert set(bad) <= {"launch_s", "dram_bw", "serial_launch_s"}  # what a loaded machine can spoil
     assert cal.l2_bw > 1e9 and cal.peak_f32 > 1e9 and cal.vector_f32 > cal.transcendental_f32 > 1e8
+    assert [op for op, _ in cal.op_rates] == ["exp", "gelu"]
     assert cal_mod.read(tmp_path, detect().fingerprint(), "avx2") == cal
     assert cal_mod.read(tmp_path, detect().fingerprint(), "avx512") is None
     t = get_target("cpu", tmp_path, isa="avx2")
@@ -136,12 +138,13 @@ def test_cli_calibrate(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFi
 
     def fake(isa: str, cache_dir: Path, reps: int) -> tuple[Calibration, list[str], Path]:
         seen.append((isa, reps))
-        return CAL, ["launch_s"], cache_dir / "calibration_cpu.json"
+        return dataclasses.replace(CAL, op_rates=(("exp", 3e10),)), ["launch_s"], cache_dir / "calibration_cpu.json"
 
     monkeypatch.setattr(entry, "calibrate", fake)
     assert cli.main(["calibrate", "--isa", "avx2", "--reps", "3"]) == 0
     out = capsys.readouterr().out
-    assert seen == [("avx2", 3)] and "l2_bw              9.6e+10" in out and "launch_s" in out and "implausible" in out
+    assert seen == [("avx2", 3)] and "l2_bw              9.6e+10" in out and "op_rates.exp       3e+10" in out
+    assert "launch_s           implausible" in out
     assert cli.main(["calibrate", "--reps", "0"]) == 2
 
 
@@ -185,3 +188,5 @@ def test_planner_summaries_price_transcendental_ops_as_the_exact_model() -> None
     assert cost.time_s == pytest.approx(exact.time_s) and cost.compute_s == pytest.approx(exact.compute_s)
     assert time_weight(graph["e"], graph, t) == pytest.approx(t.vector_f32 / t.transcendental_f32)
     assert time_weight(graph["n"], graph, t) == time_weight(graph["e"], graph, BASE) == 1.0
+    own = dataclasses.replace(t, op_rates=(("exp", 40e9),))  # exp timed alone: its own rate
+    assert time_weight(graph["e"], graph, own) == pytest.approx(t.vector_f32 / 40e9)

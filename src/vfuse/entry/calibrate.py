@@ -8,7 +8,8 @@ of `reps` runs: on a shared machine the fastest run is the one least disturbed):
   vector_f32               IR flops per second of a chain of cheap ops (mul, add, abs, max, relu) in L2,
                            less the memory time the cost model does not overlap
   transcendental_f32       the same for a chain of exp, tanh, sigmoid, GELU, SiLU
-  peak_f32                 the GEMM template at 384 x 384 x 384
+  op_rates                 exp, tanh, sigmoid, GELU, SiLU, log each alone
+  peak_f32                 the GEMM template at 336 x 384 x 384
   serial_launch_s          `x + 1` on 256 elements (no threads forked)
   launch_s                 a 64K-element add on all cores, minus its data time at L2 bandwidth
 
@@ -18,7 +19,7 @@ applies a tier's calibration whenever that tier's target is read.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -50,14 +51,37 @@ def _cheap(x: torch.Tensor) -> torch.Tensor:
     return torch.relu(torch.maximum(y * y + x, -x) * 0.75 - y)
 
 
+ALONE: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
+    "exp": torch.exp,
+    "tanh": torch.tanh,
+    "sigmoid": torch.sigmoid,
+    "gelu": F.gelu,
+    "silu": F.silu,
+    "log": torch.log,
+}
+
+
+def op_rates(
+    n: int, l2_bw: float, reps: int, ops: Sequence[str] = tuple(ALONE), **options: Any
+) -> tuple[tuple[str, float], ...]:
+    """IR flop/s of each op of ALONE named in `ops` on its own, a graph each (in one graph,
+    horizontal fusion would run them as one kernel)."""
+    rates = []
+    for op in ops:
+        row = _kernel(ALONE[op], (torch.rand(n) + 0.5,), reps, **options)
+        rates.append((op, _compute_rate(row, l2_bw)))
+    return tuple(rates)
+
+
 def _compute_rate(row: Any, l2_bw: float) -> float:
     """IR flop/s of a kernel in L2: its time less the share of its memory time the cost model does
     not hide under compute (gamma = 0.5 on CPUs, fusion/cost.py)."""
     return row.flops / max(row.best_s - 0.5 * row.bytes / l2_bw, 0.25 * row.best_s)
 
 
-def measure_kernels(target: Target, reps: int = 30, **options: Any) -> Calibration:
-    """The raw per-thread rates of vfuse's kernels at `options`' tier (no guard)."""
+def measure_kernels(target: Target, reps: int = 30, ops: Sequence[str] = tuple(ALONE), **options: Any) -> Calibration:
+    """The raw per-thread rates of vfuse's kernels at `options`' tier (no guard); `ops`: the
+    transcendental ops to time alone."""
 
     def add_bw(nbytes: int) -> float:
         n = max(nbytes // 12, 64)
@@ -71,12 +95,15 @@ def measure_kernels(target: Target, reps: int = 30, **options: Any) -> Calibrati
     n = max(target.l2_bytes // 16, 1024)
     transcendental = _kernel(_transcendental, (torch.randn(n),), reps, **options)
     cheap = _kernel(_cheap, (torch.randn(n),), reps, **options)
-    m = 384
-    gemm = _kernel(torch.mm, (torch.randn(m, m), torch.randn(m, m)), max(reps // 3, 3), **options)
+    alone = op_rates(n // 2, l2, reps, ops, **options)
+    # 336 rows and 384 columns are whole register tiles at every tier (14x32, 6x16, 4x24, ...): no
+    # padding, and the template, not torch's library, runs it (fusion/library.py).
+    m, n, k = 336, 384, 384
+    gemm = _kernel(torch.mm, (torch.randn(m, k), torch.randn(k, n)), max(reps // 3, 3), **options)
     tiny = _kernel(lambda x: x + 1, (torch.randn(256),), reps, **options)
-    k = 65536
-    par = _kernel(torch.add, (torch.randn(k), torch.randn(k)), reps, threads=target.cores, **options)
-    launch = par.best_s - 12 * k / (l2 * target.cores)
+    e = 65536
+    par = _kernel(torch.add, (torch.ones(e), torch.ones(e)), reps, threads=target.cores, **options)
+    launch = par.best_s - 12 * e / (l2 * target.cores)
     return Calibration(
         l1_bw=l1,
         l2_bw=l2,
@@ -84,14 +111,19 @@ def measure_kernels(target: Target, reps: int = 30, **options: Any) -> Calibrati
         dram_bw=dram,
         vector_f32=_compute_rate(cheap, l2),
         transcendental_f32=_compute_rate(transcendental, l2),
-        peak_f32=2 * m**3 / gemm.best_s,
+        peak_f32=2 * m * n * k / gemm.best_s,
         serial_launch_s=tiny.best_s,
         launch_s=max(launch, 0.0),
+        op_rates=alone,
     )
 
 
 def calibrate(
-    isa: str = "auto", cache_dir: Path | None = None, reps: int = 30, kernel_cache: Path | None = None
+    isa: str = "auto",
+    cache_dir: Path | None = None,
+    reps: int = 30,
+    kernel_cache: Path | None = None,
+    ops: Sequence[str] = tuple(ALONE),
 ) -> tuple[Calibration, list[str], Path]:
     """Measure, guard and cache in `cache_dir` the calibration of tier `isa`: (what was cached, the
     names of the values replaced by the torch-measured ones as implausible, the cache file). The
@@ -101,6 +133,6 @@ def calibrate(
     cache_dir = cache_dir or DEFAULT_CACHE_DIR
     target = measured_target(cache_dir, isa=parse_isa(isa))
     assert target.isa is not None
-    raw = measure_kernels(target, reps, isa=target.isa.value, cache_dir=kernel_cache or cache_dir)
+    raw = measure_kernels(target, reps, ops, isa=target.isa.value, cache_dir=kernel_cache or cache_dir)
     cal, bad = guarded(raw, target)
     return cal, bad, write(cache_dir, detect().fingerprint(), target.isa.value, cal)

@@ -155,11 +155,15 @@ def _flops(nodes: Sequence[Node], form: Form, graph: Graph, target: Target) -> t
 
 
 def time_weight(node: Node, graph: Graph, target: Target) -> float:
-    """Time of one of the node's IR flops in cheap-arithmetic flops (1.0 for most ops): a
-    transcendental pointwise op on a calibrated target takes vector_f32 / transcendental_f32.
+    """Time of one of the node's IR flops in cheap-arithmetic flops (1.0 for most ops): on a
+    calibrated target, vector_f32 / its own rate for an op timed alone (`Target.op_rates`: exp,
+    tanh, sigmoid, GELU, SiLU, log), vector_f32 / transcendental_f32 for other transcendental ones.
     The planner's summaries weight their per-element flops the same way (`summary.node_facts`)."""
     if not target.transcendental_f32 or node.kind is not Kind.ELEMENTWISE:
         return 1.0
+    for op, rate in target.op_rates:  # calibrated one by one
+        if op == node.op.value:
+            return target.vector_f32 / rate
     if per_element_flops(node, graph) < TRANSCENDENTAL:
         return 1.0
     return target.vector_f32 / target.transcendental_f32

@@ -19,7 +19,7 @@ from pathlib import Path
 
 from vfuse.targets.target import Target
 
-CALIBRATION_VERSION = 2
+CALIBRATION_VERSION = 3
 CALIBRATION_FILE = "calibration_cpu.json"
 
 
@@ -29,7 +29,9 @@ class Calibration:
 
     l1_bw / l2_bw / l3_bw / dram_bw: the streaming add (read 2, write 1) with its data in L1, L2,
     L3, DRAM. vector_f32: IR flops (the cost model's count) per second of a chain of cheap ops
-    (add, mul, abs, max) in L2; transcendental_f32: the same for exp, tanh, sigmoid, GELU, SiLU.
+    (add, mul, abs, max) in L2; transcendental_f32: the same for exp, tanh, sigmoid, GELU, SiLU;
+    op_rates: each of them (and log) alone: the IR's flop weights are instruction estimates, off by
+    up to 3x against each other.
     peak_f32: the GEMM template's flop/s. serial_launch_s: a kernel too small to fork threads.
     launch_s: a threaded kernel's fork/join on all cores (0: not measured or implausible).
     """
@@ -43,6 +45,7 @@ class Calibration:
     peak_f32: float
     serial_launch_s: float
     launch_s: float = 0.0
+    op_rates: tuple[tuple[str, float], ...] = ()  # (op name, IR flop/s) of each transcendental op alone
 
 
 def guarded(cal: Calibration, target: Target) -> tuple[Calibration, list[str]]:
@@ -64,12 +67,17 @@ def guarded(cal: Calibration, target: Target) -> tuple[Calibration, list[str]]:
     }
     bad, values = [], {}
     for f in fields(cal):
+        if f.name == "op_rates":
+            continue
         lo, hi, fallback = ranges[f.name]
         got = getattr(cal, f.name)
         ok = lo <= got <= hi or (f.name == "launch_s" and got == 0)
         values[f.name] = got if ok else fallback
         if not ok:
             bad.append(f.name)
+    lo, hi, _ = ranges["transcendental_f32"]
+    values["op_rates"] = tuple((op, r) for op, r in cal.op_rates if lo <= r <= hi)
+    bad += [f"op_rates.{op}" for op, r in cal.op_rates if not lo <= r <= hi]
     return Calibration(**values), bad
 
 
@@ -88,6 +96,7 @@ def apply(target: Target, cal: Calibration) -> Target:
         dram_bw_thread=cal.dram_bw,
         vector_f32=cal.vector_f32 * n,
         transcendental_f32=cal.transcendental_f32 * n,
+        op_rates=tuple((op, r * n) for op, r in cal.op_rates),
         peak_f32=f32,
         serial_launch_s=cal.serial_launch_s,
         launch_s=cal.launch_s or target.launch_s,
@@ -118,6 +127,7 @@ def at_threads(target: Target, threads: int) -> Target:
         l1_bw=target.l1_bw * s,
         l2_bw=target.l2_bw * s,
         transcendental_f32=target.transcendental_f32 * s,
+        op_rates=tuple((op, r * s) for op, r in target.op_rates),
         cache_bw=target.cache_bw * s,
         dram_bw=dram,
         launch_s=target.serial_launch_s if one else target.launch_s,
@@ -130,7 +140,9 @@ def read(cache_dir: Path, fingerprint: str, tier: str) -> Calibration | None:
         data = json.loads((cache_dir / CALIBRATION_FILE).read_text())
         if data.get("version") != CALIBRATION_VERSION or data.get("fingerprint") != fingerprint:
             return None
-        return Calibration(**data["tiers"][tier])
+        d = dict(data["tiers"][tier])
+        d["op_rates"] = tuple((str(op), float(r)) for op, r in d.get("op_rates", ()))
+        return Calibration(**d)
     except (OSError, ValueError, TypeError, KeyError, AttributeError):
         return None
 

@@ -329,7 +329,9 @@ def _to_json(target: Target) -> dict[str, Any]:
 
 def _from_json(data: dict[str, Any]) -> Target:
     isa = Isa(data["isa"]) if data["isa"] else None
-    return Target(**{**data, "isa": isa, "isa_extras": frozenset(IsaExtra(e) for e in data["isa_extras"])})
+    extras = frozenset(IsaExtra(e) for e in data["isa_extras"])
+    rates = tuple((str(op), float(r)) for op, r in data.get("op_rates", ()))  # JSON has lists, Target tuples
+    return Target(**{**data, "isa": isa, "isa_extras": extras, "op_rates": rates})
 
 
 def cpu_target(cache_dir: Path, remeasure: bool = False, isa: Isa | None = None) -> Target:

@@ -35,7 +35,8 @@ class Target:
     l1_bw / l2_bw: bytes/s of a kernel whose data stays in L1 / L2 (0: unknown, the cost model
         then uses dram_bw for every size); serial_launch_s: fixed cost of a kernel too small to
         fork threads (0: unknown, launch_s); dram_bw_thread: one thread's DRAM bandwidth (0:
-        unknown); transcendental_f32: IR flop/s of exp, tanh, GELU and the like (0: vector_f32).
+        unknown); transcendental_f32: IR flop/s of exp, tanh, GELU and the like (0: vector_f32);
+        op_rates: (op name, IR flop/s) of the transcendental ops calibrated one by one.
         Set by calibrating vfuse's own kernels (`targets/calibrate.py`).
     """
 
@@ -66,6 +67,7 @@ class Target:
     dram_bw_thread: float = 0.0
     l1_bw: float = 0.0
     transcendental_f32: float = 0.0
+    op_rates: tuple[tuple[str, float], ...] = ()
 
     @property
     def is_gpu(self) -> bool:
