@@ -130,6 +130,7 @@ class TritonExecutor(StepRunner):
         self._pool = OutputPool()
         self._lock = threading.Lock()
         self._drawn: dict[str, Any] = {}
+        self._seed_nodes = [n for n in self.graph.nodes if n.op is Op.RNG_SEED]
         # CUDA calls go through a GraphRunner (tests point `driver` at a fake and add "cpu").
         self.driver = driver
         self.graph_devices: tuple[str, ...] = ("cuda",)
@@ -195,7 +196,7 @@ class TritonExecutor(StepRunner):
         into the device's seed tensor (on CUDA, outside any captured graph)."""
         mem = self._mem
         assert mem is not None
-        self._drawn = {n.name: interp.run_node(n, []) for n in self.graph.nodes if n.op is Op.RNG_SEED}
+        self._drawn = {n.name: interp.run_node(n, []) for n in self._seed_nodes}
         if self.program.seeds:
             values = [int(self._drawn[s]) for s in self.program.seeds]
             mem.seeds.copy_(torch.tensor(values, dtype=torch.int64))
