@@ -292,3 +292,21 @@ def test_a_template_past_2_31_elements_uses_64_bit_offsets(tmp_path: Path) -> No
     assert "pid_ = tl.program_id(0).to(tl.int64)" in rendered.source
     (res,) = pressure(rendered, tmp_path).values()
     assert res.spill_bytes == 0 and "mul.wide" in res.ptx
+
+
+@pytest.mark.parametrize("case", ["gemm_grouped_f16", "attention_causal_f16"])
+def test_the_tables_full_tiles_in_the_interpreter(case: str) -> None:
+    """The h100 table's own tiles (128 x 128 x 64 GEMM, ten rows of tiles: the grouped order wraps
+    past GROUP_M = 8; 128 x 64 attention blocks over 300 keys, causal), not clamped to tiny sizes."""
+    fn, inputs = {
+        "gemm_grouped_f16": (lambda a, b: F.relu(a @ b), (torch.randn(1157, 32).to(F16), torch.randn(32, 130).to(F16))),
+        "attention_causal_f16": (
+            lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True),
+            tuple(torch.randn(1, 2, 300, 64).to(F16) for _ in range(3)),
+        ),
+    }[case]
+    compiled = compile_triton(fn, inputs)
+    (k,) = compiled.compiled.executor.program.kernels
+    assert (k.gpu.block_m, k.gpu.block_n) == ((128, 128) if "gemm" in case else (128, 64))
+    want = fn(*(x.float() for x in inputs))
+    torch.testing.assert_close(compiled(*inputs).float(), want, rtol=2e-3, atol=2e-3)
