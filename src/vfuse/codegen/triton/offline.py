@@ -54,14 +54,12 @@ def compile_kernel(module: Any, fn: str, signature: dict[str, str], warps: int, 
 
 def resources_of(compiled: Any, sm: int = 90) -> Resources:
     """Registers and spills from ptxas on the kernel's PTX; shared memory from Triton."""
-    from triton.backends.nvidia.compiler import get_ptxas
-
     ptx = compiled.asm["ptx"]
     arch = re.search(r"^\.target\s+(\S+)", ptx, re.M)
     with tempfile.TemporaryDirectory(prefix="vfuse-ptxas-") as d:
         src = Path(d) / "k.ptx"
         src.write_text(ptx)
-        cmd = [get_ptxas(sm).path, "-v", f"--gpu-name={arch.group(1) if arch else 'sm_90a'}", str(src)]
+        cmd = [_ptxas(sm), "-v", f"--gpu-name={arch.group(1) if arch else 'sm_90a'}", str(src)]
         out = subprocess.run([*cmd, "-o", str(Path(d) / "k.o")], capture_output=True, text=True, check=True)
     log = out.stderr + out.stdout
     regs = re.search(r"Used (\d+) registers", log)
@@ -69,6 +67,17 @@ def resources_of(compiled: Any, sm: int = 90) -> Resources:
     return Resources(
         int(regs.group(1)) if regs else 0, int(spills.group(1)) if spills else 0, int(compiled.metadata.shared), ptx
     )
+
+
+def _ptxas(sm: int) -> str:
+    """The ptxas Triton ships, across Triton versions (3.7 takes the SM, some earlier ones not)."""
+    from triton.backends.nvidia.compiler import get_ptxas
+
+    try:
+        found = get_ptxas(sm)
+    except TypeError:
+        found = get_ptxas()  # type: ignore[call-arg]
+    return str(getattr(found, "path", found))
 
 
 def pressure(program: TritonProgram, cache_dir: Path, sm: int = 90) -> dict[str, Resources]:
