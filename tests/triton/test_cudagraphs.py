@@ -198,14 +198,14 @@ class _Jit:
     def __init__(self) -> None:
         self.log: list = []
 
-    def run(self, *args: Any, grid: tuple[int], warmup: bool, num_warps: int) -> _Kernel:
-        self.log.append(("jit", grid, num_warps, tuple(a.data_ptr() % 16 == 0 for a in args)))
+    def run(self, *args: Any, grid: tuple[int], warmup: bool, **options: int) -> _Kernel:
+        self.log.append(("jit", grid, options, tuple(a.data_ptr() % 16 == 0 for a in args)))
         return _Kernel(self.log)
 
 
 def test_lean_launch_reuses_the_kernel_per_pointer_alignment() -> None:
     fn = _Jit()
-    run = LeanLaunch(fn, grid=5, warps=4, stream=lambda: 77)
+    run = LeanLaunch(fn, grid=5, warps=4, stream=lambda: 77, stages=3)
     a, b = torch.zeros(64), torch.zeros(64)
     run([a, b])
     run([a, b])
@@ -213,10 +213,13 @@ def test_lean_launch_reuses_the_kernel_per_pointer_alignment() -> None:
     run([a[1:], b])
     kinds = [e[0] for e in fn.log]
     assert kinds == ["jit", "direct", "jit", "direct"]
-    assert fn.log[0] == ("jit", (5,), 4, (True, True)) and fn.log[2][3] == (False, True)
+    assert fn.log[0] == ("jit", (5,), {"num_warps": 4, "num_stages": 3}, (True, True))
+    assert fn.log[2][3] == (False, True)
     assert fn.log[1] == ("direct", (5, 1, 1, 77), 2)
     LeanLaunch(fn, grid=0, warps=1, stream=lambda: 0)([a])  # an empty grid launches nothing
     assert len(fn.log) == 4
+    LeanLaunch(fn, grid=1, warps=2, stream=lambda: 0)([a])  # no stages: Triton's default
+    assert fn.log[4][2] == {"num_warps": 2}
 
 
 def test_a_capture_that_fails_runs_uncaptured_from_then_on() -> None:

@@ -54,6 +54,7 @@ class TritonKernel:
     signature: dict[str, str]
     warps: int
     path: Path
+    stages: int = 0  # software-pipeline stages (templates); 0: Triton's default
 
     def resources(self, sm: int = 90) -> dict[str, int]:
         """{"registers", "spill_bytes", "shared_bytes"} of this kernel compiled for `sm` (no GPU needed)."""
@@ -61,7 +62,7 @@ class TritonKernel:
 
     def compiled(self, sm: int = 90) -> Resources:
         module = load_module(self.path, interpret=False)
-        return resources_of(compile_kernel(module, self.name, self.signature, self.warps, sm), sm)
+        return resources_of(compile_kernel(module, self.name, self.signature, self.warps, sm, self.stages), sm)
 
 
 class LeanLaunch:
@@ -71,8 +72,9 @@ class LeanLaunch:
     are kept per alignment key: Triton assumes 16-byte alignment where it compiled for it, so a
     misaligned input (a view with a storage offset) must not reuse that kernel."""
 
-    def __init__(self, fn: Any, grid: int, warps: int, stream: Callable[[], int]) -> None:
-        self.fn, self.grid, self.warps, self.stream = fn, grid, warps, stream
+    def __init__(self, fn: Any, grid: int, warps: int, stream: Callable[[], int], stages: int = 0) -> None:
+        self.fn, self.grid, self.stream = fn, grid, stream
+        self.options = {"num_warps": warps, **({"num_stages": stages} if stages else {})}
         self.kernels: dict[tuple[bool, ...], Any] = {}
 
     def __call__(self, args: Sequence[torch.Tensor]) -> None:
@@ -81,7 +83,7 @@ class LeanLaunch:
         key = tuple(a.data_ptr() % POINTER_ALIGN == 0 for a in args)
         k = self.kernels.get(key)
         if k is None:
-            self.kernels[key] = self.fn.run(*args, grid=(self.grid,), warmup=False, num_warps=self.warps)
+            self.kernels[key] = self.fn.run(*args, grid=(self.grid,), warmup=False, **self.options)
             return
         k.run(self.grid, 1, 1, self.stream(), k.function, k.packed_metadata, None, None, None, *args)
 
@@ -120,7 +122,7 @@ class TritonExecutor(StepRunner):
         self.source = rendered.source
         self.path = module_path(rendered.source, cache_dir)
         self.kernels = [
-            TritonKernel(ln.fn, rendered.source, rendered.signatures[ln.fn], ln.warps, self.path)
+            TritonKernel(ln.fn, rendered.source, rendered.signatures[ln.fn], ln.warps, self.path, ln.stages)
             for ln in rendered.launches
         ]
         self._memory: dict[torch.device, _Memory] = {}
@@ -262,7 +264,8 @@ class TritonExecutor(StepRunner):
             return
         run = mem.launchers.get(id(ln))
         if run is None:
-            run = mem.launchers[id(ln)] = LeanLaunch(getattr(mem.module, ln.fn), ln.grid, ln.warps, _stream(mem.device))
+            fn = getattr(mem.module, ln.fn)
+            run = mem.launchers[id(ln)] = LeanLaunch(fn, ln.grid, ln.warps, _stream(mem.device), ln.stages)
         run(args)
 
     def _run_torch(self, step: TorchStep, env: dict[str, Any]) -> None:

@@ -40,8 +40,9 @@ class Resources:
         return {"registers": self.registers, "spill_bytes": self.spill_bytes, "shared_bytes": self.shared_bytes}
 
 
-def compile_kernel(module: Any, fn: str, signature: dict[str, str], warps: int, sm: int = 90) -> Any:
-    """`fn` of a jit-loaded module compiled for compute capability `sm` (no GPU needed)."""
+def compile_kernel(module: Any, fn: str, signature: dict[str, str], warps: int, sm: int = 90, stages: int = 0) -> Any:
+    """`fn` of a jit-loaded module compiled for compute capability `sm` (no GPU needed), with
+    `stages` software-pipeline stages as its launch has them (0: Triton's default)."""
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
@@ -49,7 +50,8 @@ def compile_kernel(module: Any, fn: str, signature: dict[str, str], warps: int, 
 
     attrs = {(i,): [["tt.divisibility", 16]] for i, t in enumerate(signature.values()) if t.startswith("*")}
     src = ASTSource(getattr(module, fn), signature, attrs=attrs)
-    return triton.compile(src, target=GPUTarget("cuda", sm, 32), options={"num_warps": warps})
+    options = {"num_warps": warps, **({"num_stages": stages} if stages else {})}
+    return triton.compile(src, target=GPUTarget("cuda", sm, 32), options=options)
 
 
 def resources_of(compiled: Any, sm: int = 90) -> Resources:
@@ -86,7 +88,9 @@ def pressure(program: TritonProgram, cache_dir: Path, sm: int = 90) -> dict[str,
     out = {}
     for ln in program.launches:
         if ln.fn not in out:
-            out[ln.fn] = resources_of(compile_kernel(module, ln.fn, program.signatures[ln.fn], ln.warps, sm), sm)
+            out[ln.fn] = resources_of(
+                compile_kernel(module, ln.fn, program.signatures[ln.fn], ln.warps, sm, ln.stages), sm
+            )
     return out
 
 
@@ -105,7 +109,7 @@ def measure(program: TritonProgram, cache_dir: Path, sm: int = 90) -> dict[str, 
         res = _read(folder / f"{key}.json") if folder else None
         if res is None:
             module = module or load_module(module_path(program.source, cache_dir), interpret=False)
-            res = resources_of(compile_kernel(module, ln.fn, program.signatures[ln.fn], ln.warps, sm), sm)
+            res = resources_of(compile_kernel(module, ln.fn, program.signatures[ln.fn], ln.warps, sm, ln.stages), sm)
             if folder:
                 _write(folder / f"{key}.json", res)
         out[ln.fn] = res
@@ -118,7 +122,8 @@ def _cache_key(program: TritonProgram, ln: Launch, sm: int, version: str) -> str
     start = program.source.index(f"\ndef {ln.fn}(")
     end = program.source.find("\ndef ", start + 1)
     text = program.source[start : end if end >= 0 else len(program.source)]
-    parts = [PRELUDE, text, repr(sorted(program.signatures[ln.fn].items())), str(ln.warps), str(sm), version]
+    sig = repr(sorted(program.signatures[ln.fn].items()))
+    parts = [PRELUDE, text, sig, str(ln.warps), str(ln.stages), str(sm), version]
     return hashlib.sha256("\0".join(parts).encode()).hexdigest()[:32]
 
 
