@@ -53,6 +53,18 @@ def _mask_rows() -> torch.Tensor:
 F16, BF16 = torch.float16, torch.bfloat16
 Case = tuple[Callable, tuple[torch.Tensor, ...], float]
 CASES: dict[str, Case] = {
+    "vector_matmul": (lambda a, b: a @ b, (torch.randn(7), torch.randn(7, 3)), 2e-5),  # a [3] store of a [1, 3] tile
+    "row_matmul_1xn": (lambda a, b: a @ b + 1, (torch.randn(1, 7), torch.randn(7, 3)), 2e-5),
+    "conv_depthwise": (
+        lambda x, w: F.conv2d(x, w, padding=1, groups=4),
+        (torch.randn(1, 4, 5, 5), torch.randn(4, 1, 3, 3)),
+        2e-5,
+    ),
+    "attention_causal_more_queries": (
+        lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True),
+        (torch.randn(1, 1, 9, 16), torch.randn(1, 1, 5, 16), torch.randn(1, 1, 5, 16)),
+        2e-5,
+    ),
     "linear_bias_gelu": (
         lambda x, w, b: F.gelu(F.linear(x, w, b)),
         (torch.randn(37, 29), torch.randn(19, 29), torch.randn(19)),

@@ -21,6 +21,7 @@ from collections.abc import Sequence
 
 from vfuse.codegen.triton.names import LoopGroup, param
 from vfuse.codegen.triton.writer import SEEDS, FaultTable, TritonWriter
+from vfuse.ir import DType
 from vfuse.schedule import expr
 from vfuse.schedule.expr import Lin, Var
 from vfuse.schedule.kernel import BufKind, ContractionKernel, Kernel, Loop, Pass, Program, Stmt, Store
@@ -44,15 +45,23 @@ class Section:
         mask: str,
         depth: int,
         store: Store | None = None,
+        full: bool = True,
     ) -> list[str]:
+        """`full`: the store's index spans the tile (else its pointer is broadcast to the mask:
+        Triton stores no value into a smaller pointer tensor)."""
         loops = tuple(lp for _, _, ls in groups for lp in ls)
         body: tuple[Stmt | Store, ...] = (*stmts, *([store] if store else []))
         kernel = Kernel(self.k.name, self.k.group, self.k.label, (), loops, (Pass((), body, ()),), (), ())
         lgroups = [LoopGroup(flat, ls) for flat, _, ls in groups]
         w = TritonWriter(kernel, self.program, self.faults, lgroups)
         w.depth, w.mask = depth, mask
-        for s in body:
+        for s in stmts:
             w.emit(s)
+        if store is not None:
+            w.emit_deps(store)
+            idx = w.index.render(store.index) + ("" if full else f" + 0 * {mask}.to(tl.int32)")
+            value = {DType.F16: f"{store.arg}.to(tl.float16)", DType.BF16: f"_vf_f2bf({store.arg})"}
+            w.w(f"tl.store({param(store.buf)} + {idx}, {value.get(store.dtype, store.arg)}, mask={mask})")
         pad = "    " * depth
         head = [f"{pad}{flat} = {d}" for flat, d, _ in groups]
         for g in lgroups:
@@ -111,7 +120,16 @@ def epilogue(
     coords = tuple(Lin() if n == 1 else Lin.var(Var(d)) for d, n in enumerate(k.space))
     dtype = sec.program.buffers[k.out].type.dtype
     store = Store(k.out, expr.row_major(coords, k.space), k.result, dtype)
-    return sec.render(k.epilogue, groups or epilogue_groups(k.space, rows, cols, ncols), mask, depth, store)
+    groups = groups or epilogue_groups(k.space, rows, cols, ncols)
+    used = expr.var_ids(store.index)
+    sides = {_SIDE[flat] for flat, _, loops in groups if any(lp.var in used for lp in loops)}
+    full = "full" in sides or {"rows", "cols"} <= sides
+    return sec.render(k.epilogue, groups, mask, depth, store, full)
+
+
+# Which part of the [rows, cols] tile each epilogue group's flat index spans (names used here,
+# in conv.py and attention.py).
+_SIDE = {"er_": "rows", "en_": "rows", "ep_": "rows", "ec_": "cols", "eo_": "cols", "ef_": "full"}
 
 
 def dot_lines(a: str, b: str, dot: str, depth: int) -> list[str]:
