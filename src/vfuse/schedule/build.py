@@ -21,6 +21,7 @@ from vfuse.schedule.contraction import FP32_ONLY, GPU_DTYPES, Caches, library_ch
 from vfuse.schedule.expr import Lin, Var
 from vfuse.schedule.gpu import decide_contraction, decide_gpu
 from vfuse.schedule.horizontal import join_horizontal
+from vfuse.schedule.int8dot import with_int8_dot
 from vfuse.schedule.kernel import (
     AnyKernel,
     Buffer,
@@ -252,6 +253,8 @@ def build(plan: FusionPlan, target: object, templates: bool = True, triton: bool
         decide(with_streaming(with_table(k), caches[2]), vector, caches[0]) if isinstance(k, Kernel) else k
         for k in items
     ]
+    extras = getattr(target, "isa_extras", frozenset())
+    items = [with_int8_dot(k, graph, extras) if isinstance(k, ContractionKernel) else k for k in items]
     if getattr(target, "is_gpu", False):
         items = [decide_gpu(k, target, graph) if isinstance(k, Kernel) else k for k in items]
     elif templates and not triton:  # the C++ renderer (the Triton one has no horizontal walk)

@@ -359,6 +359,31 @@ class OperandPrologue:
     inner: int = -1
 
 
+class DotKind(enum.Enum):
+    """The int8 dot-product instruction an `Int8Dot` GEMM is built on (codegen/cpp/gemm/int8.py)."""
+
+    VNNI = "vpdpbusd"  # AVX-512 VNNI: u8 x s8 -> s32, 4 products per 32-bit lane
+
+
+@dataclass(frozen=True)
+class Int8Dot:
+    """A MATMUL of dequantized int8 operands computed as an exact int32 dot product
+    (`schedule/int8dot.py`): A = (x - x_zero) * x_scale (x: M x K int8), B = ((w - w_zero) *
+    scale)^T (w: N x K int8, nn.Linear's weight; scale per tensor, or per output channel from
+    `w_scales`). The epilogue sees v = x_scale * scale[j] * sum_k (x - x_zero)(w - w_zero)."""
+
+    kind: DotKind
+    x: str
+    x_zero: int
+    x_scale: float
+    w: str
+    w_zero: int
+    w_scale: float  # per-tensor scale (1.0 with per-channel scales)
+    w_scales: str  # per-channel fp32 scales, N of them ("" when per-tensor)
+    mr: int  # register tile: rows x (vectors of 16 int32 lanes)
+    nr: int
+
+
 @dataclass(frozen=True)
 class ContractionKernel:
     """One contraction (MATMUL / CONV2D / SDPA) rendered from a template, its pointwise epilogue
@@ -392,6 +417,7 @@ class ContractionKernel:
     mr: int = 14
     nr: int = 32
     gpu: GpuTiles | None = None  # GPU targets: the Triton template's tiles (`schedule/gpu.py`)
+    int8: Int8Dot | None = None  # MATMUL: dequantized int8 operands as an int32 dot product
 
     def prologue(self, i: int) -> OperandPrologue | None:
         return self.prologues[i] if i < len(self.prologues) else None

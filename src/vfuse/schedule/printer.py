@@ -113,6 +113,12 @@ def format_kernel(k: AnyKernel) -> str:
         ins = ", ".join(f"%{v}{list(s)}" for v, s in zip(k.operands, k.shapes, strict=True))
         epi = f"epilogue {len(k.epilogue)} stmt(s)" + (f" reading {', '.join(k.extras)}" if k.extras else "")
         tile = f"register tile {k.mr}x{k.nr} of {k.vector}-lane vectors"
+        if (q := k.int8) is not None:
+            scale = f"%{q.w_scales} per channel" if q.w_scales else f"{q.w_scale!r}"
+            tile = (
+                f"int8 dot product ({q.kind.value}): (%{q.x} - {q.x_zero}) * {q.x_scale!r} @ "
+                f"((%{q.w} - {q.w_zero}) * {scale})^T, int32 tile {q.mr}x{q.nr}"
+            )
         return f"  kernel {k.name} (group {k.group}, {k.label}): {k.op.value}({ins}){layout} -> %{k.out}; {epi}; {tile}"
     lines = [f"  kernel {k.name} (group {k.group}, {k.label}): outer {_loops(k.outer)} | inner {_loops(k.inner)}"]
     lines.append(f"    {_walk(k)}")

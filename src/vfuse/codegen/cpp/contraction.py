@@ -25,6 +25,7 @@ from vfuse.codegen.cpp.gemm import (
     render_conv2d,
     render_gemm,
 )
+from vfuse.codegen.cpp.gemm.int8 import Int8Spec, render_int8_gemm
 from vfuse.codegen.cpp.gemm.prologue import Prologue
 from vfuse.codegen.cpp.rules import STORAGE_TYPE, STORE_CONVERT
 from vfuse.codegen.cpp.writer import StatementWriter, pointer, pointer_line
@@ -110,6 +111,8 @@ def _extras(k: ContractionKernel, program: Program) -> tuple[EpilogueArg, ...]:
 
 
 def _gemm(k: ContractionKernel, program: Program) -> tuple[str, str]:
+    if k.int8 is not None:
+        return _int8_gemm(k, program)
     a, b = k.shapes
     pa, pb = _prologue(k, 0), _prologue(k, 1)
     m, n, kk = a[-2], k.out_shape[-1], a[-1]
@@ -120,6 +123,22 @@ def _gemm(k: ContractionKernel, program: Program) -> tuple[str, str]:
     stmts = tuple(_statements(k, _gemm_names(k), out))
     epi = Epilogue(k.op.value, _extras(k, program), stmts, _store(k, out), STORAGE_TYPE[out])
     return render_gemm(spec, epi), f"{spec.name}({_args(k)}, {_out(k)}{epi.names()}, nt);"
+
+
+def _int8_gemm(k: ContractionKernel, program: Program) -> tuple[str, str]:
+    """The schedule's int8 dot product (`ContractionKernel.int8`): operands read from the int8
+    buffers among the extras, the dequantization folded into the int32 result's scale."""
+    q = k.int8
+    assert q is not None
+    (m, kk), n = k.shapes[0], k.out_shape[-1]
+    spec = Int8Spec(
+        f"{k.name}_i8", m, n, kk, pointer(q.x), pointer(q.w), q.x_zero, q.x_scale, q.w_zero, q.w_scale,
+        pointer(q.w_scales) if q.w_scales else "", q.kind, q.mr, q.nr, k.caches[1],
+    )  # fmt: skip
+    out = program.buffers[k.out].type.dtype
+    epi = Epilogue(k.op.value, _extras(k, program), tuple(_statements(k, _gemm_names(k), out)), _store(k, out),
+                   STORAGE_TYPE[out])  # fmt: skip
+    return render_int8_gemm(spec, epi), f"{spec.name}({_out(k)}{epi.names()}, nt);"
 
 
 def _blocking(k: ContractionKernel, m: int, n: int, kk: int) -> Blocking:
