@@ -64,3 +64,17 @@ def test_narrow_linear_runs_in_torch_with_its_epilogue_fused(out: int, library: 
     with torch.no_grad():
         compiled = vfuse.compile(model, (x,), freeze=True, strict=True)
         torch.testing.assert_close(compiled(x), model(x), rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize(("hw", "stride", "library"), [(8, 1, True), (16, 2, False), (32, 1, False)])
+def test_small_plane_stride1_conv_goes_to_torch(hw: int, stride: int, library: bool) -> None:
+    # Stride-1 3x3 convs compute padded-width columns: an 8x8 plane is 72 columns, two 64-wide
+    # tiles for 64 outputs. Stride 2 to 8x8 (implicit GEMM, 64 columns) and a 32x32 plane (1056) waste little.
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Conv2d(128, 128, 3, stride, 1), torch.nn.ReLU()).eval()
+    x = torch.randn(2, 128, hw, hw)
+    rows = [k for k in vfuse.explain(model, x, freeze=True).kernels if k.runs is RunKind.TORCH]
+    assert [Rule.LIBRARY_CONTRACTION.value in k.note for k in rows] == ([True] if library else [])
+    with torch.no_grad():
+        compiled = vfuse.compile(model, (x,), freeze=True, strict=True)
+        torch.testing.assert_close(compiled(x), model(x), rtol=1e-4, atol=1e-5)

@@ -7,13 +7,16 @@ the group), so the comparison uses the target's peak and bandwidth:
 * template: the group's time, plus the flops its register tile computes past the edges of C
   (a 64-wide tile on an N = 3 output computes 64 columns) at the same peak;
 * library: the group's time for the useful flops (library GEMMs cover ragged edges with narrower
-  kernels), plus one torch call (dispatch, an output allocation, leaving the native segment), and,
-  when the group has an epilogue, a second pass over the output: the epilogue then runs as its
-  own kernel, reading the contraction's output back instead of working on it in registers.
+  kernels) at `LIBRARY_EFFICIENCY` of the template's rate, plus one torch call (dispatch, an
+  output allocation, leaving the native segment), and, when the group has an epilogue, a second
+  pass over the output: the epilogue then runs as its own kernel, reading the contraction's
+  output back instead of working on it in registers.
 
-The library wins only when the tile's waste costs more than the call and the lost fusion: small
-or ragged outputs (N or M far below one tile). The schedule asks (`schedule/build.py`) and runs
-such a contraction through torch, reason `Rule.LIBRARY_CONTRACTION`, shown in the report.
+The library wins only when the tile's waste costs more than the call, the lost fusion and its
+lower rate: outputs far narrower than a tile (Linear(d, 1) heads), and stride-1 convs on small
+planes, whose padded-width columns overshoot the last tile (8x8 planes: 72 columns for 64). The
+schedule asks (`schedule/build.py`) and runs such a contraction through torch, reason
+`Rule.LIBRARY_CONTRACTION`, shown in the report.
 """
 
 from __future__ import annotations
@@ -24,6 +27,11 @@ from dataclasses import dataclass
 from vfuse.fusion.plan import Cost
 from vfuse.fusion.rules import Rule
 
+# The library's GEMM/conv rate relative to the template's on whole tiles. Measured (docs/perf-log.md,
+# Zen 4, AVX-512, one thread, under load): GEMMs of 256 x 256..1024 within +-5 % of each other;
+# 3x3 convs on 8x8..32x32 planes lost to oneDNN where the template's padding waste was 1.25-2x and
+# came within 1-5 % at 1.06x; 0.9 keeps a contraction in the template up to ~11 % predicted waste.
+LIBRARY_EFFICIENCY = 0.9
 # One torch call from a compiled graph: leaving the native segment, ATen dispatch, allocating
 # the output (the runtime's torch step, measured at 5-15 us on Zen 4 under load; docs/perf-log.md).
 LIBRARY_CALL_S = 10e-6
@@ -59,7 +67,7 @@ def choose(cost: Cost, waste: float, out_bytes: int, epilogue: bool) -> Contract
     computes `waste` times the useful flops; `out_bytes`: the contraction's output, which a split
     epilogue reads back and writes again (`epilogue`: the group has pointwise work after it)."""
     template_s = cost.time_s + cost.compute_s * (waste - 1.0)
-    library_s = cost.time_s + LIBRARY_CALL_S
+    library_s = cost.time_s + cost.compute_s * (1.0 / LIBRARY_EFFICIENCY - 1.0) + LIBRARY_CALL_S
     if epilogue:
         bandwidth = cost.bytes / cost.memory_s if cost.memory_s > 0 else math.inf
         library_s += cost.launch_s + 2 * out_bytes / bandwidth

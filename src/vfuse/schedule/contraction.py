@@ -309,8 +309,21 @@ def library_choice(graph: Graph, cost: Cost, cp: ContractionPlan) -> Contraction
         return ContractionChoice(0.0, math.inf)
     shape = k.out_shape
     if k.op is Op.CONV2D:
-        m, n = shape[1] // k.attrs["groups"], shape[2] * shape[3]
+        m, n = shape[1] // k.attrs["groups"], _conv_columns(k)
     else:
         m, n = shape[-2], shape[-1]
+    waste = tile_waste(m, n, k.mr, k.nr) * n / (shape[-2] * shape[-1] if k.op is Op.CONV2D else n)
     epilogue = bool(k.epilogue) or bool(cp.rest)
-    return choose(cost, tile_waste(m, n, k.mr, k.nr), graph[k.node].type.nbytes, epilogue)
+    return choose(cost, waste, graph[k.node].type.nbytes, epilogue)
+
+
+def _conv_columns(k: ContractionKernel) -> int:
+    """Output columns per image the conv template computes: OH x OW, or for a stride-1 conv that
+    is not 1x1 (the direct path, `codegen/cpp/gemm/conv_direct.py`) OH x (W + gap), garbage
+    columns across the row ends included (8x8 planes: 72 columns for 64 outputs)."""
+    (kh, kw), (sh, sw), (_, pw) = k.shapes[1][2:], k.attrs["stride"], k.attrs["padding"]
+    oh, ow = k.out_shape[2:]
+    if (sh, sw) != (1, 1) or (kh, kw) == (1, 1):
+        return oh * ow
+    gap = max(pw, 2 * pw - k.attrs["dilation"][1] * (kw - 1))
+    return oh * (k.shapes[0][3] + gap)
