@@ -81,6 +81,11 @@ def build_parser() -> argparse.ArgumentParser:
     pr.add_argument("--reps", type=int, default=20, help="timed runs per kernel, after 2 warm-up runs (default: 20)")
     pr.add_argument("--freeze", action="store_true", help="compile parameters in as constants (freeze=True)")
     pr.add_argument("--isa", default="auto", help="instruction-set tier to build for (default: auto)")
+    pr.add_argument(
+        "--threads",
+        type=int,
+        help="run the kernels on this many threads and predict for as many cores (loaded machine: 1)",
+    )
     pr.add_argument("--json", action="store_true", help="print the rows as JSON instead of a table")
     pr.add_argument("--html", type=Path, metavar="PATH", help="also write the HTML report, measured times included")
     pr.add_argument("--width", type=int, default=120, help="width of the printed table (default: 120)")
@@ -166,7 +171,7 @@ def run_profile(ns: argparse.Namespace) -> int:
     from vfuse.report.text import profile_data, profile_table
 
     try:
-        report = explain(model, *inputs, profile=ns.reps, freeze=ns.freeze, isa=ns.isa)
+        report = explain(model, *inputs, profile=ns.reps, profile_threads=ns.threads, freeze=ns.freeze, isa=ns.isa)
     except Exception as e:
         if ns.traceback:
             raise

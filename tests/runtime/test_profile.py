@@ -105,7 +105,7 @@ def test_cli_profile(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None
     names = [k["name"] for k in data["kernels"]]
     assert names == ["k0_c", "k1"] and all(k["measured_s"] > 0 and k["ratio"] > 0 for k in data["kernels"])
     assert 'class="measured"' in (tmp_path / "r.html").read_text()  # the report, with measured times
-    assert cli.main(["profile", f"{spec}:factory", "--reps", "1", "--isa", "avx2"]) == 0
+    assert cli.main(["profile", f"{spec}:factory", "--reps", "1", "--isa", "avx2", "--threads", "1"]) == 0
     table = capsys.readouterr().out
     assert "pred/meas" in table and "LayerNorm row kernel" in table and "total" in table
     assert cli.main(["profile", f"{spec}:factory", "--reps", "0"]) == 2
@@ -128,3 +128,12 @@ def test_predictions_rank_generated_kernels() -> None:
         measured += [r.best_s for r in rows if r.runs != "torch"]
     assert len(predicted) >= 9
     assert spearman(predicted, measured) >= 0.7, list(zip(predicted, measured))
+
+
+def test_explain_profiled_on_one_thread_shows_one_thread_predictions() -> None:
+    xs = _inputs()
+    report = vfuse.explain(_norm_gemm, *xs, profile=1, profile_threads=1)
+    rows = vfuse.compile(_norm_gemm, xs).profile(*xs, reps=1, threads=1)
+    assert [k.time_s for k in report.kernels] == pytest.approx([r.predicted_s for r in rows])
+    assert report.time_fused_s == pytest.approx(sum(r.predicted_s for r in rows))
+    assert all(k.measured_s for k in report.kernels)

@@ -32,6 +32,7 @@ def explain(
     *example_inputs: Any,
     target: str | None = None,
     profile: int = 0,
+    profile_threads: int | None = None,
     **options: Any,
 ) -> FusionReport:
     """Capture `model_or_fn` on `example_inputs` and report the kernels vfuse.compile would run.
@@ -40,7 +41,8 @@ def explain(
     convolution as the compiled graph does; backend="interp" reports the reference executor;
     dump_dir writes each stage). Nothing is built with g++ or run, unless `profile` = N > 0: then
     the function is compiled as vfuse.compile does, each kernel timed over N runs on
-    `example_inputs` (`CompiledGraph.profile`) and the rows carry `measured_s`.
+    `example_inputs` (`CompiledGraph.profile`; on `profile_threads` threads when given, priced for
+    that many cores) and the rows carry `measured_s`.
     """
     # The pipeline imports torch capture; importing it here keeps `vfuse.report` light.
     from vfuse import compiler
@@ -66,8 +68,20 @@ def explain(
         from vfuse.entry.aot import compile_aot
 
         compiled = compile_aot(model_or_fn, example_inputs, **({"target": target} if target else {}), **options)
-        report = report.with_measured(compiled.profile(*example_inputs, reps=profile))
+        rows = compiled.profile(*example_inputs, reps=profile, threads=profile_threads)
+        report = report.with_measured(rows)
+        if profile_threads is not None:  # the predictions the measurements are compared with
+            report = _repriced(report, rows)
     return report
+
+
+def _repriced(report: FusionReport, rows: Any) -> FusionReport:
+    """The report with each kernel's predicted time as the profile priced it (for its threads)."""
+    predicted = {r.name: r.predicted_s for r in rows}
+    kernels = tuple(dataclasses.replace(k, time_s=predicted[k.name]) for k in report.kernels)
+    times = [k.time_s for k in kernels]
+    total = None if None in times else sum(t for t in times if t is not None)
+    return dataclasses.replace(report, kernels=kernels, time_fused_s=total)
 
 
 def _schedule(graph: Graph, plan: FusionPlan, hardware: Target, ctx: Context) -> tuple[Scheduled | None, str]:
