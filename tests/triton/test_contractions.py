@@ -53,6 +53,11 @@ def _mask_rows() -> torch.Tensor:
 F16, BF16 = torch.float16, torch.bfloat16
 Case = tuple[Callable, tuple[torch.Tensor, ...], float]
 CASES: dict[str, Case] = {
+    "attention_residual": (
+        lambda q, k, v: F.scaled_dot_product_attention(q, k, v) + q,
+        tuple(torch.randn(1, 2, 9, 16) for _ in range(3)),
+        2e-5,
+    ),
     "vector_matmul": (lambda a, b: a @ b, (torch.randn(7), torch.randn(7, 3)), 2e-5),  # a [3] store of a [1, 3] tile
     "row_matmul_1xn": (lambda a, b: a @ b + 1, (torch.randn(1, 7), torch.randn(7, 3)), 2e-5),
     "conv_depthwise": (

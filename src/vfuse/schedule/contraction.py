@@ -271,7 +271,7 @@ def plan_contraction(graph: Graph, nodes: tuple[str, ...], outputs: tuple[str, .
         _sdpa_operands(graph, node, ops, dtypes)
     else:
         raise Unsupported(f"no template for {op.value}")
-    fused = _fuse(graph, node, rest, outputs, prologue)
+    fused = _fuse(graph, node, rest, outputs, prologue, dtypes is GPU_DTYPES)
     out, stmts, result, extras = fused if fused else (node, [], "v", set())
     kernel = ContractionKernel(
         f"k{gid}_c", gid, label, op, node, tuple(ops.names), tuple(ops.shapes), graph[node].tensor_type.shape,
@@ -285,9 +285,15 @@ def plan_contraction(graph: Graph, nodes: tuple[str, ...], outputs: tuple[str, .
 
 
 def _fuse(
-    graph: Graph, node: str, rest: frozenset[str], outputs: tuple[str, ...], prologue: frozenset[str]
+    graph: Graph,
+    node: str,
+    rest: frozenset[str],
+    outputs: tuple[str, ...],
+    prologue: frozenset[str],
+    triton: bool = False,
 ) -> tuple[str, list[Stmt], str, set[str]] | None:
-    """(output, statements, result, extras) when the whole epilogue fits in the template."""
+    """(output, statements, result, extras) when the whole epilogue fits in the template
+    (`triton`: the Triton templates, whose attention epilogue may read other buffers too)."""
     if len(outputs) != 1 or outputs[0] not in rest | {node}:
         return None
     # Prologue values the epilogue reads (views, casts) are recomputed inline from their buffers.
@@ -295,8 +301,8 @@ def _fuse(
     if lowered is None:
         return None
     stmts, result, extras = lowered
-    if graph[node].op is Op.SDPA and extras:
-        return None  # the attention kernel's signature has no room for extra buffers
+    if graph[node].op is Op.SDPA and extras and not triton:
+        return None  # the C++ attention kernel's signature has no room for extra buffers
     return outputs[0], stmts, result, extras
 
 
