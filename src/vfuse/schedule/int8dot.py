@@ -4,12 +4,13 @@
 (per-tensor zero point, per-tensor or per-output-channel scale) is
 `x_scale * w_scale[j] * sum_k (x - x_zero)(w - w_zero)`: the sum is an integer, computed exactly
 in int32 by the CPU's int8 dot-product instruction (AVX-512 VNNI `vpdpbusd`: 64 multiply-adds
-per instruction, 4x an fp32 FMA's 16), the zero points folded in as row/column sums and the
-scales applied once per output element before the group's epilogue. Eager dequantizes to fp32
+per instruction, 4x an fp32 FMA's 16; AArch64 `sdot`: 16, 4x NEON's fp32 FMA), the zero points
+folded in as row/column sums and the scales applied once per output element before the group's
+epilogue. Eager dequantizes to fp32
 and sums in fp32, so the two differ by eager's own rounding (docs/semantics.md).
 
 `with_int8_dot(k, graph, extras)` returns `k` with `int8` set where the operands have that form
-and the target has the instruction; every other MATMUL keeps the fp32 template (its prologues
+and the target has the instruction (`DOTS`); every other MATMUL keeps the fp32 template (its prologues
 dequantize while packing).
 """
 
@@ -24,7 +25,9 @@ from vfuse.targets.isa import IsaExtra
 # The int32 accumulator holds sum_k (x + 128) * w, at most 255 * 128 * K: exact up to this K.
 MAX_K = 1 << 16
 MAX_ZERO = 255  # zero points beyond any int8 value's distance are not a quantization
-TILE = (12, 32)  # rows x columns of C per micro-kernel: 24 zmm accumulators, 2 B vectors, 1 broadcast
+# Per instruction: the target extension, fp32 lanes of the tier, register tile (rows x columns of C).
+# VNNI: 24 zmm accumulators, 2 B vectors, 1 broadcast; SDOT: 24 of NEON's 32 q registers, 3 B, 1 A.
+DOTS = ((DotKind.VNNI, IsaExtra.VNNI, 16, (12, 32)), (DotKind.SDOT, IsaExtra.DOTPROD, 4, (8, 12)))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -36,8 +39,9 @@ class _Affine:
 
 
 def with_int8_dot(k: ContractionKernel, graph: Graph, extras: frozenset[IsaExtra]) -> ContractionKernel:
-    """`k` computed as an int8 dot product where that is exact and the target has VNNI."""
-    if IsaExtra.VNNI not in extras or k.op is not Op.MATMUL or k.vector != 16:
+    """`k` computed as an int8 dot product where that is exact and the target has the instruction."""
+    dot = next((d for d in DOTS if d[1] in extras and d[2] == k.vector), None)
+    if dot is None or k.op is not Op.MATMUL:
         return k
     a, b = graph[k.node].inputs
     ta, tb = graph[a].tensor_type, graph[b].tensor_type
@@ -50,8 +54,8 @@ def with_int8_dot(k: ContractionKernel, graph: Graph, extras: frozenset[IsaExtra
     w = _affine(graph, t.inputs[0], tb.shape[1])
     if x is None or w is None or x.scales or not {x.buf, w.buf, w.scales} - {""} <= set(k.extras):
         return k
-    dot = Int8Dot(DotKind.VNNI, x.buf, x.zero, x.scale, w.buf, w.zero, w.scale, w.scales, *TILE)
-    return dataclasses.replace(k, int8=dot)
+    q = Int8Dot(dot[0], x.buf, x.zero, x.scale, w.buf, w.zero, w.scale, w.scales, *dot[3])
+    return dataclasses.replace(k, int8=q)
 
 
 def _affine(graph: Graph, v: str, rows: int) -> _Affine | None:

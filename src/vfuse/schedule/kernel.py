@@ -363,6 +363,7 @@ class DotKind(enum.Enum):
     """The int8 dot-product instruction an `Int8Dot` GEMM is built on (codegen/cpp/gemm/int8.py)."""
 
     VNNI = "vpdpbusd"  # AVX-512 VNNI: u8 x s8 -> s32, 4 products per 32-bit lane
+    SDOT = "sdot"  # AArch64 dot product: s8 x s8 -> s32, 4 products per 32-bit lane
 
 
 @dataclass(frozen=True)
@@ -380,7 +381,7 @@ class Int8Dot:
     w_zero: int
     w_scale: float  # per-tensor scale (1.0 with per-channel scales)
     w_scales: str  # per-channel fp32 scales, N of them ("" when per-tensor)
-    mr: int  # register tile: rows x (vectors of 16 int32 lanes)
+    mr: int  # register tile: rows x columns (whole vectors of int32 lanes)
     nr: int
 
 

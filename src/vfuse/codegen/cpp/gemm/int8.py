@@ -35,9 +35,11 @@ class DotOps:
     offset: int  # added to X when packing A (an unsigned operand: 128)
     zero: str
     load: str  # {0}: byte pointer
-    splat: str  # {0}: int32 (4 bytes of A)
-    dot: str  # statement: acc {0} += 4-byte dot products of {1} (A) and {2} (B) per lane
+    splat: str  # A's vector for `rows` rows from byte pointer {0}: 4 bytes per row
+    dot: str  # statement: acc {0} += 4-byte dot products of {1} (A; row {3} of its rows) and {2} (B)
     store: str  # {0}: int32 pointer, {1}: vector
+    target: str = ""  # enables the instruction for the micro-kernel where the build's -march may not
+    rows: int = 1  # rows of A per vector: 1 broadcast, or 4 rows' bytes read by lane
 
 
 DOT_OPS = {
@@ -48,11 +50,28 @@ DOT_OPS = {
         128,
         "_mm512_setzero_si512()",
         "_mm512_loadu_si512((const void*)({0}))",
-        "_mm512_set1_epi32({0})",
+        "_mm512_set1_epi32(vf_ld32({0}))",
         # Inline asm: with the intrinsic g++ 12 stored every accumulator to the stack after its
         # update (the accumulator operand is tied), 2x slower.
         'asm("vpdpbusd %2, %1, %0" : "+v"({0}) : "v"({1}), "v"({2}))',
         "_mm512_storeu_si512((void*)({0}), {1})",
+    ),
+    # Signed x signed: A is packed as it is (offset 0). Enabled per function: the NEON tier's build
+    # is -march=native, but a baseline armv8-a build (the ARM64 tests) has no dotprod.
+    DotKind.SDOT: DotOps(
+        "arm_neon.h",
+        "int32x4_t",
+        4,
+        0,
+        "vdupq_n_s32(0)",
+        "vreinterpretq_s32_s8(vld1q_s8((const int8_t*)({0})))",
+        "vreinterpretq_s32_u8(vld1q_u8({0}))",
+        # By lane: 4 rows of A per register. Broadcasting each row took 8 registers for the 8 rows
+        # g++ loaded ahead, and 3 accumulators spilled (the intrinsic's too).
+        'asm("sdot %0.4s, %1.16b, %2.4b[{3}]" : "+w"({0}) : "w"({2}), "w"({1}))',
+        "vst1q_s32({0}, {1})",
+        '__attribute__((target("arch=armv8.2-a+dotprod"))) ',
+        4,
     ),
 }
 
@@ -92,8 +111,10 @@ def _micro(s: Int8Spec, ops: DotOps) -> str:
     loads = "".join(f"    const {ops.vec} b{v} = {ops.load.format(f'b + {v * ops.lanes * 4}')};\n" for v in range(nv))
     steps = ""
     for r in range(s.mr):
-        steps += f"    std::memcpy(&a4, a + {r * 4}, 4);\n    av = {ops.splat.format('a4')};\n"
-        steps += "".join(f"    {ops.dot.format(acc[r][v], 'av', f'b{v}')};\n" for v in range(nv))
+        if r % ops.rows == 0:
+            steps += f"    av = {ops.splat.format(f'a + {r * 4}')};\n"
+        lane = r % ops.rows
+        steps += "".join(f"    {ops.dot.format(acc[r][v], 'av', f'b{v}', lane)};\n" for v in range(nv))
     stores = "".join(
         f"  {ops.store.format(f'tile + {r * s.nr + v * ops.lanes}', acc[r][v])};\n"
         for r in range(s.mr)
@@ -101,12 +122,19 @@ def _micro(s: Int8Spec, ops: DotOps) -> str:
     )
     return f"""#include <{ops.header}>
 #include <vector>
+#ifndef VF_LD32
+#define VF_LD32
+static inline int32_t vf_ld32(const uint8_t* p) {{
+  int32_t x;
+  std::memcpy(&x, p, 4);
+  return x;
+}}
+#endif
 // vfuse int8 gemm {s.name}: {s.m}x{s.k} @ ({s.n}x{s.k})^T int8, {s.mr}x{s.nr} int32 tile
 // Not inlined: in the driver, the epilogue's hoisted constants took registers and tile rows spilled.
-__attribute__((noinline)) static void {s.name}_micro(const uint8_t* __restrict a, const int8_t* __restrict b,
-                                                   int32_t* __restrict tile) {{
-{decl}  int32_t a4;
-  {ops.vec} av;
+{ops.target}__attribute__((noinline)) static void {s.name}_micro(const uint8_t* __restrict a,
+    const int8_t* __restrict b, int32_t* __restrict tile) {{
+{decl}  {ops.vec} av;
   for (long g = 0; g < {kg}; ++g, a += {s.mr * 4}, b += {s.nr * 4}) {{
 {loads}{steps}  }}
 {stores}}}
@@ -118,6 +146,7 @@ def _pack(s: Int8Spec, ops: DotOps) -> str:
     lane, rows / columns past the matrix and k past K zero."""
     kg, k = (s.k + 3) // 4, s.k
     flip = "^ 0x80808080u" if ops.offset == 128 else ""
+    a_type = "uint8_t" if ops.offset else "int8_t"  # what the row sums add up
     return f"""  #pragma omp for schedule(static) nowait
   for (long jb = 0; jb < NB; ++jb)
     for (long c = 0; c < {s.nr}; ++c) {{
@@ -128,7 +157,7 @@ def _pack(s: Int8Spec, ops: DotOps) -> str:
   for (long ib = 0; ib < MB; ++ib)
     for (long r = 0; r < {s.mr}; ++r) {{
       const long i = ib * {s.mr} + r;
-      {_sliver("ap + ib * " + str(kg * s.mr * 4), f"{s.x} + i * {k}", "i", s.m, s.mr, k, flip, "rowsum[i]", "uint8_t")}
+      {_sliver("ap + ib * " + str(kg * s.mr * 4), f"{s.x} + i * {k}", "i", s.m, s.mr, k, flip, "rowsum[i]", a_type)}
     }}
 """
 
