@@ -137,3 +137,18 @@ def test_explain_profiled_on_one_thread_shows_one_thread_predictions() -> None:
     assert [k.time_s for k in report.kernels] == pytest.approx([r.predicted_s for r in rows])
     assert report.time_fused_s == pytest.approx(sum(r.predicted_s for r in rows))
     assert all(k.measured_s for k in report.kernels)
+
+
+def test_profiling_leaves_threads_and_random_state_alone() -> None:
+    def dropout(x: torch.Tensor) -> torch.Tensor:
+        return torch.nn.functional.dropout(x, 0.5, training=True) * 2
+
+    x = torch.randn(300, 70)
+    g = vfuse.compile(dropout, (x,))
+    threads = torch.get_num_threads()
+    torch.manual_seed(7)
+    expected = torch.rand(3)
+    torch.manual_seed(7)
+    rows = g.profile(x, reps=2, threads=1)
+    assert torch.equal(torch.rand(3), expected) and torch.get_num_threads() == threads
+    assert rows and all(r.measured_s > 0 for r in rows)

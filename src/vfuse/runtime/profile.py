@@ -151,12 +151,14 @@ def profile_executor(
     hw = get_target(executor.plan.target, executor.cache_dir, isa=program.isa)
     if threads is not None:
         hw = at_threads(hw, threads)
-    before = torch.get_num_threads()
+    before, rng = torch.get_num_threads(), torch.get_rng_state()
     try:
         torch.set_num_threads(threads or before)
         measured = measure(executor, inputs, reps)
     finally:
+        # Profiling leaves no trace: the thread count, and torch's generator (RNG_SEED draws).
         torch.set_num_threads(before)
+        torch.set_rng_state(rng)
     rows = predicted_rows(executor, hw, reprice=threads is not None)
     return [replace(row, measured_s=m, best_s=b) for row, (m, b) in zip(rows, measured, strict=True)]
 
