@@ -30,11 +30,13 @@ from vfuse.entry.devices import devices_for, foreign_device
 from vfuse.entry.direct import may_skip_wrappers, unboxed, wrappers_are_identity
 from vfuse.entry.dumps import graph_context
 from vfuse.entry.outputs import all_computed, with_none_outputs, without_none_outputs
+from vfuse.entry.remat import RematPlan, partition
 from vfuse.entry.specialize import FixedGraphs
 from vfuse.entry.trace import trace_aten
 from vfuse.errors import VfuseCodegenError, VfuseCompileError, VfuseOptionError
 from vfuse.frontend.decompositions import decomposition_table
 from vfuse.runtime.compiled import CompiledGraph
+from vfuse.targets import Target, get_target
 
 
 def _is_symbolic(x: Any) -> bool:
@@ -57,6 +59,7 @@ class VfuseBackend:
         self.eager_fallbacks: list[str] = []
         self.fixed = FixedGraphs()  # what a graph with symbolic sizes may reuse
         self.reused = 0  # graphs with symbolic sizes that reused one of those instead of compiling
+        self.remat: list[RematPlan] = []  # per training graph: what its backward keeps or recomputes (entry/remat.py)
         self._ids = itertools.count()
 
     def __call__(self, gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> Callable:
@@ -70,10 +73,14 @@ class VfuseBackend:
             fw_compiler=forward,
             bw_compiler=functools.partial(self.compile_aten, kind="backward"),
             inference_compiler=inference,
+            partition_fn=functools.partial(partition, target=self._target, record=self.remat.append),
             decompositions=decomposition_table(include_cia=False),  # AOTAutograd decomposes CIA ops itself
         )
         wrapped = compiler(gm, example_inputs)
         return unboxed(direct[0]) if direct else wrapped
+
+    def _target(self) -> Target:
+        return get_target(self.options.target, self.options.cache_dir, isa=self.options.isa)
 
     @staticmethod
     def _compile_inference(

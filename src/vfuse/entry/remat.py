@@ -1,0 +1,277 @@
+"""Save or recompute: which forward values the backward keeps, decided by vfuse's cost model.
+
+AOTAutograd hands the partitioner the joint forward+backward graph. Like torch's rematerializing
+partitioner this is a min-cut (networkx), but the capacities are times on vfuse's target:
+
+    keep a value       bytes x (write in forward + read back in backward) / Target.dram_bw
+    recompute a value  its flops / Target.vector_f32 (transcendental ops: transcendental_f32)
+
+Each forward node n becomes n_in -> n_out (capacity: keeping n) plus source -> n_in (capacity:
+recomputing n); n_out -> user_in is infinite. Values the backward reads hang off the sink. A
+cut through n_in -> n_out keeps n; a cut through source -> n_in recomputes n in the backward.
+Never recomputed: graph inputs, contractions (the cost model's matrix peak is not what a
+recomputed GEMM gets at these sizes, and torch's partitioner bans them too), mutations, random
+ops (a recompute would draw another mask), higher-order ops. Every choice is recorded with its
+figures (`RematPlan`), with the saved bytes: the activation memory held between forward and backward.
+"""
+
+from __future__ import annotations
+
+import math
+import operator
+import warnings
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import networkx as nx
+import torch
+from torch import fx
+from torch._functorch import partitioners as tp
+from torch._functorch.compile_utils import raise_getitems
+from torch.utils.flop_counter import flop_registry
+
+from vfuse.targets import Target
+
+aten = torch.ops.aten
+# IR flops per element of the ops vfuse evaluates with exp-like polynomials (ir/defs' weights).
+TRANSCENDENTAL = {
+    aten.exp: 8, aten.log: 8, aten.tanh: 8, aten.sigmoid: 8, aten.erf: 8, aten.pow: 8, aten.rsqrt: 4,
+    aten.sqrt: 4, aten.gelu: 14, aten.silu: 9, aten.gelu_backward: 20, aten.silu_backward: 12,
+}  # fmt: skip
+# Per-element flops of whole ops the ATen graph keeps (norms: mean, variance, normalize).
+WHOLE = {aten.native_layer_norm: 8, aten.native_batch_norm: 8, aten._native_batch_norm_legit_functional: 8}
+VIEWS = {
+    aten.view, aten._unsafe_view, aten.reshape, aten.permute, aten.t, aten.transpose, aten.expand, aten.squeeze,
+    aten.unsqueeze, aten.slice, aten.select, aten.split, aten.split_with_sizes, aten.alias, aten.as_strided,
+}  # fmt: skip
+
+
+@dataclass(frozen=True, slots=True)
+class Choice:
+    """One forward value the backward needs, or one the partitioner could have kept."""
+
+    name: str
+    op: str
+    nbytes: int
+    flops: int
+    keep_s: float  # bytes x 2 / dram_bw (0.0 for graph inputs: they are alive anyway)
+    recompute_s: float  # math.inf when never recomputed
+    kept: bool
+    why: str
+
+
+@dataclass
+class RematPlan:
+    """The partitioner's decisions for one joint graph."""
+
+    choices: list[Choice] = field(default_factory=list)
+    saved_bytes: int = 0  # every saved tensor's bytes, graph inputs included
+    activation_bytes: int = 0  # saved tensors that are not graph inputs: what training holds extra
+
+    @property
+    def kept(self) -> list[Choice]:
+        return [c for c in self.choices if c.kept]
+
+    @property
+    def recomputed(self) -> list[Choice]:
+        return [c for c in self.choices if not c.kept]
+
+    def text(self) -> str:
+        lines = [
+            f"saved for backward: {len(self.kept)} values, {self.saved_bytes} bytes "
+            f"({self.activation_bytes} bytes of activations, the rest graph inputs); "
+            f"{len(self.recomputed)} values recomputed in backward",
+            f"{'value':<28} {'op':<26} {'bytes':>10} {'flops':>10} {'keep us':>9} {'recompute us':>12}  choice",
+        ]
+        for c in self.choices:
+            rec = "never" if math.isinf(c.recompute_s) else f"{c.recompute_s * 1e6:.3f}"
+            what = "keep" if c.kept else "recompute"
+            figures = f"{c.nbytes:>10} {c.flops:>10} {c.keep_s * 1e6:>9.3f} {rec:>12}"
+            lines.append(f"{c.name:<28} {c.op:<26} {figures}  {what}: {c.why}")
+        return "\n".join(lines)
+
+
+def nbytes_of(node: fx.Node) -> int:
+    val = node.meta.get("val")
+    if isinstance(val, torch.Tensor):
+        return int(val.numel()) * val.element_size()
+    return 0
+
+
+def _packet(node: fx.Node) -> Any:
+    return getattr(node.target, "overloadpacket", None)
+
+
+def _numel(node: fx.Node) -> int:
+    val = node.meta.get("val")
+    if isinstance(val, torch.Tensor):
+        return int(val.numel())
+    if isinstance(val, tuple | list):
+        return max((int(v.numel()) for v in val if isinstance(v, torch.Tensor)), default=0)
+    return 0
+
+
+def _meta(a: Any) -> Any:
+    return a.meta.get("val") if isinstance(a, fx.Node) else a
+
+
+def flops_of(node: fx.Node) -> int:
+    """Flops of one evaluation of `node`: torch's flop formulas for contractions, per element
+    weights otherwise (views and getitem are free)."""
+    packet = _packet(node)
+    if node.op != "call_function" or node.target is operator.getitem or packet in VIEWS:
+        return 0
+    if packet in flop_registry:
+        args, kwargs = torch.utils._pytree.tree_map(_meta, (node.args, node.kwargs))
+        return int(flop_registry[packet](*args, out_val=node.meta.get("val"), **kwargs))
+    if packet in (aten.sum, aten.mean, aten.amax, aten.amin, aten.var, aten.var_mean, aten._softmax):
+        return sum(_numel(a) for a in node.all_input_nodes) * (4 if packet is aten._softmax else 1)
+    return _numel(node) * TRANSCENDENTAL.get(packet, WHOLE.get(packet, 1))
+
+
+def never_recomputed(node: fx.Node) -> str:
+    """Why `node` must not run again in the backward ("" when it may)."""
+    if node.op == "placeholder":
+        return "graph input"
+    if node.op != "call_function":
+        return "not a function call"
+    if node.meta.get("recompute") == tp.CheckpointPolicy.MUST_SAVE:
+        return "torch marks it must-save"
+    if node.target is operator.getitem:
+        return ""
+    if not isinstance(node.target, torch._ops.OpOverload):
+        return "higher-order or Python op"
+    if torch.Tag.nondeterministic_seeded in node.target.tags:
+        return "random: another call draws other numbers"
+    if node.target._schema.is_mutable:
+        return "mutates an input"
+    if _packet(node) in flop_registry:
+        return "contraction"
+    return ""
+
+
+def _recompute_s(node: fx.Node, flops: int, target: Target) -> float:
+    transcendental = _packet(node) in TRANSCENDENTAL and target.transcendental_f32
+    return flops / (target.transcendental_f32 if transcendental else target.vector_f32)
+
+
+class _Cut:
+    """The flow network of one joint graph, its cut, and the figures behind each capacity."""
+
+    def __init__(self, joint: fx.Graph, info: Any, target: Target) -> None:
+        self.g: nx.DiGraph = nx.DiGraph()
+        self.figures: dict[str, tuple[fx.Node, int, float, float, str]] = {}
+        for node in joint.nodes:
+            if node.op != "output":
+                self._add(node, info, target)
+
+    def _add(self, node: fx.Node, info: Any, target: Target) -> None:
+        name, g = node.name, self.g
+        if node in info.required_bw_nodes:
+            if node in info.tangents_closure:  # computed in the backward anyway
+                g.add_edge(name + "_in", "sink", capacity=math.inf)
+                return
+            g.add_edge(name + "_out", "sink", capacity=math.inf)  # the backward reads it
+        why = never_recomputed(node)
+        flops = flops_of(node)
+        is_input = node.op == "placeholder"
+        recompute = math.inf if why else _recompute_s(node, flops, target)
+        if info.is_required_fw(node) or is_input:
+            g.add_edge("source", name + "_in", capacity=recompute)
+        val = node.meta.get("val")
+        if isinstance(val, torch.Tensor):
+            keep = 0.0 if is_input else 2 * nbytes_of(node) / target.dram_bw
+        elif isinstance(val, torch.SymInt | torch.SymFloat | torch.SymBool | int | float):
+            keep = 0.0  # a size: 8 bytes
+        else:
+            keep = math.inf  # a tuple: its getitems are kept instead
+        g.add_edge(name + "_in", name + "_out", capacity=keep)
+        for user in node.users:
+            g.add_edge(name + "_out", user.name + "_in", capacity=math.inf)
+        self.figures[name] = (node, flops, keep, recompute, why)
+
+    def solve(self) -> tuple[set[str], set[str]]:
+        """(names kept, names recomputed in the backward)."""
+        _, (reachable, unreachable) = nx.minimum_cut(self.g, "source", "sink")
+        kept, recomputed = set(), set()
+        for u in reachable:
+            for v in self.g[u]:
+                if v in unreachable and u != "source":
+                    kept.add(u[: -len("_in")])
+        for name, (node, *_rest) in self.figures.items():
+            if name + "_in" in unreachable and node.op == "call_function" and "source" in self.g.pred[name + "_in"]:
+                recomputed.add(name)
+        return kept, recomputed
+
+
+def _plan(cut: _Cut, kept: set[str], recomputed: set[str]) -> RematPlan:
+    plan = RematPlan()
+    for name, (node, flops, keep, recompute, why) in cut.figures.items():
+        if name not in kept and name not in recomputed:
+            continue
+        nbytes = nbytes_of(node)
+        if name in kept:
+            reason = why or ("graph input" if node.op == "placeholder" else "keeping is cheaper")
+            plan.saved_bytes += nbytes
+            plan.activation_bytes += 0 if node.op == "placeholder" else nbytes
+        else:
+            reason = "recomputing is cheaper" if flops else "free (a view)"
+        plan.choices.append(Choice(name, _op_name(node), nbytes, flops, keep, recompute, name in kept, reason))
+    return plan
+
+
+def _op_name(node: fx.Node) -> str:
+    if node.op == "placeholder":
+        return "input"
+    return str(_packet(node) or getattr(node.target, "__name__", node.target))
+
+
+def partition(
+    joint_module: fx.GraphModule,
+    joint_inputs: Any,
+    *,
+    num_fwd_outputs: int,
+    target: Callable[[], Target],
+    record: Callable[[RematPlan], None] = lambda plan: None,
+    static_lifetime_input_indices: list[int] | None = None,
+    **kwargs: Any,
+) -> tuple[fx.GraphModule, fx.GraphModule]:
+    """AOTAutograd's partition_fn: the forward and backward modules, the saved values chosen by
+    the min-cut above. Graphs torch's own rules must handle (activation-checkpoint tags, nothing
+    to save) go to torch's partitioners."""
+    joint_module.graph.eliminate_dead_code()
+    joint_module.recompile()
+    indices = static_lifetime_input_indices or []
+    if tp.has_recomputable_ops(joint_module):  # torch.utils.checkpoint regions: torch's policy
+        return tp.min_cut_rematerialization_partition(
+            joint_module, joint_inputs, num_fwd_outputs=num_fwd_outputs, static_lifetime_input_indices=indices
+        )
+    tp.force_save_bw_mutation_src(joint_module)
+    info = tp.classify_nodes(joint_module, indices, num_fwd_outputs)
+    if not info.required_bw_nodes:
+        return tp.default_partition(
+            joint_module, joint_inputs, num_fwd_outputs=num_fwd_outputs, static_lifetime_input_indices=indices
+        )
+    try:
+        cut = _Cut(joint_module.graph, info, target())
+        kept, recomputed = cut.solve()
+    except nx.NetworkXUnbounded as e:  # a value that can be neither kept nor recomputed: torch's rules
+        warnings.warn(f"vfuse: save-or-recompute cut failed ({e}); torch's default partition", stacklevel=2)
+        return tp.default_partition(
+            joint_module, joint_inputs, num_fwd_outputs=num_fwd_outputs, static_lifetime_input_indices=indices
+        )
+    order = {n: i for i, n in enumerate(joint_module.graph.nodes)}
+    saved = sorted((cut.figures[k][0] for k in kept), key=order.__getitem__)
+    sym = [n for n in saved if tp.is_sym_node(n)]
+    tensors = [n for n in saved if not tp.is_sym_node(n)]
+    fw, bw = tp._extract_fwd_bwd_modules(
+        joint_module,
+        tensors,
+        saved_sym_nodes=sym,
+        num_fwd_outputs=num_fwd_outputs,
+        static_lifetime_input_nodes=info.static_lifetime_input_nodes,
+    )
+    bw = tp.reordering_to_mimic_autograd_engine(bw)
+    record(_plan(cut, kept, recomputed))
+    return raise_getitems(fw), raise_getitems(bw)
