@@ -74,6 +74,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--device", choices=("cpu", "cuda"), help="run the device benchmark (cuda; cpu: its smoke run)")
     p.add_argument("--smoke", action="store_true", help="with --device: tiny sizes, Triton's interpreter on CPU")
     p.add_argument("--budget-s", type=float, default=280.0, help="with --device: skip what is left after this")
+    # Training steps (bench/train.py): its own workloads (--workloads picks among them), --models in train mode.
+    p.add_argument("--train", action="store_true", help="time training steps (forward, backward, AdamW) instead")
     # Internal: the --no-mmap child runs with these and hands its run back as JSON.
     p.add_argument("--child-json", type=Path, help=argparse.SUPPRESS)
     p.add_argument("--label", default=DEFAULT_LABEL, help=argparse.SUPPRESS)
@@ -247,6 +249,10 @@ def main(argv: list[str] | None = None) -> int:
         from vfuse.bench import device
 
         return device.main(args)
+    if args.train:
+        from vfuse.bench import train
+
+        return train.main(args)
     if args.list:
         _list(Console())
         return 0
