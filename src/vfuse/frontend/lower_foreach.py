@@ -17,13 +17,15 @@ addcmul_ (fma(v * a, b, t)) and addcdiv_ (t + (v * a) / b).
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 import torch.fx
 
 from vfuse.frontend.emitter import Emitter, bind
-from vfuse.frontend.registry import lowers
+from vfuse.frontend.errors import Fallback
+from vfuse.frontend.registry import TABLE, lowers
 from vfuse.ir import DType, Op
 
 aten = torch.ops.aten
@@ -91,3 +93,105 @@ def lower_lerp(em: Emitter, node: torch.fx.Node) -> str:
     coeff = em.emit(Op.WHERE, (small, w, em.emit(Op.SUB, (w, em.scalar(1, calc)))))
     base = em.emit(Op.WHERE, (small, start, end))
     return fused_multiply_add(em, coeff, em.emit(Op.SUB, (end, start)), base, dtype)
+
+
+# -- the _foreach_* ops of foreach=True optimizers: each element lowered as its per-tensor op --
+
+
+@dataclass
+class _Element:
+    """Element i of a foreach op, as the per-tensor op's lowering reads an FX node: target,
+    arguments, the FakeTensor it makes, and the foreach node's name (the IR nodes' origin)."""
+
+    target: Any
+    args: tuple[Any, ...]
+    kwargs: dict[str, Any]
+    meta: dict[str, Any]
+    name: str
+    users: dict[Any, None] = field(default_factory=dict)
+
+
+UNARY = ("sqrt", "neg", "reciprocal", "exp", "abs", "sign", "sigmoid", "log", "tanh", "rsqrt", "sin", "cos")
+BINARY = {  # foreach overload name -> per-tensor overload, by the kind of `other`
+    "add": "Tensor", "sub": "Tensor", "mul": "Tensor", "div": "Tensor",
+    "maximum": "default", "minimum": "default", "clamp_min": None, "clamp_max": None,
+}  # fmt: skip
+
+
+def _per_tensor(name: str, overload: str) -> Any:
+    """The aten op that does to one tensor what `_foreach_<name>.<overload>` does to each."""
+    if name in UNARY:
+        return getattr(aten, name).default
+    if name == "pow":
+        table = {"List": "Tensor_Tensor", "Scalar": "Tensor_Scalar", "ScalarList": "Tensor_Scalar"}
+        return aten.pow.Scalar if overload == "ScalarAndTensor" else getattr(aten.pow, table[overload])
+    if name in ("clamp_min", "clamp_max"):
+        return getattr(getattr(aten, name), "Tensor" if overload == "List" else "default")
+    if name == "lerp":
+        return aten.lerp.Tensor if overload == "List" else aten.lerp.Scalar
+    if name == "copy":
+        return aten.copy.default
+    return getattr(getattr(aten, name), BINARY[name])
+
+
+def _elements(node: torch.fx.Node, i: int) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    """Element i's arguments: lists give their i-th item, scalars and tensors stay."""
+    pick = [a[i] if isinstance(a, list | tuple) else a for a in node.args]
+    kwargs = {k: (v[i] if isinstance(v, list | tuple) else v) for k, v in node.kwargs.items()}
+    return tuple(pick), kwargs
+
+
+def lower_foreach_op(em: Emitter, node: torch.fx.Node) -> tuple[str, ...]:
+    """A `_foreach_*` op: each element through the per-tensor op's own lowering."""
+    name, overload = node.target._opname.removeprefix("_foreach_"), node.target._overloadname  # type: ignore[union-attr]
+    if name in ("addcmul", "addcdiv"):
+        return _addc(em, node, name == "addcmul")
+    target = _per_tensor(name, overload)
+    fn = TABLE.get(target) or TABLE.get(target.overloadpacket)  # (all families are loaded by now)
+    if fn is None:
+        raise Fallback(f"no lowering for {target}, the per-tensor op of _foreach_{name}")
+    vals, outer = node.meta["val"], em.current
+    out = []
+    try:
+        for i in range(len(vals)):
+            args, kwargs = _elements(node, i)
+            em.current = _Element(target, args, kwargs, {"val": vals[i]}, node.name)  # type: ignore[assignment]
+            out.append(fn(em, em.current))  # type: ignore[arg-type]
+    finally:
+        em.current = outer
+    return tuple(out)
+
+
+def _addc(em: Emitter, node: torch.fx.Node, mul: bool) -> tuple[str, ...]:
+    """addcmul: eager's fma(value * t1, t2, self); addcdiv: self + (value * t1) / t2."""
+    selves, t1s, t2s = node.args[:3]
+    values = node.args[3] if len(node.args) > 3 else node.kwargs.get("value", 1)
+    if isinstance(values, torch.fx.Node):
+        raise Fallback("scalars given as a tensor: their values are not known when compiling")
+    out = []
+    for i, val in enumerate(node.meta["val"]):
+        dtype, calc = DType.from_torch(val.dtype), opmath(DType.from_torch(val.dtype))
+        v = values[i] if isinstance(values, list | tuple) else values
+        vx = em.emit(Op.MUL, (em.scalar(v, calc), em.cast(em.value(t1s[i]), calc)))  # type: ignore[index]
+        if mul:
+            out.append(fused_multiply_add(em, vx, em.value(t2s[i]), em.value(selves[i]), dtype))  # type: ignore[index]
+        else:
+            q = em.emit(Op.DIV, (vx, em.cast(em.value(t2s[i]), calc)))  # type: ignore[index]
+            out.append(em.cast(em.emit(Op.ADD, (em.cast(em.value(selves[i]), calc), q)), dtype))  # type: ignore[index]
+    return tuple(out)
+
+
+OVERLOADS = ("default", "Scalar", "List", "Tensor", "ScalarList", "ScalarAndTensor")
+
+
+def _register() -> None:
+    """Every functional overload of the foreach ops above (maximum/minimum: of two lists only)."""
+    ops = []
+    for n in (*UNARY, *BINARY, "pow", "lerp", "copy", "addcmul", "addcdiv"):
+        packet = getattr(aten, f"_foreach_{n}", None)
+        names = ("List",) if n in ("maximum", "minimum") else OVERLOADS
+        ops += [getattr(packet, o) for o in names if packet is not None and o in packet.overloads()]
+    lowers(*ops)(lower_foreach_op)
+
+
+_register()
