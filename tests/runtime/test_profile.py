@@ -136,6 +136,8 @@ def test_explain_profiled_on_one_thread_shows_one_thread_predictions() -> None:
     rows = vfuse.compile(_norm_gemm, xs).profile(*xs, reps=1, threads=1)
     assert [k.time_s for k in report.kernels] == pytest.approx([r.predicted_s for r in rows])
     assert report.time_fused_s == pytest.approx(sum(r.predicted_s for r in rows))
+    two = vfuse.explain(_norm_gemm, *xs)  # unfused priced for one core too: the speedup compares like with like
+    assert report.time_unfused_s > two.time_unfused_s
     assert all(k.measured_s for k in report.kernels)
 
 

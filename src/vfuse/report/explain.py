@@ -71,17 +71,21 @@ def explain(
         rows = compiled.profile(*example_inputs, reps=profile, threads=profile_threads)
         report = report.with_measured(rows)
         if profile_threads is not None:  # the predictions the measurements are compared with
-            report = _repriced(report, rows)
+            from vfuse.targets.calibrate import at_threads
+
+            fewer = unfused_costs(graph, at_threads(hardware, profile_threads))
+            report = _repriced(report, rows, _unfused_time(graph.compute_nodes, fewer))
     return report
 
 
-def _repriced(report: FusionReport, rows: Any) -> FusionReport:
-    """The report with each kernel's predicted time as the profile priced it (for its threads)."""
+def _repriced(report: FusionReport, rows: Any, unfused_s: float | None) -> FusionReport:
+    """The report with each kernel's predicted time as the profile priced it (for its threads),
+    and the unfused time for as many threads."""
     predicted = {r.name: r.predicted_s for r in rows}
     kernels = tuple(dataclasses.replace(k, time_s=predicted[k.name]) for k in report.kernels)
     times = [k.time_s for k in kernels]
     total = None if None in times else sum(t for t in times if t is not None)
-    return dataclasses.replace(report, kernels=kernels, time_fused_s=total)
+    return dataclasses.replace(report, kernels=kernels, time_fused_s=total, time_unfused_s=unfused_s)
 
 
 def _schedule(graph: Graph, plan: FusionPlan, hardware: Target, ctx: Context) -> tuple[Scheduled | None, str]:
