@@ -19,12 +19,17 @@ from dataclasses import dataclass
 from vfuse.ir import DType, Graph, Op
 from vfuse.schedule import expr
 from vfuse.schedule.kernel import (
+    Compute,
     ContractionKernel,
     GpuLaunch,
     GpuTiles,
     GpuWalk,
     Kernel,
     Load,
+    Pass,
+    RowMerge,
+    RowMethod,
+    Store,
     Walk,
     stmt_index,
 )
@@ -86,7 +91,8 @@ def decide_gpu(k: Kernel, target: object, graph: Graph) -> Kernel:
         flats.append(_cdiv(row, launch.block) * launch.block)
     wide = max(flats) - 1 > INDEX_LIMIT or _max_index(k, graph) > INDEX_LIMIT
     checks = min(table.flat_block, _pow2(max(graph[c.buf].tensor_type.numel for c in k.checks))) if k.checks else 0
-    return dataclasses.replace(k, gpu=dataclasses.replace(launch, wide=wide, check_block=checks))
+    merges = () if launch.walk is GpuWalk.FLAT or launch.persistent else row_merges(k)
+    return dataclasses.replace(k, gpu=dataclasses.replace(launch, wide=wide, check_block=checks, merges=merges))
 
 
 def _warps(elements: int, table: GpuTable) -> int:
@@ -116,6 +122,50 @@ def _columns(cols: int, row: int, table: GpuTable, sms: int) -> GpuLaunch:
         per //= 2
     block = max(1, min(_pow2(row), table.tile // per))
     return GpuLaunch(GpuWalk.COLUMNS, block, per, _cdiv(cols, per), _warps(per * block, table), row <= block)
+
+
+def row_merges(k: Kernel) -> tuple[RowMerge, ...]:
+    """Pairs of passes of a looped row kernel whose two statistics one walk of the row gives:
+    sum(x) then sum((x - c)^2) (WELFORD: mean and variance), max(x) then sum(exp(x - max))
+    (ONLINE_SOFTMAX). Each walk saved is a read of the row from DRAM (or L2)."""
+    defs = {s.var: s for p in k.passes for s in (*p.before, *p.body) if not isinstance(s, Store)}
+    out: list[RowMerge] = []
+    i = 0
+    while i + 1 < len(k.passes):
+        # per-row values known once pass i is done (the shift b subtracts must be one of them)
+        rows = {s.var for p in k.passes[: i + 2] for s in p.before} | {
+            r.var for p in k.passes[: i + 1] for r in p.reduces
+        }
+        m = _merge(i, k.passes[i], k.passes[i + 1], defs, rows)
+        if m is not None:
+            out.append(m)
+        i += 2 if m is not None else 1
+    return tuple(out)
+
+
+def _merge(i: int, a: Pass, b: Pass, defs: dict[str, object], rows: set[str]) -> RowMerge | None:
+    """Passes `a` (index `i`) and `b` as one walk, when each reduces one float value and `b`'s
+    reduction is one of the two shapes above over `a`'s argument (`b` stores nothing)."""
+    if len(a.reduces) != 1 or len(b.reduces) != 1 or any(isinstance(s, Store) for s in (*a.body, *b.body)):
+        return None
+    ra, rb = a.reduces[0], b.reduces[0]
+    if not (ra.dtype.is_float and rb.dtype.is_float and rb.op is Op.SUM and ra.arg_dtype is rb.dtype):
+        return None
+    arg = _compute(defs, rb.arg)
+    if ra.op is Op.SUM and arg is not None and arg.op is Op.MUL and arg.args[0] == arg.args[1]:
+        d = _compute(defs, arg.args[0])
+        if d is not None and d.op is Op.SUB and d.args[0] == ra.arg and d.args[1] in rows:
+            return RowMerge(i, RowMethod.WELFORD, ra.arg, d.args[1])
+    if ra.op is Op.AMAX and arg is not None and arg.op is Op.EXP:
+        d = _compute(defs, arg.args[0])
+        if d is not None and d.op is Op.SUB and d.args == (ra.arg, ra.var):
+            return RowMerge(i, RowMethod.ONLINE_SOFTMAX, ra.arg, ra.var)
+    return None
+
+
+def _compute(defs: dict[str, object], var: str) -> Compute | None:
+    s = defs.get(var)
+    return s if isinstance(s, Compute) and s.dtype.is_float else None
 
 
 def _max_index(k: Kernel, graph: Graph) -> int:

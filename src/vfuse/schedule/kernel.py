@@ -211,6 +211,26 @@ class GpuWalk(enum.Enum):
     COLUMNS = "columns"  # `rows` adjacent columns (kept elements) per program, reduced in chunks of `block` rows
 
 
+class RowMethod(enum.Enum):
+    """How a looped row kernel (`GpuLaunch`, not persistent) gets two statistics in one read of
+    the row instead of a walk per pass (`schedule/gpu.py` decides, `codegen/triton/rows.py` renders)."""
+
+    WELFORD = "welford"  # sum(x), then sum((x - c)^2): per-lane count, mean and M2 (Chan's merge per row)
+    ONLINE_SOFTMAX = "online softmax"  # max(x), then sum(exp(x - max)): per-lane running max, rescaled sum
+
+
+@dataclass(frozen=True)
+class RowMerge:
+    """Passes `first` and `first + 1` of a looped row kernel walked as one: `x` is the element
+    value both reduce (`first`'s reduction's argument); `shift` the per-row value the second pass
+    subtracts from it (WELFORD: any value defined before pass `first + 1`; ONLINE_SOFTMAX: the max)."""
+
+    first: int
+    method: RowMethod
+    x: str
+    shift: str
+
+
 @dataclass(frozen=True)
 class GpuLaunch:
     """A kernel's GPU launch and tiling, decided from the target's preset table (`schedule/gpu.py`)."""
@@ -223,6 +243,7 @@ class GpuLaunch:
     persistent: bool = False  # the row is one chunk: loaded once, every pass reads it from registers
     wide: bool = False  # 64-bit index arithmetic: an index or the grid's span reaches 2^31
     check_block: int = 0  # elements per program of the kernel's gather-index checks (0: none)
+    merges: tuple[RowMerge, ...] = ()  # looped rows: pairs of passes read in one walk of the row
 
 
 @dataclass(frozen=True)

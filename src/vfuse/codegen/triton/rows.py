@@ -7,8 +7,11 @@ broadcast against per-element ones.
 
 A persistent kernel loads its row once: every pass runs on the same chunk, and a value an
 earlier pass computed (or kept in its row buffer) is still in registers. A looped kernel walks
-the row in chunks once per pass, recomputing what the pass reads: the schedule's passes map to
-loops over the row as they are (LayerNorm: mean, variance, normalize; softmax: max, sum, divide).
+the row in chunks once per pass, recomputing what the pass reads, except for the pairs of passes
+the schedule merged (`GpuLaunch.merges`): LayerNorm's mean and variance are one walk (Welford:
+per-lane count, mean and M2, merged per row with Chan's formula), softmax's max and sum are one
+(online softmax: per-lane running max, the lane's sum rescaled when it grows); then one walk
+normalizes and stores. Two reads of the row instead of three.
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ import math
 from vfuse.codegen.triton import reduce
 from vfuse.codegen.triton.names import LoopGroup
 from vfuse.codegen.triton.writer import TritonWriter
-from vfuse.schedule.kernel import GpuLaunch, GpuWalk, Kernel, Pass
+from vfuse.schedule.kernel import GpuLaunch, GpuWalk, Kernel, Pass, RowMerge, RowMethod
 
 
 def tile_axes(g: GpuLaunch) -> tuple[str, str, int]:
@@ -47,8 +50,15 @@ def render_rows(w: TritonWriter, k: Kernel) -> None:
             _pass_persistent(w, k, p, axis, i)
         w.insert(chunk, w.index.take(inner))
     else:
-        for i, p in enumerate(k.passes):
-            _pass_looped(w, k, p, axis, i)
+        merged = {m.first: m for m in g.merges}
+        i = 0
+        while i < len(k.passes):
+            if i in merged:
+                _pass_merged(w, k, merged[i], axis)
+                i += 2
+                continue
+            _pass_looped(w, k, k.passes[i], axis, i)
+            i += 1
     w.mask = "rm_"
     for s in k.after:
         w.emit_with_deps(s)
@@ -109,3 +119,61 @@ def _pass_looped(w: TritonWriter, k: Kernel, p: Pass, axis: int, i: int) -> None
     w.defined = outside
     for r in p.reduces:
         reduce.finish(w, r, axis)
+
+
+def _pass_merged(w: TritonWriter, k: Kernel, m: RowMerge, axis: int) -> None:
+    """Passes `m.first` and `m.first + 1` in one walk of the row: the first pass's reduction as
+    it is, the second's from per-lane statistics of `m.x`, folded per row after `b.before`."""
+    g = k.gpu
+    assert g is not None
+    a, b = k.passes[m.first], k.passes[m.first + 1]
+    ra, rb = a.reduces[0], b.reduces[0]
+    w.w(f"# passes {m.first} and {m.first + 1}: {m.method.value}, one walk of the row")
+    _before(w, a)
+    shape = f"[{g.rows}, {g.block}]" if axis == 1 else f"[{g.block}, {g.rows}]"
+    reduce.init(w, ra, shape)
+    acc, v = reduce.acc_type(rb), rb.var
+    names = ("_n", "_mu", "_m2") if m.method is RowMethod.WELFORD else ("_acc",)
+    for n in names:
+        w.w(f"{v}{n} = tl.full({shape}, 0, {acc})")
+    outside = set(w.defined)
+    w.w(f"for c0_ in range(0, {math.prod(lp.size for lp in k.inner)}, {g.block}):")
+    w.depth += 1
+    chunk = _open_chunk(w, k, "c0_")
+    if m.method is RowMethod.ONLINE_SOFTMAX:
+        w.w(f"{v}_mo = {ra.var}_acc")  # the lanes' max before this chunk
+    _body(w, a, first=False)
+    w.mask = "m_"
+    (_welford_update if m.method is RowMethod.WELFORD else _online_update)(w, m, v, ra.var, acc)
+    w.insert(chunk, w.index.take(groups(k)[1]))
+    w.depth -= 1
+    w.defined = outside
+    reduce.finish(w, ra, axis)
+    _before(w, b)
+    if m.method is RowMethod.WELFORD:
+        # sum((x - c)^2) over a lane = M2 + n (mean - c)^2, for any c; empty lanes add nothing
+        w.w(f"{v}_dc = {v}_mu - {m.shift}")
+        total = f"tl.where({v}_n > 0, {v}_m2 + {v}_n * {v}_dc * {v}_dc, 0)"
+    else:
+        # sum(exp(x - max)) over a lane = its sum times exp(lane max - row max); a NaN or infinite
+        # row max gives NaN, as the two passes do
+        total = f"{v}_acc * tl.exp({ra.var}_acc - {ra.var})"
+    w.w(f"{v} = tl.reduce({total}, {axis}, _vf_add, keep_dims=True)")
+    w.defined.add(v)
+
+
+def _welford_update(w: TritonWriter, m: RowMerge, v: str, _: str, acc: str) -> None:
+    one = f"tl.full([], 1, {acc})"
+    w.w(f"{v}_n = {v}_n + tl.where(m_, {one}, 0)")
+    w.w(f"{v}_d = tl.where(m_, {m.x} - {v}_mu, 0)")
+    w.w(f"{v}_mu = {v}_mu + {v}_d / tl.maximum({v}_n, {one})")
+    w.w(f"{v}_m2 = {v}_m2 + tl.where(m_, {v}_d * ({m.x} - {v}_mu), 0)")
+
+
+def _online_update(w: TritonWriter, m: RowMerge, v: str, top: str, acc: str) -> None:
+    """The lane's sum rescaled to its new max (unchanged max: exactly 1, -inf too); NaN elements
+    are left out (the row max is NaN then, and so the row's sum)."""
+    one, mx = f"tl.full([], 1, {acc})", f"{top}_acc"
+    w.w(f"{v}_s = tl.where({v}_mo == {mx}, {one}, tl.exp({v}_mo - {mx}))")
+    w.w(f"{v}_e = tl.where({m.x} == {mx}, {one}, tl.exp({m.x} - {mx}))")
+    w.w(f"{v}_acc = {v}_acc * {v}_s + tl.where(m_ & ({m.x} == {m.x}), {v}_e, 0)")
