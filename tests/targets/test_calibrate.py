@@ -175,18 +175,34 @@ def test_planner_summaries_price_transcendental_ops_as_the_exact_model() -> None
     b = GraphBuilder()
     x = b.add(Op.INPUT, name="x", index=0, type=TensorType((300, 257), DType.F32))
     e = b.add(Op.EXP, [x], name="e")
-    n = b.add(Op.NEG, [e], name="n")
+    n = b.add(Op.TANH, [b.add(Op.NEG, [e], name="n0")], name="n")
     graph = b.build([n])
-    t = apply(BASE, CAL)
+    t = apply(BASE, dataclasses.replace(CAL, chain_weight=0.3))
     facts = {v.name: sm.node_facts(v, graph, t) for v in graph.nodes}
-    pe, ce = (sm.leaf(facts[v], graph[v], frozenset((v,)), facts) for v in ("e", "n"))
-    merged = sm.combine(pe, ce, frozenset(("n",)), facts)
-    form = sm.form_of(merged, pe, ce, facts)
+    pe, pn, ce = (sm.leaf(facts[v], graph[v], frozenset((v,)), facts) for v in ("e", "n0", "n"))
+    first = sm.combine(pe, pn, frozenset(("n0",)), facts)
+    merged = sm.combine(first, ce, frozenset(("n",)), facts)
+    assert merged.transcendental == 2
+    form = sm.form_of(merged, first, ce, facts)
     nbytes = {v.name: v.type.nbytes for v in graph.nodes}
     cost, _ = sm.summary_cost(merged, form, nbytes, t)
-    exact = estimate(["e", "n"], graph, t)
+    exact = estimate(["e", "n0", "n"], graph, t)
     assert cost.time_s == pytest.approx(exact.time_s) and cost.compute_s == pytest.approx(exact.compute_s)
+    alone = sum(estimate([v], graph, t).compute_s for v in ("e", "n0", "n"))
+    assert exact.compute_s == pytest.approx(alone * 1.3)  # two transcendental ops: one past the first
     assert time_weight(graph["e"], graph, t) == pytest.approx(t.vector_f32 / t.transcendental_f32)
-    assert time_weight(graph["n"], graph, t) == time_weight(graph["e"], graph, BASE) == 1.0
+    assert time_weight(graph["n0"], graph, t) == time_weight(graph["e"], graph, BASE) == 1.0
     own = dataclasses.replace(t, op_rates=(("exp", 40e9),))  # exp timed alone: its own rate
     assert time_weight(graph["e"], graph, own) == pytest.approx(t.vector_f32 / 40e9)
+
+
+def test_chain_weight_from_the_chain_and_its_ops_alone() -> None:
+    from vfuse.entry.calibrate import chain_weight, ir_flops
+
+    chain = [(op, ir_flops(op)) for op in ("exp", "gelu")]
+    rates = {"exp": 20e9, "gelu": 40e9}
+    alone_rate = (8 + 14) / (8 / 20e9 + 14 / 40e9)
+    assert chain_weight(chain, alone_rate, rates) == pytest.approx(0.0)
+    assert chain_weight(chain, alone_rate / 1.5, rates) == pytest.approx(0.5)  # 1.5x slower: 0.5 for one more op
+    assert chain_weight(chain, alone_rate * 2, rates) == 0.0  # faster chained: no negative weight
+    assert chain_weight(chain, alone_rate, {"exp": 20e9}) == 0.0  # an op without its own rate

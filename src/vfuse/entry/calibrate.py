@@ -9,6 +9,7 @@ of `reps` runs: on a shared machine the fastest run is the one least disturbed):
                            less the memory time the cost model does not overlap
   transcendental_f32       the same for a chain of exp, tanh, sigmoid, GELU, SiLU
   op_rates                 exp, tanh, sigmoid, GELU, SiLU, log each alone
+  chain_weight             the chain's time over the sum of its ops' times alone, per op past the first
   peak_f32                 the GEMM template at 336 x 384 x 384
   serial_launch_s          `x + 1` on 256 elements (no threads forked)
   launch_s                 a 64K-element add on all cores, minus its data time at L2 bandwidth
@@ -26,6 +27,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from vfuse.ir import DType, Op, TensorType, opdef
 from vfuse.targets import DEFAULT_CACHE_DIR, Target
 from vfuse.targets.calibrate import Calibration, guarded, write
 from vfuse.targets.cpu import detect, measured_target
@@ -73,6 +75,22 @@ def op_rates(
     return tuple(rates)
 
 
+def ir_flops(op: str) -> int:
+    """The IR's flops per element of a unary fp32 op (its OpDef), to weigh the chain's ops."""
+    t = TensorType((1,), DType.F32)
+    return int(opdef(Op(op)).flops((t,), t, {}))
+
+
+def chain_weight(chain: list[tuple[str, int]], chain_rate: float, rates: dict[str, float]) -> float:
+    """Extra time per transcendental op past the first: the chain's time over the sum of its ops'
+    times alone, less one, spread over the ops past the first (0 without every op's own rate)."""
+    if len(chain) < 2 or any(op not in rates for op, _ in chain):
+        return 0.0
+    alone_s = sum(flops / rates[op] for op, flops in chain)
+    chained_s = sum(flops for _, flops in chain) / chain_rate
+    return max(chained_s / alone_s - 1.0, 0.0) / (len(chain) - 1)
+
+
 def _compute_rate(row: Any, l2_bw: float) -> float:
     """IR flop/s of a kernel in L2: its time less the share of its memory time the cost model does
     not hide under compute (gamma = 0.5 on CPUs, fusion/cost.py)."""
@@ -94,6 +112,7 @@ def measure_kernels(target: Target, reps: int = 30, ops: Sequence[str] = tuple(A
     dram = add_bw(max(4 * target.l3_bytes, 64 << 20))
     n = max(target.l2_bytes // 16, 1024)
     transcendental = _kernel(_transcendental, (torch.randn(n),), reps, **options)
+    chain = [(op, ir_flops(op)) for op in ("exp", "tanh", "sigmoid", "gelu", "silu")]  # _transcendental's ops
     cheap = _kernel(_cheap, (torch.randn(n),), reps, **options)
     alone = op_rates(n // 2, l2, reps, ops, **options)
     # 336 rows and 384 columns are whole register tiles at every tier (14x32, 6x16, 4x24, ...): no
@@ -115,6 +134,7 @@ def measure_kernels(target: Target, reps: int = 30, ops: Sequence[str] = tuple(A
         serial_launch_s=tiny.best_s,
         launch_s=max(launch, 0.0),
         op_rates=alone,
+        chain_weight=chain_weight(chain, _compute_rate(transcendental, l2), dict(alone)),
     )
 
 

@@ -140,7 +140,7 @@ def pressure_of(nodes: Sequence[Node], form: Form, graph: Graph, target: Target)
 def _flops(nodes: Sequence[Node], form: Form, graph: Graph, target: Target) -> tuple[int, float]:
     """(total flops, compute seconds); broadcast nodes count once per point that evaluates them,
     which is how recompute of a duplicated or broadcast producer shows up."""
-    total, seconds = 0, 0.0
+    total, seconds, pointwise_s, chain = 0, 0.0, 0.0, 0
     for n in nodes:
         if n.kind in (Kind.REDUCE, Kind.CONTRACTION):
             f = opdef(n.op).flops(tuple(graph[i].type for i in n.inputs), n.type, n.attrs)  # type: ignore[arg-type]
@@ -149,9 +149,25 @@ def _flops(nodes: Sequence[Node], form: Form, graph: Graph, target: Target) -> t
         total += f
         if n.kind is Kind.CONTRACTION:
             seconds += f / target.matrix_peak(graph[n.inputs[0]].tensor_type.dtype)
+        elif n.kind is Kind.REDUCE:
+            seconds += f / target.vector_f32
         else:
-            seconds += f * time_weight(n, graph, target) / target.vector_f32
-    return total, seconds
+            pointwise_s += f * time_weight(n, graph, target) / target.vector_f32
+            chain += transcendental(n, graph, target)
+    return total, seconds + pointwise_s * chain_factor(chain, target)
+
+
+def transcendental(node: Node, graph: Graph, target: Target) -> bool:
+    """A pointwise op the calibration prices apart from cheap arithmetic (calibrated targets only)."""
+    if not target.transcendental_f32 or node.kind is not Kind.ELEMENTWISE:
+        return False
+    return any(op == node.op.value for op, _ in target.op_rates) or per_element_flops(node, graph) >= TRANSCENDENTAL
+
+
+def chain_factor(count: int, target: Target) -> float:
+    """A kernel's pointwise time grows by `chain_weight` per transcendental op past the first: each
+    op alone runs at its own rate, chains of them slower (their constants compete for registers)."""
+    return 1.0 + target.chain_weight * max(count - 1, 0)
 
 
 def time_weight(node: Node, graph: Graph, target: Target) -> float:

@@ -14,7 +14,17 @@ import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from vfuse.fusion.cost import Figures, Pressure, cost_from, register_budget, registers, time_weight, ws_budget
+from vfuse.fusion.cost import (
+    Figures,
+    Pressure,
+    chain_factor,
+    cost_from,
+    register_budget,
+    registers,
+    time_weight,
+    transcendental,
+    ws_budget,
+)
 from vfuse.fusion.forms import CONTRACTION_LABELS, Form, Illegal, numel_of, per_element_flops
 from vfuse.fusion.plan import Cost
 from vfuse.fusion.rules import Rule
@@ -39,6 +49,7 @@ class Facts:
     layout: bool
     sig: ReduceSig | None
     regs: int  # 32-bit registers per element
+    transcendental: bool = False  # priced apart from cheap arithmetic (cost.transcendental)
 
 
 def node_facts(node: Node, graph: Graph, target: Target) -> Facts:
@@ -55,7 +66,17 @@ def node_facts(node: Node, graph: Graph, target: Target) -> Facts:
     pe = 0.0 if fixed else per_element_flops(node, graph) * time_weight(node, graph, target)
     layout = opdef(node.op).layout_only
     return Facts(
-        node.kind, shape, numel_of(node), node.type.nbytes, pe, fixed, fixed_s, layout, sig, registers(node.type)
+        node.kind,
+        shape,
+        numel_of(node),
+        node.type.nbytes,
+        pe,
+        fixed,
+        fixed_s,
+        layout,
+        sig,
+        registers(node.type),
+        transcendental(node, graph, target),
     )
 
 
@@ -79,6 +100,7 @@ class Summary:
     out_numel: int = 0  # a contraction kernel's output size (its epilogue's domain)
     label: str = ""  # a contraction kernel's label (gemm, conv, attention)
     pro_flops: int = 0  # flops of a contraction's operand prologue (evaluated at operand size)
+    transcendental: int = 0  # transcendental pointwise nodes (cost.chain_factor)
 
 
 def leaf(facts: Facts, node: Node, outputs: frozenset[str], all_facts: Mapping[str, Facts]) -> Summary:
@@ -102,6 +124,8 @@ def leaf(facts: Facts, node: Node, outputs: frozenset[str], all_facts: Mapping[s
         facts.kind,
         facts.numel if facts.kind is Kind.CONTRACTION else 0,
         CONTRACTION_LABELS.get(node.op, ""),
+        0,
+        int(facts.transcendental),
     )
 
 
@@ -140,6 +164,7 @@ def combine(p: Summary, c: Summary, outputs: frozenset[str], facts: Mapping[str,
         max(p.out_numel, c.out_numel),
         p.label or c.label,
         p.pro_flops + c.pro_flops,
+        p.transcendental + c.transcendental - sum(facts[v].transcendental for v in p.names & c.names),
     )
 
 
@@ -239,7 +264,8 @@ def summary_cost(s: Summary, form: Form, nbytes: Mapping[str, int], target: Targ
     for shape, f in s.pe.items():
         n = numel(shape)
         flops += int(f * (form.rows if form.rows and n == form.rows else form.domain))
-    compute_s = s.fixed_s + (flops - s.fixed_flops) / target.vector_f32  # pointwise and prologue work
+    # Pointwise and prologue work (per-element flops already weighted per op: node_facts).
+    compute_s = s.fixed_s + (flops - s.fixed_flops) / target.vector_f32 * chain_factor(s.transcendental, target)
     in_bytes = sum(map(nbytes.__getitem__, s.inputs))
     out_bytes = sum(map(nbytes.__getitem__, s.outputs))
     row_len = form.domain // form.rows if form.rows else 0

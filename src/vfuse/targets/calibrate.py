@@ -19,7 +19,7 @@ from pathlib import Path
 
 from vfuse.targets.target import Target
 
-CALIBRATION_VERSION = 3
+CALIBRATION_VERSION = 4
 CALIBRATION_FILE = "calibration_cpu.json"
 
 
@@ -46,6 +46,7 @@ class Calibration:
     serial_launch_s: float
     launch_s: float = 0.0
     op_rates: tuple[tuple[str, float], ...] = ()  # (op name, IR flop/s) of each transcendental op alone
+    chain_weight: float = 0.0  # extra time per transcendental op past the first in one kernel
 
 
 def guarded(cal: Calibration, target: Target) -> tuple[Calibration, list[str]]:
@@ -67,7 +68,7 @@ def guarded(cal: Calibration, target: Target) -> tuple[Calibration, list[str]]:
     }
     bad, values = [], {}
     for f in fields(cal):
-        if f.name == "op_rates":
+        if f.name in ("op_rates", "chain_weight"):
             continue
         lo, hi, fallback = ranges[f.name]
         got = getattr(cal, f.name)
@@ -75,6 +76,8 @@ def guarded(cal: Calibration, target: Target) -> tuple[Calibration, list[str]]:
         values[f.name] = got if ok else fallback
         if not ok:
             bad.append(f.name)
+    values["chain_weight"] = cal.chain_weight if 0 <= cal.chain_weight <= 2 else 0.0
+    bad += [] if 0 <= cal.chain_weight <= 2 else ["chain_weight"]
     lo, hi, _ = ranges["transcendental_f32"]
     values["op_rates"] = tuple((op, r) for op, r in cal.op_rates if lo <= r <= hi)
     bad += [f"op_rates.{op}" for op, r in cal.op_rates if not lo <= r <= hi]
@@ -97,6 +100,7 @@ def apply(target: Target, cal: Calibration) -> Target:
         vector_f32=cal.vector_f32 * n,
         transcendental_f32=cal.transcendental_f32 * n,
         op_rates=tuple((op, r * n) for op, r in cal.op_rates),
+        chain_weight=cal.chain_weight,
         peak_f32=f32,
         serial_launch_s=cal.serial_launch_s,
         launch_s=cal.launch_s or target.launch_s,

@@ -36,7 +36,9 @@ class Target:
         then uses dram_bw for every size); serial_launch_s: fixed cost of a kernel too small to
         fork threads (0: unknown, launch_s); dram_bw_thread: one thread's DRAM bandwidth (0:
         unknown); transcendental_f32: IR flop/s of exp, tanh, GELU and the like (0: vector_f32);
-        op_rates: (op name, IR flop/s) of the transcendental ops calibrated one by one.
+        op_rates: (op name, IR flop/s) of the transcendental ops calibrated one by one;
+        chain_weight: how much longer a kernel's pointwise work takes per transcendental op past
+        the first (their constants compete for registers), 0 when unknown.
         Set by calibrating vfuse's own kernels (`targets/calibrate.py`).
     """
 
@@ -68,6 +70,7 @@ class Target:
     l1_bw: float = 0.0
     transcendental_f32: float = 0.0
     op_rates: tuple[tuple[str, float], ...] = ()
+    chain_weight: float = 0.0
 
     @property
     def is_gpu(self) -> bool:
