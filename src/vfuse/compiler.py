@@ -14,6 +14,7 @@ runs on the reference executor with a warning (or raises: `strict`, `raise_codeg
 from __future__ import annotations
 
 import ctypes
+import functools
 import importlib.util
 import time
 import warnings
@@ -39,9 +40,10 @@ from vfuse.passes import PIPELINE, fuse_attention
 from vfuse.passes.freeze import freeze_inputs
 from vfuse.runtime.compiled import CompiledGraph, Executor, InterpExecutor
 from vfuse.runtime.native import NativeExecutor
-from vfuse.runtime.triton import TritonExecutor
+from vfuse.runtime.triton import TritonExecutor, Tuning
 from vfuse.schedule import Program
 from vfuse.schedule import build as build_schedule
+from vfuse.schedule.gpu import candidates as gpu_candidates
 from vfuse.schedule.printer import format_program
 from vfuse.targets import Target, get_target
 
@@ -65,7 +67,7 @@ def compile_fx(
         executor = InterpExecutor(graph)
     elif ctx.options.backend == "triton":
         program = schedule(fusion_plan, target, ctx, triton=True)
-        executor = load_triton(fusion_plan, program, render_triton(program, ctx), ctx)
+        executor = load_triton(fusion_plan, program, render_triton(program, ctx), ctx, target)
     else:
         try:
             program = schedule(fusion_plan, target, ctx)
@@ -193,14 +195,18 @@ def render_triton(program: Program, ctx: Context) -> TritonProgram:
     return rendered
 
 
-def load_triton(fusion_plan: FusionPlan, program: Program, rendered: TritonProgram, ctx: Context) -> TritonExecutor:
-    """The executor of the Triton module (on CPU tensors: Triton's interpreter); needs the `gpu` extra."""
+def load_triton(
+    fusion_plan: FusionPlan, program: Program, rendered: TritonProgram, ctx: Context, target: Target | None = None
+) -> TritonExecutor:
+    """The executor of the Triton module (on CPU tensors: Triton's interpreter); needs the `gpu`
+    extra. With `target`, CUDA calls autotune the contraction templates' tiles for its preset."""
     try:
         import triton  # noqa: F401
     except ImportError as e:
         raise VfuseError(f"vfuse: backend='triton' needs triton (pip install 'vfuse[gpu]'): {e}") from e
     o = ctx.options
-    return TritonExecutor(fusion_plan, program, rendered, o.cache_dir, o.static_outputs, o.cuda_graphs)
+    tuning = Tuning(target.name, functools.partial(gpu_candidates, target=target)) if target is not None else None
+    return TritonExecutor(fusion_plan, program, rendered, o.cache_dir, o.static_outputs, o.cuda_graphs, tuning=tuning)
 
 
 def build(source: str, program: Program, ctx: Context) -> ctypes.CDLL | None:

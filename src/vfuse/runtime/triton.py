@@ -25,9 +25,10 @@ import numpy as np
 import torch
 
 from vfuse import interp
+from vfuse.codegen.triton.autotune import Autotuner, Timer, cuda_timer
 from vfuse.codegen.triton.module import load_module, module_path
 from vfuse.codegen.triton.offline import Resources, compile_kernel, resources_of
-from vfuse.codegen.triton.render import Launch, TritonProgram
+from vfuse.codegen.triton.render import Launch, TritonProgram, render
 from vfuse.codegen.triton.writer import FAULTS, SEEDS, FaultKind
 from vfuse.fusion.plan import FusionPlan
 from vfuse.ir import Op
@@ -38,6 +39,7 @@ from vfuse.runtime.cudagraphs import CudaDriver, GraphDriver, GraphRunner, captu
 from vfuse.runtime.pool import OutputPool
 from vfuse.runtime.steps import StepRunner, fallback_counts, torch_nodes
 from vfuse.schedule import BufKind, Program, Segment, TorchStep
+from vfuse.schedule.kernel import ContractionKernel, GpuTiles
 
 NO_FAULT = 2**63 - 1
 ARENA_ALIGN = 64
@@ -88,6 +90,18 @@ class LeanLaunch:
         k.run(self.grid, 1, 1, self.stream(), k.function, k.packed_metadata, None, None, None, *args)
 
 
+@dataclass(frozen=True)
+class Tuning:
+    """Autotuning of the contraction templates on a device (`codegen/triton/autotune.py`): the
+    preset the cache is keyed by, the schedule's candidates for a kernel
+    (`schedule.gpu.candidates` bound to the target) and the timer made for the cache folder
+    (`cuda_timer`; tests pass a fake)."""
+
+    preset: str
+    candidates: Callable[[ContractionKernel], Sequence[GpuTiles]]
+    timer: Callable[[Path], Timer] = cuda_timer
+
+
 @dataclass
 class _Memory:
     """What one device's calls share: the loaded module, arena views, seeds, fault record."""
@@ -99,6 +113,7 @@ class _Memory:
     seeds: torch.Tensor
     faults: torch.Tensor
     constants: dict[str, torch.Tensor]
+    rendered: TritonProgram  # the module this device runs (its templates' tiles tuned on CUDA)
     launchers: dict[int, Callable[[Sequence[torch.Tensor]], None]] = field(default_factory=dict)
     static: dict[str, torch.Tensor] = field(default_factory=dict)  # CUDA outputs with static_outputs
 
@@ -117,6 +132,7 @@ class TritonExecutor(StepRunner):
         static_outputs: bool = False,
         cuda_graphs: bool = True,
         driver: Callable[[torch.device], GraphDriver] = CudaDriver,
+        tuning: Tuning | None = None,
     ) -> None:
         self.plan, self.graph, self.program, self.rendered = plan, plan.graph, program, rendered
         self.source = rendered.source
@@ -125,6 +141,11 @@ class TritonExecutor(StepRunner):
             TritonKernel(ln.fn, rendered.source, rendered.signatures[ln.fn], ln.warps, self.path, ln.stages)
             for ln in rendered.launches
         ]
+        self._cache_dir, self.tuning = cache_dir, tuning
+        # Devices whose first call times the templates' candidates (never the interpreter: its
+        # timings say nothing about a GPU; tests add "cpu" with a fake timer).
+        self.tuned_devices: tuple[str, ...] = ("cuda",)
+        self.autotuner: Autotuner | None = None
         self._memory: dict[torch.device, _Memory] = {}
         self._mem: _Memory | None = None
         self._arena = None
@@ -171,8 +192,30 @@ class TritonExecutor(StepRunner):
         constants = {
             n.name: n.attrs["value"].tensor.contiguous().to(device) for n in self.graph.nodes if n.op is Op.CONSTANT
         }
-        module = load_module(self.path, interpret=device.type == "cpu")
-        return _Memory(device, module, arena, views, seeds, faults, constants)
+        rendered, path = self._tuned(device)
+        module = load_module(path, interpret=device.type == "cpu")
+        return _Memory(device, module, arena, views, seeds, faults, constants, rendered)
+
+    def _tuned(self, device: torch.device) -> tuple[TritonProgram, Path]:
+        """The module `device` runs: on a tuned device with contraction templates, their tiles
+        timed there (or read from the autotune cache) and the program rendered again with them."""
+        contractions = any(isinstance(k, ContractionKernel) for k in self.program.kernels)
+        if self.tuning is None or device.type not in self.tuned_devices or not contractions:
+            return self.rendered, self.path
+        t = self.tuning
+        self.autotuner = Autotuner(self._cache_dir, t.timer(self._cache_dir))
+        program = self.autotuner.tune(self.program, t.preset, t.candidates)
+        if program == self.program:
+            return self.rendered, self.path
+        rendered = render(program)
+        path = module_path(rendered.source, self._cache_dir)
+        # what runs is what `source` and `kernels` show (resources() of the tuned tiles)
+        self.source = rendered.source
+        self.kernels = [
+            TritonKernel(ln.fn, rendered.source, rendered.signatures[ln.fn], ln.warps, path, ln.stages)
+            for ln in rendered.launches
+        ]
+        return rendered, path
 
     # -- calls -----------------------------------------------------------------------------
     def __call__(self, inputs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
@@ -249,9 +292,9 @@ class TritonExecutor(StepRunner):
     def _run_segment(self, seg: Segment, env: dict[str, Any]) -> None:
         mem = self._mem
         assert mem is not None
-        for ln in self.rendered.segments[seg.name]:
+        for ln in mem.rendered.segments[seg.name]:
             self._launch(ln, env, mem)
-        if self.rendered.faults and int(mem.faults.min()) != NO_FAULT:
+        if mem.rendered.faults and int(mem.faults.min()) != NO_FAULT:
             raise self._fault(env)
 
     def _launch(self, ln: Launch, env: dict[str, Any], mem: _Memory) -> None:
@@ -293,7 +336,7 @@ class TritonExecutor(StepRunner):
         assert mem is not None
         slots = mem.faults.tolist()
         mem.faults.fill_(NO_FAULT)
-        site = next(s for s in self.rendered.faults if slots[s.slot] != NO_FAULT)
+        site = next(s for s in mem.rendered.faults if slots[s.slot] != NO_FAULT)
         node = self.graph[site.node]
         if site.kind is FaultKind.ZERO_DIVISION:
             return interp.located(node, integer_division_by_zero())
