@@ -294,6 +294,7 @@ class TransposeTiles:
     cols: int  # tile extent along v
     block: int  # register transpose block (elements of 4 bytes per vector)
     staged: tuple[str, ...]  # Load vars read through a transposed tile buffer
+    prefetch: bool = False  # into L2 at each tile's start: its rows of the other accesses, the next tile's staged rows
 
 
 @dataclass(frozen=True)

@@ -39,7 +39,8 @@ def _walk(k: Kernel) -> str:
     if k.transpose:
         t = k.transpose
         staged = ", ".join(t.staged)
-        parts.append(f"tiles i{t.u} {t.rows} x {t.cols}, {t.block}x{t.block} blocks, loads transposed: {staged}")
+        pf = ", rows prefetched into L2" if t.prefetch else ""
+        parts.append(f"tiles i{t.u} {t.rows} x {t.cols}, {t.block}x{t.block} blocks{pf}, loads transposed: {staged}")
     if k.walk is Walk.LOOKUP_TABLE:
         parts.append(f"table of %{k.table}" + (", one flat loop" if k.table_flat else ""))
     if k.stream:

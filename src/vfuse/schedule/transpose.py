@@ -8,6 +8,11 @@ lines; the tile of x is transposed through an L1 buffer so the SIMD loop still r
 contiguously. Stores need none of this: the schedule stores every output of a pointwise
 kernel in the nest's own order (`z.t().contiguous()` is computed from transposed loads).
 
+Each tile's accesses are runs of a few lines in many rows (64 rows of 256 bytes), which the
+hardware prefetchers do not follow: the tile's rows of the other loads and of the stores, and the
+next tile's rows of the staged loads, are prefetched into L2 when a tile starts (one thread,
+2048 x 4096 fp32: 12.8 -> 7.8 ms, 42 -> 66 % of copy; L1 instead of L2: slower).
+
 `plan_transpose(k, vector, l1)` returns the tiles for `k`, or None where the walk does not apply.
 """
 
@@ -47,7 +52,7 @@ def plan_transpose(k: Kernel, vector: int, l1: int) -> TransposeTiles | None:
     # A short v (NCHW -> NHWC with 3 channels) keeps the tile's area with more rows.
     cols = min(edge, k.inner[-1].size)
     rows = min(-(-edge * edge // cols // block) * block, _size(k, u))
-    return TransposeTiles(u=u, rows=rows, cols=cols, block=block, staged=staged)
+    return TransposeTiles(u=u, rows=rows, cols=cols, block=block, staged=staged, prefetch=True)
 
 
 def _size(k: Kernel, var: int) -> int:

@@ -16,7 +16,7 @@ from vfuse.codegen.cpp.function import kernel_function
 from vfuse.codegen.cpp.rules import LOAD_CONVERT, STORAGE_TYPE
 from vfuse.codegen.cpp.writer import KernelWriter, pointer
 from vfuse.schedule.expr import Var
-from vfuse.schedule.kernel import Kernel, Load, Program, Stmt, TransposeTiles
+from vfuse.schedule.kernel import Kernel, Load, Program, Stmt, Store, TransposeTiles
 
 
 def transpose_helper(w: int) -> str:
@@ -78,8 +78,8 @@ class TransposeWriter(KernelWriter):
             return LOAD_CONVERT.get(s.dtype, "{0}").format(f"tb_{s.var}{self.at()}")
         return super().value(s)
 
-    def origin(self, s: Load) -> str:
-        """The element of `s` at the tile's corner (u = ub, v = vb) and the stride along v."""
+    def origin(self, s: Load | Store) -> str:
+        """The element of `s` at the tile's corner (u = ub, v = vb)."""
         names = dict(self.names)
         self.names.update({self.t.u: "ub", self.k.inner[-1].var: "vb"})
         try:
@@ -87,8 +87,9 @@ class TransposeWriter(KernelWriter):
         finally:
             self.names = names
 
-    def stride(self, s: Load) -> int:
-        return s.index.coef(Var(self.k.inner[-1].var))
+    def stride(self, s: Load | Store, along: int | None = None) -> int:
+        """The element stride of `s` along loop `along` (default: v)."""
+        return s.index.coef(Var(self.k.inner[-1].var if along is None else along))
 
 
 def render_transpose(k: Kernel, program: Program) -> str:
@@ -114,6 +115,8 @@ def _tiles(w: TransposeWriter) -> None:
     w.open(f"for (int64_t vb = 0; vb < {vec.size}; vb += {t.cols}) {{")
     w.w(f"const int64_t ue = ub + {t.rows} < {u.size} ? ub + {t.rows} : {u.size};")
     w.w(f"const int64_t ve = vb + {t.cols} < {vec.size} ? vb + {t.cols} : {vec.size};")
+    if t.prefetch:
+        _prefetch(w)
     _stage(w)
     w.open(f"for (int64_t {w.iu} = ub; {w.iu} < ue; ++{w.iu}) {{")
     w.w("#pragma omp simd")
@@ -121,6 +124,28 @@ def _tiles(w: TransposeWriter) -> None:
     w.body(p, "_acc")
     w.close(4 + len(others))
     w.end_pass()
+
+
+def _prefetch(w: TransposeWriter) -> None:
+    """Into L2 (`Kernel.transpose.prefetch`): this tile's rows of the loads and stores contiguous
+    along v (a line every 16 fp32), and the next tile's rows of the staged loads."""
+    t, v = w.t, w.k.inner[-1]
+    (p,) = w.k.passes
+    line = 64
+    for s in p.body:
+        if not isinstance(s, Load | Store) or (isinstance(s, Load) and s.var in t.staged):
+            continue
+        step, row = line // s.dtype.itemsize, w.stride(s, t.u)
+        if w.stride(s) == 1 and row:
+            rw = 1 if isinstance(s, Store) else 0
+            at = f"{w.origin(s)} + r * {row} + l"
+            w.w(f"for (int64_t r = 0; r < ue - ub; ++r) for (int64_t l = 0; l < ve - vb; l += {step})")
+            w.w(f"  __builtin_prefetch({at}, {rw}, 1);")
+    for s in p.body:
+        if isinstance(s, Load) and s.var in t.staged:
+            step, at = line // s.dtype.itemsize, f"{w.origin(s)} + ({t.cols} + r) * {w.stride(s)} + l"
+            w.w(f"for (int64_t r = 0; r < {t.cols} && vb + {t.cols} + r < {v.size}; ++r)")
+            w.w(f"  for (int64_t l = 0; l < ue - ub; l += {step}) __builtin_prefetch({at}, 0, 1);")
 
 
 def _stage(w: TransposeWriter) -> None:
