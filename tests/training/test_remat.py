@@ -8,11 +8,13 @@ import math
 
 import torch
 import torch.nn.functional as F
-from tests.models.train_zoo import check_training_step, randomize
+from tests.models.train_zoo import DropoutProbe, check_training_step, randomize
 from tests.models.zoo import GPT2Block
 from torch import nn
 
 import vfuse
+from vfuse.entry import dropout
+from vfuse.ir.defs import rng
 
 
 class LnGeluMLP(nn.Module):
@@ -75,3 +77,34 @@ def test_gpt2_block_gradients_and_saved_bytes() -> None:
     assert plan.saved_bytes == sum(
         t.numel() * t.element_size() for t in _saved(torch.compile(model, backend=backend), x)
     )
+
+
+def test_dropout_mask_recomputed_from_its_seed_not_stored() -> None:
+    """Training dropout keeps an 8-byte seed, not the mask; the backward's mask is the forward's
+    (w's gradient shows it), and the mask's numbers are vfuse's RAND stream for that seed."""
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    p, n = 0.3, 1009
+    model = DropoutProbe(n, p)
+    backend = vfuse.backend(strict=True)
+    x = torch.ones(3, n)
+    saved = _saved(torch.compile(model, backend=backend), x)
+    assert [(tuple(t.shape), t.dtype) for t in saved] == [((3, n), torch.float32), ((), torch.int64)]
+    plan = backend.remat[-1]
+    assert plan.activation_bytes == 8 and any("never stored" in c.why and not c.kept for c in plan.choices)
+    torch.manual_seed(1)
+    out = torch.compile(model, backend=backend)(x)
+    weight = torch.randn(out.shape)
+    model.w.grad = None
+    (out * weight).sum().backward()
+    keep = out != 0
+    assert 0.2 < 1 - keep.double().mean().item() < 0.4
+    torch.testing.assert_close(model.w.grad, (keep * weight / (1 - p)).sum(0))
+
+
+def test_seeded_uniform_is_vfuse_rand() -> None:
+    seed = torch.tensor((5 << 40) + 123456789, dtype=torch.int64)
+    got = dropout.uniform(seed, torch.Size([7, 13]))
+    torch.testing.assert_close(got.flatten(), rng.uniform(int(seed), 0, 91), rtol=0, atol=0)
+    got = dropout.uniform(seed, torch.Size([5]), stream=3)
+    torch.testing.assert_close(got, rng.uniform(int(seed), 3, 5), rtol=0, atol=0)

@@ -25,7 +25,7 @@ from torch._subclasses.fake_tensor import unset_fake_temporarily
 # compile: a user's first call then waits for compilation only.
 from vfuse.compiler import compile_fx
 from vfuse.context import Options
-from vfuse.entry import observe
+from vfuse.entry import dropout, observe
 from vfuse.entry.devices import devices_for, foreign_device
 from vfuse.entry.direct import may_skip_wrappers, unboxed, wrappers_are_identity
 from vfuse.entry.dumps import graph_context
@@ -74,7 +74,7 @@ class VfuseBackend:
             bw_compiler=functools.partial(self.compile_aten, kind="backward"),
             inference_compiler=inference,
             partition_fn=functools.partial(partition, target=self._target, record=self.remat.append),
-            decompositions=decomposition_table(include_cia=False),  # AOTAutograd decomposes CIA ops itself
+            decompositions=_decompositions(example_inputs),
         )
         wrapped = compiler(gm, example_inputs)
         return unboxed(direct[0]) if direct else wrapped
@@ -160,6 +160,15 @@ class VfuseBackend:
             "reused_graphs": self.reused,
             "fallbacks": fallbacks,
         }
+
+
+def _decompositions(example_inputs: Sequence[Any]) -> dict[Any, Any]:
+    """The ATen decompositions for AOTAutograd (it decomposes CIA ops itself); graphs that need
+    gradients also draw dropout masks from a saved seed, for the backward to recompute (entry/dropout.py)."""
+    table = decomposition_table(include_cia=False)
+    if torch.is_grad_enabled() and any(isinstance(x, torch.Tensor) and x.requires_grad for x in example_inputs):
+        table = {**table, **dropout.DECOMPOSITIONS}
+    return table
 
 
 def _calling_convention(compiled: CompiledGraph, frozen: dict[int, torch.Tensor], present: tuple[Any, ...]) -> Callable:

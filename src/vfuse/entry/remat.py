@@ -142,13 +142,31 @@ def never_recomputed(node: fx.Node) -> str:
         return ""
     if not isinstance(node.target, torch._ops.OpOverload):
         return "higher-order or Python op"
-    if torch.Tag.nondeterministic_seeded in node.target.tags:
+    if _random(node):
         return "random: another call draws other numbers"
     if node.target._schema.is_mutable:
         return "mutates an input"
     if _packet(node) in flop_registry:
         return "contraction"
     return ""
+
+
+def _random(node: fx.Node) -> bool:
+    return isinstance(node.target, torch._ops.OpOverload) and torch.Tag.nondeterministic_seeded in node.target.tags
+
+
+def seeded_values(joint: fx.Graph) -> set[fx.Node]:
+    """Values computed from random draws alone (no graph input behind them): a dropout mask made
+    from its seed (entry/dropout.py). They are recomputed in the backward, never kept."""
+    pure: set[fx.Node] = set()  # no graph input among the ancestors
+    seeded: set[fx.Node] = set()
+    for node in joint.nodes:
+        if node.op != "call_function" or not all(i in pure for i in node.all_input_nodes):
+            continue
+        pure.add(node)
+        if not _random(node) and any(i in seeded or _random(i) for i in node.all_input_nodes):
+            seeded.add(node)
+    return seeded
 
 
 def _recompute_s(node: fx.Node, flops: int, target: Target) -> float:
@@ -162,6 +180,7 @@ class _Cut:
     def __init__(self, joint: fx.Graph, info: Any, target: Target) -> None:
         self.g: nx.DiGraph = nx.DiGraph()
         self.figures: dict[str, tuple[fx.Node, int, float, float, str]] = {}
+        self.seeded = seeded_values(joint)
         for node in joint.nodes:
             if node.op != "output":
                 self._add(node, info, target)
@@ -186,6 +205,8 @@ class _Cut:
             keep = 0.0  # a size: 8 bytes
         else:
             keep = math.inf  # a tuple: its getitems are kept instead
+        if node in self.seeded:
+            keep, why = math.inf, "dropout mask: recomputed from its seed, never stored"
         g.add_edge(name + "_in", name + "_out", capacity=keep)
         for user in node.users:
             g.add_edge(name + "_out", user.name + "_in", capacity=math.inf)
@@ -216,7 +237,7 @@ def _plan(cut: _Cut, kept: set[str], recomputed: set[str]) -> RematPlan:
             plan.saved_bytes += nbytes
             plan.activation_bytes += 0 if node.op == "placeholder" else nbytes
         else:
-            reason = "recomputing is cheaper" if flops else "free (a view)"
+            reason = why or ("recomputing is cheaper" if flops else "free (a view)")
         plan.choices.append(Choice(name, _op_name(node), nbytes, flops, keep, recompute, name in kept, reason))
     return plan
 
