@@ -4,6 +4,7 @@ saved bytes are the bytes autograd actually holds (counted by saved-tensor hooks
 
 from __future__ import annotations
 
+import logging
 import math
 
 import torch
@@ -70,10 +71,21 @@ def test_gpt2_block_gradients_and_saved_bytes() -> None:
     model = randomize(GPT2Block(d=32, heads=4, dropout=0.0))
     x = torch.randn(2, 7, 32)
     backend = vfuse.backend(strict=True)
-    check_training_step(model, (x,), 1e-4, backend)
+    logger, records = logging.getLogger("vfuse"), []
+    handler, level = logging.Handler(logging.DEBUG), logger.level
+    handler.emit = records.append  # type: ignore[method-assign]
+    logger.addHandler(handler)
+    logger.setLevel(logging.DEBUG)
+    try:
+        check_training_step(model, (x,), 1e-4, backend)
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(level)
     assert backend.stats["eager_graphs"] == 0 and len(backend.remat) == 1
     plan = backend.remat[0]
     assert plan.recomputed and plan.kept, plan.text()
+    logged = [r.getMessage() for r in records if "save or recompute" in r.getMessage()]
+    assert any(plan.text() in m for m in logged) and any(plan.text().splitlines()[0] in m for m in logged)
     assert plan.saved_bytes == sum(
         t.numel() * t.element_size() for t in _saved(torch.compile(model, backend=backend), x)
     )

@@ -17,6 +17,7 @@ figures (`RematPlan`), with the saved bytes: the activation memory held between 
 
 from __future__ import annotations
 
+import logging
 import math
 import operator
 import warnings
@@ -34,6 +35,7 @@ from torch.utils.flop_counter import flop_registry
 from vfuse.targets import Target
 
 aten = torch.ops.aten
+log = logging.getLogger("vfuse")  # entry/observe.py registers it with torch's logging
 # IR flops per element of the ops vfuse evaluates with exp-like polynomials (ir/defs' weights).
 TRANSCENDENTAL = {
     aten.exp: 8, aten.log: 8, aten.tanh: 8, aten.sigmoid: 8, aten.erf: 8, aten.pow: 8, aten.rsqrt: 4,
@@ -294,5 +296,9 @@ def partition(
         static_lifetime_input_nodes=info.static_lifetime_input_nodes,
     )
     bw = tp.reordering_to_mimic_autograd_engine(bw)
-    record(_plan(cut, kept, recomputed))
+    plan = _plan(cut, kept, recomputed)
+    record(plan)
+    # TORCH_LOGS=vfuse: the summary line; +vfuse: every choice with its figures.
+    log.info("save or recompute: %s", plan.text().splitlines()[0])
+    log.debug("save or recompute, every choice:\n%s", plan.text())
     return raise_getitems(fw), raise_getitems(bw)
