@@ -7,6 +7,7 @@ from __future__ import annotations
 import logging
 import math
 
+import pytest
 import torch
 import torch.nn.functional as F
 from tests.models.train_zoo import DropoutProbe, check_training_step, randomize
@@ -14,7 +15,7 @@ from tests.models.zoo import GPT2Block
 from torch import nn
 
 import vfuse
-from vfuse.entry import dropout
+from vfuse.entry import dropout, remat
 from vfuse.ir.defs import rng
 
 
@@ -120,3 +121,17 @@ def test_seeded_uniform_is_vfuse_rand() -> None:
     torch.testing.assert_close(got.flatten(), rng.uniform(int(seed), 0, 91), rtol=0, atol=0)
     got = dropout.uniform(seed, torch.Size([5]), stream=3)
     torch.testing.assert_close(got, rng.uniform(int(seed), 3, 5), rtol=0, atol=0)
+
+
+def test_failed_cut_falls_back_to_torchs_partition_visibly(monkeypatch: pytest.MonkeyPatch) -> None:
+    def broken(node: object) -> int:
+        raise RuntimeError("no flop formula")
+
+    monkeypatch.setattr(remat, "flops_of", broken)
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    model = randomize(LnGeluMLP(d=8, hidden=13))
+    backend = vfuse.backend(strict=True)
+    with pytest.warns(UserWarning, match="save-or-recompute cut failed .*no flop formula"):
+        check_training_step(model, (torch.randn(5, 8),), 1e-4, backend, steps=1)
+    assert not backend.remat and backend.stats["eager_graphs"] == 0

@@ -253,7 +253,7 @@ def _run_one(name: str, build: Build, contender: str, args: argparse.Namespace, 
 
 
 def selected(args: argparse.Namespace) -> list[tuple[str, Build]]:
-    names = args.workloads or ([] if args.models else list(WORKLOADS))
+    names = args.workloads or ([] if args.models is not None else list(WORKLOADS))
     unknown = [n for n in names if n not in WORKLOADS]
     if unknown:
         raise ValueError(f"unknown training workload(s) {', '.join(unknown)}; known: {', '.join(WORKLOADS)}")

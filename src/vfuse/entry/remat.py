@@ -279,8 +279,10 @@ def partition(
     try:
         cut = _Cut(joint_module.graph, info, target())
         kept, recomputed = cut.solve()
-    except nx.NetworkXUnbounded as e:  # a value that can be neither kept nor recomputed: torch's rules
-        warnings.warn(f"vfuse: save-or-recompute cut failed ({e}); torch's default partition", stacklevel=2)
+    except Exception as e:  # e.g. a value neither keepable nor recomputable: torch's rules, visibly
+        warnings.warn(
+            f"vfuse: save-or-recompute cut failed ({type(e).__name__}: {e}); torch's default partition", stacklevel=2
+        )
         return tp.default_partition(
             joint_module, joint_inputs, num_fwd_outputs=num_fwd_outputs, static_lifetime_input_indices=indices
         )
