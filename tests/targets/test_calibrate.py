@@ -206,3 +206,30 @@ def test_chain_weight_from_the_chain_and_its_ops_alone() -> None:
     assert chain_weight(chain, alone_rate / 1.5, rates) == pytest.approx(0.5)  # 1.5x slower: 0.5 for one more op
     assert chain_weight(chain, alone_rate * 2, rates) == 0.0  # faster chained: no negative weight
     assert chain_weight(chain, alone_rate, {"exp": 20e9}) == 0.0  # an op without its own rate
+
+
+def test_attention_tasks_cost_a_fixed_time_and_causal_masks_skip_blocks() -> None:
+    from vfuse.fusion.cost import estimate
+    from vfuse.ir import DType, GraphBuilder, Op, TensorType
+
+    def attention(heads: int, keys: int, causal: bool) -> float:
+        b = GraphBuilder()
+        q, k, v = (
+            b.add(Op.INPUT, name=n, index=i, type=TensorType((2, heads, keys, 64), DType.F32))
+            for i, n in enumerate("qkv")
+        )
+        out = b.add(Op.SDPA, [q, k, v], name="o", scale=None, causal=causal, gqa=False)
+        graph = b.build([out])
+        return estimate(["o"], graph, t).compute_s - estimate(["o"], graph, plain).compute_s
+
+    plain = apply(BASE, CAL)
+    t = dataclasses.replace(plain, attention_task_s=4e-6)
+    assert attention(8, 16, False) == pytest.approx(2 * 8 * 4e-6 / t.max_threads)  # 16 (batch, head) tasks
+    assert attention(8, 16, True) == pytest.approx(attention(8, 16, False))  # one block: nothing skipped
+    b = GraphBuilder()
+    q, k, v = (
+        b.add(Op.INPUT, name=n, index=i, type=TensorType((1, 1, 512, 64), DType.F32)) for i, n in enumerate("qkv")
+    )
+    causal = b.build([b.add(Op.SDPA, [q, k, v], name="o", scale=None, causal=True, gqa=False)])
+    full = estimate(["o"], causal, plain)
+    assert estimate(["o"], causal, t).compute_s == pytest.approx(1 * 4e-6 / 2 + full.compute_s * (0.5 + 32 / 512))

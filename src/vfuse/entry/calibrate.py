@@ -10,6 +10,7 @@ of `reps` runs: on a shared machine the fastest run is the one least disturbed):
   transcendental_f32       the same for a chain of exp, tanh, sigmoid, GELU, SiLU
   op_rates                 exp, tanh, sigmoid, GELU, SiLU, log each alone
   chain_weight             the chain's time over the sum of its ops' times alone, per op past the first
+  attention_task_s         attention on 8 heads of 16 x 64, less its flops at the GEMM's rate, per head
   peak_f32                 the GEMM template at 336 x 384 x 384
   serial_launch_s          `x + 1` on 256 elements (no threads forked)
   launch_s                 a 64K-element add on all cores, minus its data time at L2 bandwidth
@@ -120,6 +121,10 @@ def measure_kernels(target: Target, reps: int = 30, ops: Sequence[str] = tuple(A
     m, n, k = 336, 384, 384
     gemm = _kernel(torch.mm, (torch.randn(m, k), torch.randn(k, n)), max(reps // 3, 3), **options)
     tiny = _kernel(lambda x: x + 1, (torch.randn(256),), reps, **options)
+    heads, rows, dim = 8, 16, 64  # tiny tasks: their time is mostly the fixed cost
+    qkv = tuple(torch.randn(1, heads, rows, dim) for _ in range(3))
+    att = _kernel(F.scaled_dot_product_attention, qkv, reps, **options)
+    attention_task_s = max(att.best_s - att.flops / (2 * m * n * k / gemm.best_s), 0.0) / heads
     e = 65536
     par = _kernel(torch.add, (torch.ones(e), torch.ones(e)), reps, threads=target.cores, **options)
     launch = par.best_s - 12 * e / (l2 * target.cores)
@@ -135,6 +140,7 @@ def measure_kernels(target: Target, reps: int = 30, ops: Sequence[str] = tuple(A
         launch_s=max(launch, 0.0),
         op_rates=alone,
         chain_weight=chain_weight(chain, _compute_rate(transcendental, l2), dict(alone)),
+        attention_task_s=attention_task_s,
     )
 
 

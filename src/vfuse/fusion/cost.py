@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 from vfuse.fusion.forms import Form, Illegal, classify, numel_of, per_element_flops
 from vfuse.fusion.plan import Cost
-from vfuse.ir import Graph, Kind, Node, TensorType, opdef
+from vfuse.ir import Graph, Kind, Node, Op, TensorType, opdef
 from vfuse.targets import Target
 
 GAMMA = {"cpu": 0.5, "gpu": 0.8}
@@ -149,12 +149,33 @@ def _flops(nodes: Sequence[Node], form: Form, graph: Graph, target: Target) -> t
         total += f
         if n.kind is Kind.CONTRACTION:
             seconds += f / target.matrix_peak(graph[n.inputs[0]].tensor_type.dtype)
+            seconds += attention_extra_s(n, graph, target, f)
         elif n.kind is Kind.REDUCE:
             seconds += f / target.vector_f32
         else:
             pointwise_s += f * time_weight(n, graph, target) / target.vector_f32
             chain += transcendental(n, graph, target)
     return total, seconds + pointwise_s * chain_factor(chain, target)
+
+
+# Query rows per attention task (schedule/microtile.ATTENTION_BLOCK_Q): a causal mask skips the key
+# blocks above the diagonal, all but the diagonal block's share.
+ATTENTION_BLOCK_Q = 64
+
+
+def attention_extra_s(node: Node, graph: Graph, target: Target, flops: int) -> float:
+    """On a target with calibrated attention (`Target.attention_task_s`): the fixed cost of each
+    (batch, head) task spread over the threads, less the flops a causal mask skips (the IR counts
+    every score)."""
+    if node.op is not Op.SDPA or not target.attention_task_s:
+        return 0.0
+    q = graph[node.inputs[0]].tensor_type.shape
+    tasks, keys = math.prod(q[:-2]), graph[node.inputs[1]].tensor_type.shape[-2]
+    extra = tasks * target.attention_task_s / target.max_threads
+    if node.attrs.get("causal"):
+        skipped = max(0.0, 0.5 - ATTENTION_BLOCK_Q / 2 / max(keys, 1))
+        extra -= skipped * flops / target.matrix_peak(graph[node.inputs[0]].tensor_type.dtype)
+    return extra
 
 
 def transcendental(node: Node, graph: Graph, target: Target) -> bool:

@@ -19,7 +19,7 @@ from pathlib import Path
 
 from vfuse.targets.target import Target
 
-CALIBRATION_VERSION = 4
+CALIBRATION_VERSION = 5
 CALIBRATION_FILE = "calibration_cpu.json"
 
 
@@ -47,6 +47,7 @@ class Calibration:
     launch_s: float = 0.0
     op_rates: tuple[tuple[str, float], ...] = ()  # (op name, IR flop/s) of each transcendental op alone
     chain_weight: float = 0.0  # extra time per transcendental op past the first in one kernel
+    attention_task_s: float = 0.0  # fixed cost of one (batch, head) task of the attention template
 
 
 def guarded(cal: Calibration, target: Target) -> tuple[Calibration, list[str]]:
@@ -68,7 +69,7 @@ def guarded(cal: Calibration, target: Target) -> tuple[Calibration, list[str]]:
     }
     bad, values = [], {}
     for f in fields(cal):
-        if f.name in ("op_rates", "chain_weight"):
+        if f.name in ("op_rates", "chain_weight", "attention_task_s"):
             continue
         lo, hi, fallback = ranges[f.name]
         got = getattr(cal, f.name)
@@ -78,6 +79,8 @@ def guarded(cal: Calibration, target: Target) -> tuple[Calibration, list[str]]:
             bad.append(f.name)
     values["chain_weight"] = cal.chain_weight if 0 <= cal.chain_weight <= 2 else 0.0
     bad += [] if 0 <= cal.chain_weight <= 2 else ["chain_weight"]
+    values["attention_task_s"] = cal.attention_task_s if 0 <= cal.attention_task_s <= 5e-5 else 0.0
+    bad += [] if 0 <= cal.attention_task_s <= 5e-5 else ["attention_task_s"]
     lo, hi, _ = ranges["transcendental_f32"]
     values["op_rates"] = tuple((op, r) for op, r in cal.op_rates if lo <= r <= hi)
     bad += [f"op_rates.{op}" for op, r in cal.op_rates if not lo <= r <= hi]
@@ -101,6 +104,7 @@ def apply(target: Target, cal: Calibration) -> Target:
         transcendental_f32=cal.transcendental_f32 * n,
         op_rates=tuple((op, r * n) for op, r in cal.op_rates),
         chain_weight=cal.chain_weight,
+        attention_task_s=cal.attention_task_s,
         peak_f32=f32,
         serial_launch_s=cal.serial_launch_s,
         launch_s=cal.launch_s or target.launch_s,

@@ -38,7 +38,8 @@ class Target:
         unknown); transcendental_f32: IR flop/s of exp, tanh, GELU and the like (0: vector_f32);
         op_rates: (op name, IR flop/s) of the transcendental ops calibrated one by one;
         chain_weight: how much longer a kernel's pointwise work takes per transcendental op past
-        the first (their constants compete for registers), 0 when unknown.
+        the first (their constants compete for registers), 0 when unknown; attention_task_s: the
+        fixed cost of one (batch, head) task of the attention template, 0 when unknown.
         Set by calibrating vfuse's own kernels (`targets/calibrate.py`).
     """
 
@@ -71,6 +72,7 @@ class Target:
     transcendental_f32: float = 0.0
     op_rates: tuple[tuple[str, float], ...] = ()
     chain_weight: float = 0.0
+    attention_task_s: float = 0.0
 
     @property
     def is_gpu(self) -> bool:
