@@ -65,7 +65,54 @@ def test_a_group_that_spills_is_split_until_its_kernels_fit() -> None:
     assert len(fits) == len(plan.groups) and "40 registers, 0 B spilled" in fits[0].reason
     accepted = [d for d in plan.decisions if d.accepted and d.rule is not Rule.ONCHIP_FITS]
     assert accepted and all("measured sm_90: 40 registers" in d.reason for d in accepted)
-    assert probe.calls == 4  # 12 -> 6 -> 3 nodes: three plans measured, plus the final check
+    # 12 -> 6 -> 3 nodes, each size measured at re-tiling levels 0, 1, 2 first, plus the final check
+    assert probe.calls == 10
+    retiled = [d for d in plan.decisions if "re-tiled: level" in d.reason]
+    assert [d.reason.split("re-tiled: ")[1][:7] for d in retiled[:2]] == ["level 1", "level 2"]
+
+
+class RetileProbe(FakeProbe):
+    """Spills at re-tiling level 0 only: fewer elements per thread are enough."""
+
+    def __call__(self, plan: FusionPlan, sm: int) -> Mapping[int, OnChip]:
+        self.calls += 1
+        return {g.id: OnChip(sm, 40 if g.retile else 255, 0 if g.retile else 96, 0) for g in plan.groups}
+
+
+def test_a_group_that_spills_is_re_tiled_before_it_is_split() -> None:
+    graph = _chain(12)
+    probe = RetileProbe(fits=0)
+    plan = fit_on_chip(H100, probe, lambda b: plan_fusion(graph, H100, b))
+    (group,) = plan.groups
+    assert group.retile == 1 and probe.calls == 2
+    (retile,) = [d for d in plan.decisions if d.rule is Rule.ONCHIP_SPILLS]
+    assert "255 registers, 96 B spilled" in retile.reason and "re-tiled: level 1 of 2" in retile.reason
+    (fits,) = [d for d in plan.decisions if d.rule is Rule.ONCHIP_FITS]
+    assert "40 registers, 0 B spilled" in fits.reason and "(re-tiled, level 1)" in fits.reason
+
+
+def test_re_tiled_groups_get_fewer_elements_per_thread() -> None:
+    """The schedule reads `Group.retile`: half the elements per thread per level at the same
+    warps (row chunks, a persistent row looped, pointwise blocks); a GEMM template gets half
+    its larger side."""
+    from vfuse.schedule import build
+
+    def launches(fn: object, x: torch.Tensor, level: int, *more: torch.Tensor) -> list[object]:
+        ctx = Context(Options(backend="triton", target="h100"), "g")
+        graph = compiler.optimize(compiler.lower_fx(export(fn, (x, *more)).graph_module, ctx), ctx)
+        plan = plan_fusion(graph, H100)
+        plan = dataclasses.replace(plan, groups=tuple(dataclasses.replace(g, retile=level) for g in plan.groups))
+        return [k.gpu for k in build(plan, H100, triton=True).kernels]
+
+    looped = [launches(lambda t: torch.softmax(t, -1), torch.randn(4, 9001), lv)[0] for lv in (0, 1, 2)]
+    assert [(g.block, g.warps) for g in looped] == [(2048, 8), (1024, 8), (512, 8)]  # 8, 4, 2 per thread
+    row = [launches(lambda t: torch.softmax(t, -1), torch.randn(4, 6000), lv)[0] for lv in (0, 1)]
+    assert row[0].persistent and not row[1].persistent and row[1].block == 1024 and row[1].merges
+    flat = [launches(lambda t: t.tanh() * 2, torch.randn(64, 64), lv)[0] for lv in (0, 1)]
+    assert flat[1].warps == flat[0].warps and 2 * flat[1].block == flat[0].block
+    a, b = torch.randn(128, 128), torch.randn(128, 128)
+    gemm = [launches(lambda t, u: F.relu(t @ u), a, lv, b)[0] for lv in (0, 2)]
+    assert gemm[0].block_m * gemm[0].block_n == 4 * gemm[1].block_m * gemm[1].block_n
 
 
 def test_shared_memory_over_the_preset_splits_and_one_node_is_kept() -> None:
@@ -128,3 +175,26 @@ def test_explain_shows_registers_spills_and_shared_memory(tmp_path: Path) -> Non
     assert fits and "sm_90: " in fits[0].reason and " registers, 0 B spilled, " in fits[0].reason
     assert any(d.accepted and "measured sm_90" in d.reason for d in report.decisions if d.rule is not Rule.ONCHIP_FITS)
     assert "registers, 0 B spilled" in report.to_text(width=400)
+
+
+def _gemm_heavy_epilogue(x: torch.Tensor, w: torch.Tensor, p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
+    a = x @ w
+    e = F.gelu(a) * torch.tanh(p) + a * torch.sigmoid(q) + torch.exp(-a * p) + (q * a).tanh()
+    return e + F.silu(p * a) * torch.erf(a * q) + p * a.sin() + q * a.cos() + (p - q) * a
+
+
+def test_measured_spills_re_tile_a_gemm_epilogue(tmp_path: Path) -> None:
+    """An fp32 GEMM whose epilogue holds many values per accumulator spills at the table's
+    64x64 tile (4 warps) for sm_90; re-tiled to 32x64 it fits: one kernel, not split."""
+    pytest.importorskip("triton", reason="triton is not installed (pip install 'vfuse[gpu]')")
+    ctx = Context(Options(backend="triton", target="h100", cache_dir=tmp_path), "g0")
+    ins = tuple(torch.randn(64, 64) for _ in range(4))
+    graph = compiler.optimize(compiler.lower_fx(export(_gemm_heavy_epilogue, ins).graph_module, ctx), ctx)
+    lavish = dataclasses.replace(H100, regs_per_thread=10**5, smem_per_sm=10**9)
+    plan = fit_on_chip(lavish, compiler.TritonProbe(lavish, ctx), lambda b: plan_fusion(graph, lavish, b))
+    (group,) = plan.groups
+    assert group.retile >= 1
+    (spill, *_) = [d for d in plan.decisions if d.rule is Rule.ONCHIP_SPILLS]
+    (fits,) = [d for d in plan.decisions if d.rule is Rule.ONCHIP_FITS]
+    print(spill.reason, "->", fits.reason)
+    assert "re-tiled: level 1" in spill.reason and "0 B spilled" in fits.reason and "re-tiled, level" in fits.reason

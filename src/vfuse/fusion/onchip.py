@@ -5,7 +5,9 @@ a kernel really takes is known only once it is compiled. `fit_on_chip` asks an `
 (given by the compiler: it schedules and renders the plan as Triton kernels and compiles them
 offline for the target's SM, `codegen/triton/offline.py`) for each group's registers, spilled
 bytes and shared memory. A group whose kernel spills or asks for more shared memory than one SM
-has is split: the plan is made again with at most half of that group's nodes allowed in one
+has is first re-tiled (`Group.retile`: the schedule's GPU table gives its kernel fewer elements
+per thread, `schedule/gpu.py`), up to `MAX_RETILE` times, and measured again; if it still does,
+it is split: the plan is made again with at most half of that group's nodes allowed in one
 kernel (`NodeCap`, checked by the planner like any budget), up to `MAX_ROUNDS` times. A group of
 one node cannot be split and is kept, logged as such. Every decision then carries the measured
 figures of the kernel its nodes ended up in (`Rule.ONCHIP_FITS` / `ONCHIP_SPILLS` / `ONCHIP_SHARED`).
@@ -23,7 +25,8 @@ from vfuse.fusion.plan import Decision, FusionPlan, Group
 from vfuse.fusion.rules import Rule
 from vfuse.targets import Target
 
-MAX_ROUNDS = 4
+MAX_ROUNDS = 4  # splits
+MAX_RETILE = 2  # re-tilings of one group's kernel before it is split (`Group.retile`)
 # Compute capability of each GPU preset: what its kernels are compiled for.
 SM = {"a100": 80, "h100": 90, "h200": 90}
 
@@ -71,12 +74,19 @@ def fit_on_chip(
     target: Target, probe: OnChipProbe, replan: Callable[[Budgets], FusionPlan], budgets: Budgets | None = None
 ) -> FusionPlan:
     """The plan `replan(budgets)` makes, with every group that spills or overflows shared memory
-    split (re-planned under a node cap), and every decision annotated with measured figures."""
+    re-tiled (up to `MAX_RETILE` times: `Group.retile`, read by the schedule's GPU tables), then,
+    if it still does, split (re-planned under a node cap); every decision annotated with
+    measured figures."""
     budgets = budgets or Budgets()
     sm = SM.get(target.name, 90)
+    levels: dict[frozenset[str], int] = {}  # re-tiling of a node set, kept across re-plans
     plan = replan(budgets)
     log: list[Decision] = []
-    for round_ in range(MAX_ROUNDS + 1):
+    splits = 0
+    while True:
+        plan = dataclasses.replace(
+            plan, groups=tuple(dataclasses.replace(g, retile=levels.get(frozenset(g.nodes), 0)) for g in plan.groups)
+        )
         figures = probe(plan, sm)
         caps = []
         for g in plan.groups:
@@ -84,28 +94,33 @@ def fit_on_chip(
             rule = f.problem(target) if f else None
             if f is None or rule is None:
                 continue
-            split = len(g.nodes) > 1 and round_ < MAX_ROUNDS
-            log.append(_over(g, f, rule, target, split))
+            if g.retile < MAX_RETILE:
+                levels[frozenset(g.nodes)] = g.retile + 1
+                log.append(_over(g, f, rule, target, "re-tiled"))
+                continue
+            split = len(g.nodes) > 1 and splits < MAX_ROUNDS
+            log.append(_over(g, f, rule, target, "split" if split else "kept"))
             if split:
                 caps.append(NodeCap(frozenset(g.nodes), max(1, len(g.nodes) // 2), rule, f.describe()))
-        if not caps:
+        if not caps and all(levels.get(frozenset(g.nodes), 0) == g.retile for g in plan.groups):
             return _annotated(plan, figures, log, target)
-        budgets = dataclasses.replace(budgets, caps=budgets.caps + tuple(caps))
-        plan = replan(budgets)
-    raise AssertionError("unreachable: the last round never splits")
+        if caps:
+            splits += 1
+            budgets = dataclasses.replace(budgets, caps=budgets.caps + tuple(caps))
+            plan = replan(budgets)
 
 
-def _over(g: Group, f: OnChip, rule: Rule, target: Target, split: bool) -> Decision:
+def _over(g: Group, f: OnChip, rule: Rule, target: Target, action: str) -> Decision:
     limit = (
         "registers spill to local memory"
         if rule is Rule.ONCHIP_SPILLS
         else f"> {target.smem_per_sm} B shared memory per SM"
     )
-    what = (
-        f"split: at most {max(1, len(g.nodes) // 2)} of its {len(g.nodes)} nodes per kernel"
-        if split
-        else "kept: it cannot be split further"
-    )
+    what = {
+        "re-tiled": f"re-tiled: level {g.retile + 1} of {MAX_RETILE} (half the elements per thread)",
+        "split": f"split: at most {max(1, len(g.nodes) // 2)} of its {len(g.nodes)} nodes per kernel",
+        "kept": "kept: it cannot be split further",
+    }[action]
     return Decision(g.nodes, g.nodes, False, rule, f"kernel of group {g.id} measured {f.describe()} ({limit}); {what}")
 
 
@@ -120,5 +135,6 @@ def _annotated(plan: FusionPlan, figures: Mapping[int, OnChip], log: list[Decisi
     for g in plan.groups:
         f = figures.get(g.id)
         if f is not None and f.problem(target) is None:
-            decisions.append(Decision(g.nodes, g.nodes, True, Rule.ONCHIP_FITS, f"group {g.id} {f.describe()}"))
+            tiles = f" (re-tiled, level {g.retile})" if g.retile else ""
+            decisions.append(Decision(g.nodes, g.nodes, True, Rule.ONCHIP_FITS, f"group {g.id} {f.describe()}{tiles}"))
     return dataclasses.replace(plan, decisions=tuple(decisions + log))

@@ -47,6 +47,7 @@ class Group:
     inputs: tuple[str, ...]
     outputs: tuple[str, ...]
     cost: Cost
+    retile: int = 0  # GPU: times its kernel was re-tiled after spilling (fusion/onchip.py, schedule/gpu.py)
 
 
 @dataclass(frozen=True, slots=True)

@@ -20,7 +20,8 @@ from vfuse.schedule import expr
 from vfuse.schedule.contraction import FP32_ONLY, GPU_DTYPES, Caches, library_choice, plan_contraction
 from vfuse.schedule.expr import Lin, Var
 from vfuse.schedule.gpu import decide_contraction, decide_gpu
-from vfuse.schedule.horizontal import join_horizontal
+from vfuse.schedule.horizontal import LABEL as HORIZONTAL
+from vfuse.schedule.horizontal import components, join_horizontal
 from vfuse.schedule.int8dot import with_int8_dot
 from vfuse.schedule.kernel import (
     AnyKernel,
@@ -140,7 +141,7 @@ def _contraction_steps(
         cp = plan_contraction(graph, g.nodes, g.outputs, g.id, g.label, caches, unit, dtypes)
         if gpu is None and (choice := library_choice(graph, g.cost, cp)).library:
             raise Unsupported(choice.reason())  # torch is predicted faster: fuse around it instead
-        kernel = decide_contraction(cp.kernel, gpu, graph) if gpu is not None else cp.kernel
+        kernel = decide_contraction(cp.kernel, gpu, graph, g.retile) if gpu is not None else cp.kernel
         copies: list[AnyKernel | TorchStep] = []
         for i, v in enumerate(cp.copies):
             copies += _pointwise_kernels(graph, g.id, g.label, set(cp.prologue), f"k{g.id}_in{i}", [v])
@@ -186,6 +187,9 @@ def group_steps(
             out += pre
         if any(graph[n].kind is Kind.REDUCE for n in nodes):
             out += _reduction_kernels(graph, g, nodes, name, outs)
+        elif g.label == HORIZONTAL:  # a nest per independent update (`horizontal.components`)
+            for k, part in enumerate(components(graph, nodes, outs)):
+                out += _pointwise_kernels(graph, g.id, g.label, nodes, f"{name}_h{k}" if k else name, part)
         else:
             out += _pointwise_kernels(graph, g.id, g.label, nodes, name, outs)
     except Unsupported as e:
@@ -256,7 +260,8 @@ def build(plan: FusionPlan, target: object, templates: bool = True, triton: bool
     extras = getattr(target, "isa_extras", frozenset())
     items = [with_int8_dot(k, graph, extras) if isinstance(k, ContractionKernel) else k for k in items]
     if getattr(target, "is_gpu", False):
-        items = [decide_gpu(k, target, graph) if isinstance(k, Kernel) else k for k in items]
+        retile = {g.id: g.retile for g in plan.groups}
+        items = [decide_gpu(k, target, graph, retile.get(k.group, 0)) if isinstance(k, Kernel) else k for k in items]
     elif templates and not triton:  # the C++ renderer (the Triton one has no horizontal walk)
         items = join_horizontal(items)
     steps = _segments(items)

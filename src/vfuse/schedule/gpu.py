@@ -27,13 +27,12 @@ from vfuse.schedule.kernel import (
     Kernel,
     Load,
     Pass,
-    RowMerge,
-    RowMethod,
     Store,
     Walk,
     stmt_index,
 )
 from vfuse.schedule.lower import Unsupported
+from vfuse.schedule.rowmerge import RowMerge, RowMethod
 
 INDEX_LIMIT = 2**31 - 1  # the largest int32 index; past it, index arithmetic needs 64 bits
 
@@ -60,8 +59,28 @@ _SM80_SM90 = GpuTable(
 TABLES: dict[str, GpuTable] = {"a100": _SM80_SM90, "h100": _SM80_SM90, "h200": _SM80_SM90}
 
 
-def table_for(name: str) -> GpuTable:
-    return TABLES.get(name, _SM80_SM90)
+# A persistent row re-tiled into a looped walk recomputes, in each pass, what the pass reads:
+# cheap for LayerNorm / softmax (2-3 passes), quadratic for deep chains of row ops (split instead).
+RETILE_LOOPED_PASSES = 3
+
+
+def table_for(name: str, retile: int = 0) -> GpuTable:
+    """The preset's table; `retile` > 0 for a kernel measured spilling that many times
+    (`fusion/onchip.py`): each level halves the elements a thread holds at the same warps
+    (more warps would lower the register cap per thread as much: 64K per SM): half the flat
+    block, the row chunk, the persistent limit and the tile, half the elements per warp."""
+    table = TABLES.get(name, _SM80_SM90)
+    for _ in range(retile):
+        t = table
+        table = dataclasses.replace(
+            t,
+            flat_block=max(128, t.flat_block // 2),
+            persistent_max=max(256, t.persistent_max // 2),
+            chunk=max(256, t.chunk // 2),
+            tile=max(256, t.tile // 2),
+            warp_elements=max(32, t.warp_elements // 2),
+        )
+    return table
 
 
 def _pow2(n: int) -> int:
@@ -72,10 +91,10 @@ def _cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
 
-def decide_gpu(k: Kernel, target: object, graph: Graph) -> Kernel:
+def decide_gpu(k: Kernel, target: object, graph: Graph, retile: int = 0) -> Kernel:
     """`k` with its GPU launch decided for `target` (a GPU preset: its name picks the table,
-    `cores` is its SM count); `graph` gives the buffers' sizes."""
-    table = table_for(str(getattr(target, "name", "")))
+    `cores` is its SM count; `retile`: see `table_for`); `graph` gives the buffers' sizes."""
+    table = table_for(str(getattr(target, "name", "")), retile)
     sms = int(getattr(target, "cores", 1))
     rows = math.prod(lp.size for lp in k.outer)
     row = math.prod(lp.size for lp in k.inner)
@@ -84,7 +103,10 @@ def decide_gpu(k: Kernel, target: object, graph: Graph) -> Kernel:
     elif k.walk is Walk.TILED_COLUMNS:
         launch = _columns(rows, row, table, sms)
     else:
-        launch = _rows(rows, row, table, sms)
+        # re-tiled: a persistent row stays one when looping would recompute too many passes
+        keep = row <= table_for(str(getattr(target, "name", ""))).persistent_max
+        keep = keep and retile > 0 and len(k.passes) > RETILE_LOOPED_PASSES
+        launch = _rows(rows, row, table, sms, keep)
     # Flat indices of the padded grid (masked lanes too: one that wrapped would pass its mask).
     flats = [launch.programs * launch.block] if launch.walk is GpuWalk.FLAT else [launch.programs * launch.rows]
     if launch.walk is not GpuWalk.FLAT:
@@ -104,10 +126,10 @@ def _flat(total: int, table: GpuTable) -> GpuLaunch:
     return GpuLaunch(GpuWalk.FLAT, block, 1, _cdiv(total, block), _warps(block, table))
 
 
-def _rows(rows: int, row: int, table: GpuTable, sms: int) -> GpuLaunch:
-    """Rows that fit `persistent_max` are one chunk; several short rows share a program while
-    the grid keeps `waves` programs per SM."""
-    persistent = row <= table.persistent_max
+def _rows(rows: int, row: int, table: GpuTable, sms: int, persistent: bool = False) -> GpuLaunch:
+    """Rows that fit `persistent_max` (or `persistent`) are one chunk; several short rows share
+    a program while the grid keeps `waves` programs per SM."""
+    persistent = persistent or row <= table.persistent_max
     block = _pow2(row) if persistent else table.chunk
     per = max(1, min(table.tile // block, _pow2(rows)))
     while per > 1 and _cdiv(rows, per) < table.waves * sms:
@@ -294,16 +316,27 @@ def _row_for(k: ContractionKernel, table: ContractionTable, dot: str) -> TileRow
     return table.gemm16 if wide else table.gemm32
 
 
-def decide_contraction(k: ContractionKernel, target: object, graph: Graph) -> ContractionKernel:
+def retiled_row(row: TileRow, retile: int) -> TileRow:
+    """A template's tiling after `retile` measured spills: each level halves the larger of the
+    output tile's sides (at least 16): half the accumulators and epilogue values per thread."""
+    for _ in range(retile):
+        if row.m >= row.n:
+            row = dataclasses.replace(row, m=max(MIN_DOT, row.m // 2))
+        else:
+            row = dataclasses.replace(row, n=max(MIN_DOT, row.n // 2))
+    return row
+
+
+def decide_contraction(k: ContractionKernel, target: object, graph: Graph, retile: int = 0) -> ContractionKernel:
     """`k` with its Triton template's tiles for `target` (raises Unsupported where no template
-    covers it: the contraction then runs through torch)."""
+    covers it: the contraction then runs through torch; `retile`: see `retiled_row`)."""
     if k.op not in (Op.MATMUL, Op.CONV2D, Op.SDPA):
         raise Unsupported(f"no Triton template for {k.op.value}")
     if k.op is Op.SDPA and max(k.shapes[0][-1], k.shapes[2][-1]) > 256:
         raise Unsupported(f"%{k.node}: head dim past 256 (the template keeps a row of Q and O in registers)")
     dot = dot_dtype(k, graph)
     table = contraction_table(str(getattr(target, "name", "")))
-    return dataclasses.replace(k, gpu=contraction_tiles(k, _row_for(k, table, dot), dot))
+    return dataclasses.replace(k, gpu=contraction_tiles(k, retiled_row(_row_for(k, table, dot), retile), dot))
 
 
 def candidates(k: ContractionKernel, target: object) -> list[GpuTiles]:

@@ -14,6 +14,7 @@ from typing import Any
 from vfuse.ir import DType, Op
 from vfuse.ir.types import TensorType
 from vfuse.schedule.expr import Lin
+from vfuse.schedule.rowmerge import RowMerge
 from vfuse.targets.isa import Isa
 
 NAN_TRACKED = (Op.AMAX, Op.AMIN)
@@ -209,26 +210,6 @@ class GpuWalk(enum.Enum):
     FLAT = "flat"  # no reductions: each program takes `block` consecutive elements of the flattened nest
     ROWS = "rows"  # `rows` rows per program, each reduced along the row in chunks of `block` elements
     COLUMNS = "columns"  # `rows` adjacent columns (kept elements) per program, reduced in chunks of `block` rows
-
-
-class RowMethod(enum.Enum):
-    """How a looped row kernel (`GpuLaunch`, not persistent) gets two statistics in one read of
-    the row instead of a walk per pass (`schedule/gpu.py` decides, `codegen/triton/rows.py` renders)."""
-
-    WELFORD = "welford"  # sum(x), then sum((x - c)^2): per-lane count, mean and M2 (Chan's merge per row)
-    ONLINE_SOFTMAX = "online softmax"  # max(x), then sum(exp(x - max)): per-lane running max, rescaled sum
-
-
-@dataclass(frozen=True)
-class RowMerge:
-    """Passes `first` and `first + 1` of a looped row kernel walked as one: `x` is the element
-    value both reduce (`first`'s reduction's argument); `shift` the per-row value the second pass
-    subtracts from it (WELFORD: any value defined before pass `first + 1`; ONLINE_SOFTMAX: the max)."""
-
-    first: int
-    method: RowMethod
-    x: str
-    shift: str
 
 
 @dataclass(frozen=True)

@@ -21,7 +21,8 @@ import math
 from vfuse.codegen.triton import reduce
 from vfuse.codegen.triton.names import LoopGroup
 from vfuse.codegen.triton.writer import TritonWriter
-from vfuse.schedule.kernel import GpuLaunch, GpuWalk, Kernel, Pass, RowMerge, RowMethod
+from vfuse.schedule.kernel import GpuLaunch, GpuWalk, Kernel, Pass
+from vfuse.schedule.rowmerge import RowMerge, RowMethod
 
 
 def tile_axes(g: GpuLaunch) -> tuple[str, str, int]:
