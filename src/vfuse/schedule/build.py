@@ -20,7 +20,8 @@ from vfuse.schedule import expr
 from vfuse.schedule.contraction import FP32_ONLY, GPU_DTYPES, Caches, library_choice, plan_contraction
 from vfuse.schedule.expr import Lin, Var
 from vfuse.schedule.gpu import decide_contraction, decide_gpu
-from vfuse.schedule.horizontal import join_horizontal
+from vfuse.schedule.horizontal import LABEL as HORIZONTAL
+from vfuse.schedule.horizontal import components, join_horizontal
 from vfuse.schedule.int8dot import with_int8_dot
 from vfuse.schedule.kernel import (
     AnyKernel,
@@ -186,6 +187,9 @@ def group_steps(
             out += pre
         if any(graph[n].kind is Kind.REDUCE for n in nodes):
             out += _reduction_kernels(graph, g, nodes, name, outs)
+        elif g.label == HORIZONTAL:  # a nest per independent update (`horizontal.components`)
+            for k, part in enumerate(components(graph, nodes, outs)):
+                out += _pointwise_kernels(graph, g.id, g.label, nodes, f"{name}_h{k}" if k else name, part)
         else:
             out += _pointwise_kernels(graph, g.id, g.label, nodes, name, outs)
     except Unsupported as e:

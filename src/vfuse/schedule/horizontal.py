@@ -15,12 +15,56 @@ import dataclasses
 import math
 from collections.abc import Sequence
 
-from vfuse.ir import Op
+from vfuse.ir import Graph, Op
 from vfuse.schedule.kernel import AnyKernel, Compute, Kernel, TorchStep, Walk
 from vfuse.schedule.strategy import PARALLEL_MIN
 
 LABEL = "horizontal"  # fusion.horizontal.LABEL (the schedule reads the plan's labels only)
 INT_DIVISIONS = (Op.FLOOR_DIV, Op.REMAINDER, Op.FMOD, Op.DIV)
+
+
+def components(graph: Graph, nodes: set[str], outputs: list[str]) -> list[list[str]]:
+    """The group's outputs in independent sets, one nest each: outputs whose computations read
+    a common tensor (numel > 1) from outside the group share a set (a parameter's new value and
+    its state), scalar outputs form one set. One nest per output shape instead put every
+    same-shaped parameter in one loop of 7 memory streams each, 12x slower than eager at four."""
+    parent = {o: o for o in outputs}
+
+    def find(o: str) -> str:
+        while parent[o] != o:
+            parent[o] = parent[parent[o]]
+            o = parent[o]
+        return o
+
+    owner: dict[str, str] = {}
+    scalars = [o for o in outputs if graph[o].tensor_type.numel <= 1]
+    for o in outputs:
+        if o in scalars:
+            continue
+        for leaf in _leaves(graph, nodes, o):
+            if leaf in owner:
+                parent[find(o)] = find(owner[leaf])
+            owner.setdefault(leaf, o)
+    sets: dict[str, list[str]] = {}
+    for o in outputs:
+        if o not in scalars:
+            sets.setdefault(find(o), []).append(o)
+    return [*sets.values(), *([scalars] if scalars else [])]
+
+
+def _leaves(graph: Graph, nodes: set[str], out: str) -> set[str]:
+    """The tensors (numel > 1) that computing `out` inside the group reads from memory."""
+    seen, leaves, stack = set(), set(), [out]
+    while stack:
+        v = stack.pop()
+        if v in seen:
+            continue
+        seen.add(v)
+        if v in nodes:
+            stack += graph[v].inputs
+        elif graph[v].tensor_type.numel > 1:
+            leaves.add(v)
+    return leaves
 
 
 def join_horizontal(items: Sequence[AnyKernel | TorchStep]) -> list[AnyKernel | TorchStep]:
