@@ -11,6 +11,7 @@ import torch
 import torch.nn.functional as F
 from tests.triton.triton_cases import as_list, compile_triton
 
+from vfuse.schedule.kernel import GpuWalk
 from vfuse.schedule.rowmerge import RowMethod
 
 pytest.importorskip("triton", reason="triton is not installed (pip install 'vfuse[gpu]')")
@@ -132,7 +133,10 @@ def test_merged_walk_compiles_for_sm90_without_spills(name: str) -> None:
 
 
 @pytest.mark.filterwarnings("ignore:var")  # a column of 1: eager's NaN variance, matched
-@pytest.mark.parametrize("shape", [(1, 5), (7, 1), (2000, 37), (9001, 3)])
+@pytest.mark.parametrize("shape", [(1, 5), (7, 1), (2000, 37), (9001, 3), (1000, 67)])
 def test_column_reductions(shape: tuple[int, int]) -> None:
     x = torch.randn(*shape) + 2
-    _check(lambda t: (t.sum(0), t.amax(0), t.var(0), torch.softmax(t, 0)), x, 1e-4)
+    compiled = _check(lambda t: (t.sum(0), t.amax(0), t.var(0), torch.softmax(t, 0)), x, 1e-4)
+    if shape == (1000, 67):  # a COLUMNS tile walked down 1000 rows in chunks
+        kernels = compiled.compiled.executor.program.kernels  # type: ignore[attr-defined]
+        assert any(k.gpu.walk is GpuWalk.COLUMNS and not k.gpu.persistent for k in kernels)
