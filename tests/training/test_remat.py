@@ -4,6 +4,7 @@ saved bytes are the bytes autograd actually holds (counted by saved-tensor hooks
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 
@@ -16,7 +17,17 @@ from torch import nn
 
 import vfuse
 from vfuse.entry import dropout, remat
+from vfuse.entry.capture import VfuseBackend
 from vfuse.ir.defs import rng
+from vfuse.targets import get_target
+
+
+@pytest.fixture(autouse=True)
+def _fixed_target(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Decisions follow the target's figures; this machine's are measured (and vary under load),
+    so the tests decide with fixed, typical ones: 20 GB/s DRAM, 100 G flop/s vector."""
+    fixed = dataclasses.replace(get_target("cpu"), dram_bw=20e9, vector_f32=100e9, transcendental_f32=0.0)
+    monkeypatch.setattr(VfuseBackend, "_target", lambda self: fixed)
 
 
 class LnGeluMLP(nn.Module):
@@ -41,6 +52,12 @@ def _saved(fn, x: torch.Tensor) -> list[torch.Tensor]:
     return saved
 
 
+def _activations(saved: list[torch.Tensor], inputs: list[torch.Tensor]) -> list[torch.Tensor]:
+    """Saved tensors that are not graph inputs; vfuse's forward returns copies of saved inputs,
+    so they are told apart by value."""
+    return [t for t in saved if not any(t.shape == i.shape and torch.equal(t, i) for i in inputs)]
+
+
 def test_mlp_recomputes_gelu_and_reports_saved_bytes() -> None:
     torch._dynamo.reset()
     torch.manual_seed(0)
@@ -59,10 +76,7 @@ def test_mlp_recomputes_gelu_and_reports_saved_bytes() -> None:
     hidden = [t for t in saved if t.numel() == 3 * 11 * 97]
     eager_hidden = [t for t in _saved(model, x) if t.numel() == 3 * 11 * 97]
     assert len(hidden) == 1 and len(eager_hidden) == 2  # fc1's output only; eager keeps GELU's too
-    # Saved graph inputs (weights, x) are not activations; vfuse's forward returns copies of them,
-    # so they are told apart by value.
-    inputs = [*model.parameters(), x]
-    activations = [t for t in saved if not any(t.shape == i.shape and torch.equal(t, i) for i in inputs)]
+    activations = _activations(saved, [*model.parameters(), x])
     assert plan.activation_bytes == sum(t.numel() * t.element_size() for t in activations)
 
 
@@ -135,3 +149,16 @@ def test_failed_cut_falls_back_to_torchs_partition_visibly(monkeypatch: pytest.M
     with pytest.warns(UserWarning, match="save-or-recompute cut failed .*no flop formula"):
         check_training_step(model, (torch.randn(5, 8),), 1e-4, backend, steps=1)
     assert not backend.remat and backend.stats["eager_graphs"] == 0
+
+
+def test_dropout_after_gelu_keeps_one_hidden_tensor_and_the_seed() -> None:
+    """fc2(dropout(gelu(fc1(x)))): the backward recomputes GELU, the mask and their product from
+    fc1's output and the seed: one hidden-size float tensor and 8 bytes are all it keeps."""
+    torch._dynamo.reset()
+    model = nn.Sequential(nn.Linear(16, 61), nn.GELU(), nn.Dropout(0.25), nn.Linear(61, 16))
+    backend = vfuse.backend(strict=True)
+    x = torch.randn(9, 16)
+    saved = _saved(torch.compile(model, backend=backend), x)
+    activations = _activations(saved, [*model.parameters(), x])
+    assert sorted((tuple(t.shape), t.dtype) for t in activations) == [((), torch.int64), ((9, 61), torch.float32)]
+    assert backend.remat[-1].activation_bytes == 8 + 9 * 61 * 4

@@ -43,6 +43,7 @@ TRANSCENDENTAL = {
 }  # fmt: skip
 # Per-element flops of whole ops the ATen graph keeps (norms: mean, variance, normalize).
 WHOLE = {aten.native_layer_norm: 8, aten.native_batch_norm: 8, aten._native_batch_norm_legit_functional: 8}
+SEEDED = "dropout mask: recomputed from its seed, never stored"
 VIEWS = {
     aten.view, aten._unsafe_view, aten.reshape, aten.permute, aten.t, aten.transpose, aten.expand, aten.squeeze,
     aten.unsqueeze, aten.slice, aten.select, aten.split, aten.split_with_sizes, aten.alias, aten.as_strided,
@@ -157,18 +158,21 @@ def _random(node: fx.Node) -> bool:
     return isinstance(node.target, torch._ops.OpOverload) and torch.Tag.nondeterministic_seeded in node.target.tags
 
 
-def seeded_values(joint: fx.Graph) -> set[fx.Node]:
-    """Values computed from random draws alone (no graph input behind them): a dropout mask made
-    from its seed (entry/dropout.py). They are recomputed in the backward, never kept."""
+def recompute_only(joint: fx.Graph) -> dict[fx.Node, str]:
+    """Values with no graph input behind them, random draws aside: aranges, constants, and a
+    dropout mask hashed from its seed (entry/dropout.py). The backward recomputes them; keeping
+    one would hold bytes that cost nothing but a few integer ops per element. Node -> reason."""
     pure: set[fx.Node] = set()  # no graph input among the ancestors
-    seeded: set[fx.Node] = set()
+    found: dict[fx.Node, str] = {}
     for node in joint.nodes:
         if node.op != "call_function" or not all(i in pure for i in node.all_input_nodes):
             continue
         pure.add(node)
-        if not _random(node) and any(i in seeded or _random(i) for i in node.all_input_nodes):
-            seeded.add(node)
-    return seeded
+        if _random(node) or never_recomputed(node):
+            continue
+        seeded = any(_random(i) or found.get(i) == SEEDED for i in node.all_input_nodes)
+        found[node] = SEEDED if seeded else "computed from constants: recomputed, never stored"
+    return found
 
 
 def _recompute_s(node: fx.Node, flops: int, target: Target) -> float:
@@ -182,7 +186,7 @@ class _Cut:
     def __init__(self, joint: fx.Graph, info: Any, target: Target) -> None:
         self.g: nx.DiGraph = nx.DiGraph()
         self.figures: dict[str, tuple[fx.Node, int, float, float, str]] = {}
-        self.seeded = seeded_values(joint)
+        self.forced = recompute_only(joint)
         for node in joint.nodes:
             if node.op != "output":
                 self._add(node, info, target)
@@ -207,8 +211,8 @@ class _Cut:
             keep = 0.0  # a size: 8 bytes
         else:
             keep = math.inf  # a tuple: its getitems are kept instead
-        if node in self.seeded:
-            keep, why = math.inf, "dropout mask: recomputed from its seed, never stored"
+        if node in self.forced:
+            keep, why = math.inf, self.forced[node]
         g.add_edge(name + "_in", name + "_out", capacity=keep)
         for user in node.users:
             g.add_edge(name + "_out", user.name + "_in", capacity=math.inf)
