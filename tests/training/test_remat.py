@@ -162,3 +162,4 @@ def test_dropout_after_gelu_keeps_one_hidden_tensor_and_the_seed() -> None:
     activations = _activations(saved, [*model.parameters(), x])
     assert sorted((tuple(t.shape), t.dtype) for t in activations) == [((), torch.int64), ((9, 61), torch.float32)]
     assert backend.remat[-1].activation_bytes == 8 + 9 * 61 * 4
+    assert backend.stats["saved_bytes"] == sum(t.numel() * t.element_size() for t in saved)

@@ -159,6 +159,8 @@ class VfuseBackend:
             "kernels": sum(c.stats.kernels for c in self.compiled),
             "reused_graphs": self.reused,
             "fallbacks": fallbacks,
+            # bytes the training graphs keep for their backward, per step (entry/remat.py)
+            "saved_bytes": sum(plan.saved_bytes for plan in self.remat),
         }
 
 
