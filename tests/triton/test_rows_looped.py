@@ -1,5 +1,5 @@
-"""Row and column kernels in Triton's interpreter against eager: persistent rows (1, primes,
-4096) and looped ones (past the 8192-element persistent limit), whose mean/variance (Welford) and
+"""Row and column kernels in Triton's interpreter against eager: persistent rows (1, a prime)
+and looped ones (past the 8192-element persistent limit), whose mean/variance (Welford) and
 max/sum (online softmax) come from one walk of the row: two reads of the row, not three."""
 
 from __future__ import annotations
@@ -69,7 +69,7 @@ def _gpu(compiled: object) -> object:
 
 @pytest.mark.filterwarnings("ignore:var_mean")  # a row of 1: eager's NaN variance, matched
 @pytest.mark.parametrize("name", sorted(PATTERNS))
-@pytest.mark.parametrize("n", [1, 13, 4096, 8209])
+@pytest.mark.parametrize("n", [1, 13, 8209])  # 4096 (persistent, 16 warps): test_families
 def test_rows_match_eager_fp32(name: str, n: int) -> None:
     x = torch.randn(2, n) * 3 + 1
     compiled = _check(PATTERNS[name], x, TOL[torch.float32])
@@ -84,7 +84,7 @@ def test_rows_match_eager_fp32(name: str, n: int) -> None:
         assert not g.merges
 
 
-@pytest.mark.parametrize("name", ["layernorm_gelu", "softmax", "rmsnorm_silu"])
+@pytest.mark.parametrize("name", ["layernorm_gelu", "softmax"])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_looped_rows_low_precision(name: str, dtype: torch.dtype) -> None:
     x = (torch.randn(2, 8209) * 2).to(dtype)
