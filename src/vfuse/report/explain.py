@@ -44,6 +44,8 @@ def explain(
     `example_inputs` (`CompiledGraph.profile`; on `profile_threads` threads when given, priced for
     that many cores) and the rows carry `measured_s`.
     """
+    if profile > 0:
+        return profiled_report(model_or_fn, example_inputs, profile, profile_threads, target, options)
     # The pipeline imports torch capture; importing it here keeps `vfuse.report` light.
     from vfuse import compiler
     from vfuse.entry.aot import _freezable, export
@@ -64,18 +66,42 @@ def explain(
     )
     if report.backend != "interp" and ctx.options.backend == "triton":
         report = dataclasses.replace(report, backend="triton")
-    if profile > 0:
-        from vfuse.entry.aot import compile_aot
-
-        compiled = compile_aot(model_or_fn, example_inputs, **({"target": target} if target else {}), **options)
-        rows = compiled.profile(*example_inputs, reps=profile, threads=profile_threads)
-        report = report.with_measured(rows)
-        if profile_threads is not None:  # the predictions the measurements are compared with
-            from vfuse.targets.calibrate import at_threads
-
-            fewer = unfused_costs(graph, at_threads(hardware, profile_threads))
-            report = _repriced(report, rows, _unfused_time(graph.compute_nodes, fewer))
     return report
+
+
+def profiled_report(
+    model_or_fn: Callable[..., Any],
+    example_inputs: tuple[Any, ...],
+    reps: int,
+    threads: int | None,
+    target: str | None,
+    options: Mapping[str, Any],
+) -> FusionReport:
+    """Compile as vfuse.compile does, profile, and report exactly the compiled graph's plan and
+    Program (planning again could see a re-measured target and name other kernels)."""
+    from vfuse.entry.aot import compile_aot
+    from vfuse.targets.calibrate import at_threads
+
+    compiled = compile_aot(model_or_fn, example_inputs, **({"target": target} if target else {}), **options)
+    rows = compiled.profile(*example_inputs, reps=reps, threads=threads)
+    g = compiled.compiled
+    ex = g.executor
+    hardware = get_target(g.plan.target, ex.cache_dir, isa=ex.program.isa)
+    sources = node_sources(g.graph, exported_sources(compiled.program, model_or_fn))
+    report = build_report(
+        g.graph,
+        g.plan,
+        g.plan.target,
+        unfused_costs(g.graph, hardware),
+        (ex.program, ex.source),
+        sources=sources,
+        hardware=hardware,
+    ).with_measured(rows)
+    if threads is None:
+        return report
+    # The predictions the measurements are compared with: for `threads` cores, unfused too.
+    fewer = unfused_costs(g.graph, at_threads(hardware, threads))
+    return _repriced(report, rows, _unfused_time(g.graph.compute_nodes, fewer))
 
 
 def _repriced(report: FusionReport, rows: Any, unfused_s: float | None) -> FusionReport:
