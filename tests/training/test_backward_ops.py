@@ -52,3 +52,33 @@ def test_class_weights_still_run_through_torch() -> None:
     got = torch.compile(lambda x: F.cross_entropy(x, t, weight=w), backend=backend)(x)
     torch.testing.assert_close(got, F.cross_entropy(x, t, weight=w))
     assert backend.stats["fallbacks"]["aten.nll_loss_forward.default"] == 1
+
+
+@pytest.mark.parametrize(
+    ("shape", "k", "dtype"),
+    [((2, 3, 8, 6), 2, torch.float32), ((1, 2, 9, 9), 3, torch.float64), ((3, 4, 10), 2, torch.float32)],
+)
+def test_avg_pool2d_tiling_windows_forward_and_backward(shape, k, dtype) -> None:
+    """Windows that tile the input (kernel == stride, no padding): a two-axis row sum forward,
+    eager's grad / (k*k) spread over each window backward (bit for bit)."""
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    x = torch.randn(shape, dtype=dtype, requires_grad=True)
+    g = torch.randn(F.avg_pool2d(x, k).shape, dtype=dtype)
+    backend = vfuse.backend(strict=True)
+    got = torch.compile(lambda x: F.avg_pool2d(x, k), backend=backend)(x)
+    (grad,) = torch.autograd.grad(got, x, g)
+    want = F.avg_pool2d(x, k)
+    (want_grad,) = torch.autograd.grad(want, x, g)
+    torch.testing.assert_close(got, want)  # the window's sum in another order: an ulp or so
+    torch.testing.assert_close(grad, want_grad, rtol=0, atol=0)
+    assert not backend.stats["fallbacks"], backend.stats
+
+
+def test_overlapping_avg_pool2d_still_runs_through_torch() -> None:
+    torch._dynamo.reset()
+    x = torch.randn(1, 2, 9, 9, requires_grad=True)
+    backend = vfuse.backend()
+    got = torch.compile(lambda x: F.avg_pool2d(x, 3, stride=2), backend=backend)(x)
+    torch.testing.assert_close(got, F.avg_pool2d(x, 3, stride=2))
+    assert backend.stats["fallbacks"]["aten.avg_pool2d.default"] == 1
