@@ -140,3 +140,18 @@ def test_column_reductions(shape: tuple[int, int]) -> None:
     if shape == (1000, 67):  # a COLUMNS tile walked down 1000 rows in chunks
         kernels = compiled.compiled.executor.program.kernels  # type: ignore[attr-defined]
         assert any(k.gpu.walk is GpuWalk.COLUMNS and not k.gpu.persistent for k in kernels)
+
+
+@pytest.mark.parametrize(
+    "fn",
+    [
+        lambda t: ((t.exp() - t.mean(-1, keepdim=True)) ** 2).sum(-1),  # squares of another value
+        lambda t: torch.exp(t - t.amax(-1, keepdim=True) * 0.5).sum(-1),  # exp of x minus half the max
+    ],
+    ids=["other_value", "other_shift"],
+)
+def test_near_misses_keep_their_passes(fn: Callable) -> None:
+    """Passes that look like the merged shapes but reduce another value keep one walk each."""
+    x = torch.randn(2, 8209)
+    compiled = _check(fn, x, 1e-4)
+    assert not _gpu(compiled).merges
