@@ -205,7 +205,8 @@ def load_triton(
     except ImportError as e:
         raise VfuseError(f"vfuse: backend='triton' needs triton (pip install 'vfuse[gpu]'): {e}") from e
     o = ctx.options
-    tuning = Tuning(target.name, functools.partial(gpu_candidates, target=target)) if target is not None else None
+    tune = target is not None and o.autotune
+    tuning = Tuning(target.name, functools.partial(gpu_candidates, target=target)) if tune else None
     return TritonExecutor(fusion_plan, program, rendered, o.cache_dir, o.static_outputs, o.cuda_graphs, tuning=tuning)
 
 

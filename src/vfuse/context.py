@@ -14,7 +14,7 @@ from vfuse.errors import VfuseOptionError
 
 BACKENDS = ("auto", "cpp", "interp", "triton")
 GPU_TARGETS = ("a100", "h100", "h200")
-_FLAGS = ("strict", "raise_codegen_errors", "static_outputs", "freeze", "verify", "cuda_graphs")
+_FLAGS = ("strict", "raise_codegen_errors", "static_outputs", "freeze", "verify", "cuda_graphs", "autotune")
 # Options an environment variable sets (keyword arguments win over it).
 ENV_VARS = {
     "strict": "VFUSE_STRICT",
@@ -25,6 +25,7 @@ ENV_VARS = {
     "dump_dir": "VFUSE_DUMP",
     "cache_dir": "VFUSE_CACHE_DIR",
     "cuda_graphs": "VFUSE_CUDA_GRAPHS",
+    "autotune": "VFUSE_AUTOTUNE",
 }
 
 
@@ -53,6 +54,8 @@ class Options:
         mode: env VFUSE_VERIFY; the test suite sets it); a broken one raises IRError naming the pass.
     cuda_graphs: backend="triton" on CUDA tensors: capture each graph into a CUDA graph after a
         warm-up call and replay it (env VFUSE_CUDA_GRAPHS=0 turns it off; docs/gpu.md).
+    autotune: backend="triton" on CUDA tensors: the first call times the contraction templates'
+        candidate tiles and keeps the fastest, cached (env VFUSE_AUTOTUNE=0: the table's tiles).
     """
 
     strict: bool = False
@@ -66,6 +69,7 @@ class Options:
     freeze: bool = False
     verify: bool = False
     cuda_graphs: bool = True
+    autotune: bool = True
 
     def __post_init__(self) -> None:
         """Check every value (and normalize an unambiguous spelling: target="H100" is "h100")."""

@@ -70,3 +70,7 @@ def test_the_interpreter_never_tunes(tmp_path: Path) -> None:
     e.tuning = dataclasses.replace(e.tuning, timer=lambda folder: pytest.fail("timed in the interpreter"))
     torch.testing.assert_close(compiled(*INPUTS), _fn(*INPUTS), rtol=2e-5, atol=2e-5)
     assert e.autotuner is None and not (tmp_path / "triton" / "autotune.json").exists()
+
+
+def test_the_autotune_option_turns_it_off(tmp_path: Path) -> None:
+    assert compile_triton(_fn, INPUTS, cache_dir=tmp_path, autotune=False).compiled.executor.tuning is None
