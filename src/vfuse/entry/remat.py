@@ -30,6 +30,7 @@ import torch
 from torch import fx
 from torch._functorch import partitioners as tp
 from torch._functorch.compile_utils import raise_getitems
+from torch.fx.experimental.symbolic_shapes import optimization_hint
 from torch.utils.flop_counter import flop_registry
 
 from vfuse.targets import Target
@@ -43,6 +44,7 @@ TRANSCENDENTAL = {
 }  # fmt: skip
 # Per-element flops of whole ops the ATen graph keeps (norms: mean, variance, normalize).
 WHOLE = {aten.native_layer_norm: 8, aten.native_batch_norm: 8, aten._native_batch_norm_legit_functional: 8}
+SIZE_KEEP_S = 1e-12  # a computed size: kept only where it cannot be recomputed
 SEEDED = "dropout mask: recomputed from its seed, never stored"
 VIEWS = {
     aten.view, aten._unsafe_view, aten.reshape, aten.permute, aten.t, aten.transpose, aten.expand, aten.squeeze,
@@ -95,10 +97,16 @@ class RematPlan:
         return "\n".join(lines)
 
 
+def _hint(n: int | torch.SymInt) -> int:
+    """A size's value at the shapes traced, without a guard (int() on a symbolic size would pin
+    the graph to these shapes, and Dynamo would compile it again for every other)."""
+    return optimization_hint(n, fallback=4096)
+
+
 def nbytes_of(node: fx.Node) -> int:
     val = node.meta.get("val")
     if isinstance(val, torch.Tensor):
-        return int(val.numel()) * val.element_size()
+        return _hint(val.numel()) * val.element_size()
     return 0
 
 
@@ -109,9 +117,9 @@ def _packet(node: fx.Node) -> Any:
 def _numel(node: fx.Node) -> int:
     val = node.meta.get("val")
     if isinstance(val, torch.Tensor):
-        return int(val.numel())
+        return _hint(val.numel())
     if isinstance(val, tuple | list):
-        return max((int(v.numel()) for v in val if isinstance(v, torch.Tensor)), default=0)
+        return max((_hint(v.numel()) for v in val if isinstance(v, torch.Tensor)), default=0)
     return 0
 
 
@@ -127,7 +135,7 @@ def flops_of(node: fx.Node) -> int:
         return 0
     if packet in flop_registry:
         args, kwargs = torch.utils._pytree.tree_map(_meta, (node.args, node.kwargs))
-        return int(flop_registry[packet](*args, out_val=node.meta.get("val"), **kwargs))
+        return _hint(flop_registry[packet](*args, out_val=node.meta.get("val"), **kwargs))
     if packet in (aten.sum, aten.mean, aten.amax, aten.amin, aten.var, aten.var_mean, aten._softmax):
         return sum(_numel(a) for a in node.all_input_nodes) * (4 if packet is aten._softmax else 1)
     return _numel(node) * TRANSCENDENTAL.get(packet, WHOLE.get(packet, 1))
@@ -141,7 +149,7 @@ def never_recomputed(node: fx.Node) -> str:
         return "not a function call"
     if node.meta.get("recompute") == tp.CheckpointPolicy.MUST_SAVE:
         return "torch marks it must-save"
-    if node.target is operator.getitem:
+    if node.target is operator.getitem or tp.is_sym_node(node):  # size arithmetic: free to redo
         return ""
     if not isinstance(node.target, torch._ops.OpOverload):
         return "higher-order or Python op"
@@ -208,7 +216,9 @@ class _Cut:
         if isinstance(val, torch.Tensor):
             keep = 0.0 if is_input else 2 * nbytes_of(node) / target.dram_bw
         elif isinstance(val, torch.SymInt | torch.SymFloat | torch.SymBool | int | float):
-            keep = 0.0  # a size: 8 bytes
+            # A size: an input is kept for free; a computed one is recomputed from those (as torch's
+            # partitions do, so a symbolic graph still matches the fixed-shape one it may reuse).
+            keep = 0.0 if is_input else SIZE_KEEP_S
         else:
             keep = math.inf  # a tuple: its getitems are kept instead
         if node in self.forced:
