@@ -7,6 +7,7 @@ t = 1), as it is under Inductor; they are checked to that bound."""
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Callable
 
 import pytest
@@ -200,3 +201,29 @@ def test_foreach_ops_lowered_as_eager_computes_them() -> None:
     assert backend.stats["graphs"] == 1 and not backend.stats["fallbacks"], backend.stats
     for g, w in zip(got, fn(*lists, t), strict=True):
         torch.testing.assert_close(g, w, rtol=0, atol=0, equal_nan=True)
+
+
+def test_an_update_whose_nest_cannot_be_lowered_runs_through_torch_alone(monkeypatch: pytest.MonkeyPatch) -> None:
+    from vfuse.schedule.lower import Unsupported
+
+    build = importlib.import_module("vfuse.schedule.build")  # (the package exports a function `build`)
+
+    real = build._pointwise_kernels
+
+    def second_fails(graph, group, label, nodes, name, outputs):
+        if name.endswith("_h1"):
+            raise Unsupported("not expressible (test)")
+        return real(graph, group, label, nodes, name, outputs)
+
+    monkeypatch.setattr(build, "_pointwise_kernels", second_fails)
+
+    def update(p1, g1, p2, g2, p3, g3):
+        return p1.add(g1, alpha=-0.1), p2.sub(g2, alpha=0.3), p3.lerp(g3, 0.75)
+
+    torch.manual_seed(0)
+    args = [torch.randn(s) for s in ((5,), (3, 1001), (40000,)) for _ in range(2)]
+    compiled = vfuse.compile(update, args)
+    for got, want in zip(compiled(*args), update(*args), strict=True):
+        torch.testing.assert_close(got, want, rtol=0, atol=0)
+    stats = compiled.stats
+    assert stats.kernels == 1 and stats.torch_calls > 0, stats  # the other two updates stay one kernel

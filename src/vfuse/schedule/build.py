@@ -21,7 +21,7 @@ from vfuse.schedule.contraction import FP32_ONLY, GPU_DTYPES, Caches, library_ch
 from vfuse.schedule.expr import Lin, Var
 from vfuse.schedule.gpu import decide_contraction, decide_gpu
 from vfuse.schedule.horizontal import LABEL as HORIZONTAL
-from vfuse.schedule.horizontal import components, join_horizontal
+from vfuse.schedule.horizontal import components, computed_by, join_horizontal
 from vfuse.schedule.int8dot import with_int8_dot
 from vfuse.schedule.kernel import (
     AnyKernel,
@@ -187,15 +187,29 @@ def group_steps(
             out += pre
         if any(graph[n].kind is Kind.REDUCE for n in nodes):
             out += _reduction_kernels(graph, g, nodes, name, outs)
-        elif g.label == HORIZONTAL:  # a nest per independent update (`horizontal.components`)
-            for k, part in enumerate(components(graph, nodes, outs)):
-                out += _pointwise_kernels(graph, g.id, g.label, nodes, f"{name}_h{k}" if k else name, part)
+        elif g.label == HORIZONTAL:
+            out += _horizontal_kernels(graph, g, nodes, name, outs)
         else:
             out += _pointwise_kernels(graph, g.id, g.label, nodes, name, outs)
     except Unsupported as e:
         ordered = tuple(n for n in g.nodes if n in nodes)
         out.append(TorchStep(g.id, g.label, ordered, f"fallback: {e}"))
     return out
+
+
+def _horizontal_kernels(graph: Graph, g: Group, nodes: set[str], name: str, outs: list[str]) -> list:
+    """A nest per independent update (`horizontal.components`); an update whose nest cannot be
+    lowered runs through torch alone, not the whole horizontal group (first: the nests stay
+    consecutive, one kernel)."""
+    kernels: list[AnyKernel | TorchStep] = []
+    torch_steps: list[AnyKernel | TorchStep] = []
+    for k, part in enumerate(components(graph, nodes, outs)):
+        try:
+            kernels += _pointwise_kernels(graph, g.id, g.label, nodes, f"{name}_h{k}" if k else name, part)
+        except Unsupported as e:
+            need = computed_by(graph, nodes, part)
+            torch_steps.append(TorchStep(g.id, g.label, tuple(n for n in g.nodes if n in need), f"fallback: {e}"))
+    return torch_steps + kernels
 
 
 def _computed_indices(graph: Graph, nodes: list[str]) -> list[str]:

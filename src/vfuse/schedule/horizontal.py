@@ -52,6 +52,18 @@ def components(graph: Graph, nodes: set[str], outputs: list[str]) -> list[list[s
     return [*sets.values(), *([scalars] if scalars else [])]
 
 
+def computed_by(graph: Graph, nodes: set[str], outputs: list[str]) -> set[str]:
+    """The group nodes computing `outputs` (what torch runs when their nest cannot be lowered)."""
+    seen: set[str] = set()
+    stack = list(outputs)
+    while stack:
+        v = stack.pop()
+        if v in nodes and v not in seen:
+            seen.add(v)
+            stack += graph[v].inputs
+    return seen
+
+
 def _leaves(graph: Graph, nodes: set[str], out: str) -> set[str]:
     """The tensors (numel > 1) that computing `out` inside the group reads from memory."""
     seen, leaves, stack = set(), set(), [out]
