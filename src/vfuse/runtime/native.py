@@ -21,6 +21,7 @@ import torch
 
 from vfuse import interp
 from vfuse.codegen.cpp.faults import CODES, FAULT_BYTES, fault_offset
+from vfuse.codegen.cpp.gemm.prepack import prepack_layout
 from vfuse.fusion.plan import FusionPlan
 from vfuse.ir import Op
 from vfuse.ir.defs.layout import index_out_of_bounds
@@ -112,9 +113,13 @@ class NativeExecutor(StepRunner):
         return self._plan
 
     def _allocate(self) -> None:
-        # Past the intermediates, the fault record kernels report errors in (faults.py).
-        self._arena = torch.empty(fault_offset(self.program) + FAULT_BYTES + ARENA_ALIGN, dtype=torch.uint8)
+        # Past the intermediates, the fault record kernels report errors in (faults.py), then the
+        # persistent region of B operands packed once (codegen/cpp/gemm/prepack.py): zeroed, as
+        # its headers say "not packed yet".
+        _, start, end = prepack_layout(self.program)
+        self._arena = torch.empty(end + ARENA_ALIGN, dtype=torch.uint8)
         self._arena_off = -self._arena.data_ptr() % ARENA_ALIGN
+        self._arena[self._arena_off + start : self._arena_off + end].zero_()
         self._seeds = torch.zeros(max(len(self.program.seeds), 1), dtype=torch.int64)
         self._constants = {
             n.name: n.attrs["value"].tensor.contiguous() for n in self.graph.nodes if n.op is Op.CONSTANT

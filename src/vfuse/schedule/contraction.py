@@ -36,7 +36,7 @@ from vfuse.ir.defs.contraction import sdpa_dropout, sdpa_has_mask
 from vfuse.ir.shapes import numel
 from vfuse.schedule import expr
 from vfuse.schedule.expr import Lin, Var
-from vfuse.schedule.kernel import ContractionKernel, Load, OperandPrologue, Stmt
+from vfuse.schedule.kernel import ContractionKernel, Load, OperandPrologue, Rand, RandKey, Stmt
 from vfuse.schedule.lower import Lowerer, Unsupported
 from vfuse.schedule.microtile import AVX512, Tile, VectorUnit, attention_tile, pick_micro_tile
 
@@ -162,6 +162,15 @@ def _inner_dim(graph: Graph, stmts: list[Stmt], rank: int) -> int:
     return -2 if votes[-2] > votes[-1] else -1
 
 
+def _constant_b(graph: Graph, ops: _Operands) -> bool:
+    """B is the same matrix on every call: a constant buffer (frozen weight), or computed by its
+    prologue from constants only, and one matrix for all batch entries (packed once, reused)."""
+    buf, shape, pro = ops.names[1], ops.shapes[1], ops.prologues[1]
+    sources = pro.loads if pro is not None else (buf,)
+    drawn = pro is not None and any(isinstance(s, Rand | RandKey) for s in pro.stmts)
+    return math.prod(shape[:-2]) == 1 and not drawn and all(graph[v].op is Op.CONSTANT for v in sources)
+
+
 FP32_ONLY = frozenset({DType.F32})
 GPU_DTYPES = frozenset({DType.F32, DType.F16, DType.BF16})  # the Triton templates (codegen/triton)
 
@@ -277,6 +286,7 @@ def plan_contraction(graph: Graph, nodes: tuple[str, ...], outputs: tuple[str, .
         f"k{gid}_c", gid, label, op, node, tuple(ops.names), tuple(ops.shapes), graph[node].tensor_type.shape,
         graph[out].tensor_type.shape, out, tuple(stmts), result, tuple(sorted(extras | ops.loads)),
         graph[node].attrs, trans_b, caches, tuple(ops.prologues), unit.lanes, *_register_tile(graph, node, unit),
+        prepacked_b=op is Op.MATMUL and dtypes is not GPU_DTYPES and _constant_b(graph, ops),
     )  # fmt: skip
     # Split: the leftover kernels recompute the (cheap) prologue values they read, and store
     # those other groups read, as torch used to leave them in its env.

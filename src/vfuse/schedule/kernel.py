@@ -422,6 +422,10 @@ class ContractionKernel:
     nr: int = 32
     gpu: GpuTiles | None = None  # GPU targets: the Triton template's tiles (`schedule/gpu.py`)
     int8: Int8Dot | None = None  # MATMUL: dequantized int8 operands as an int32 dot product
+    # MATMUL on CPU: B is a graph constant (a frozen weight, or computed from constants by its
+    # prologue), packed into the micro-kernel's layout once, on the first call, into the arena's
+    # persistent region (codegen/cpp/gemm/prepack.py) instead of on every call.
+    prepacked_b: bool = False
 
     def prologue(self, i: int) -> OperandPrologue | None:
         return self.prologues[i] if i < len(self.prologues) else None

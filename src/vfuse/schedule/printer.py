@@ -111,6 +111,7 @@ def _pass(n: int, p: Pass) -> str:
 def format_kernel(k: AnyKernel) -> str:
     if isinstance(k, ContractionKernel):
         layout = " (B transposed)" if k.trans_b else ""
+        layout += " (B packed once: constant)" if k.prepacked_b else ""
         ins = ", ".join(f"%{v}{list(s)}" for v, s in zip(k.operands, k.shapes, strict=True))
         epi = f"epilogue {len(k.epilogue)} stmt(s)" + (f" reading {', '.join(k.extras)}" if k.extras else "")
         tile = f"register tile {k.mr}x{k.nr} of {k.vector}-lane vectors"

@@ -26,6 +26,7 @@ from vfuse.codegen.cpp.gemm import (
     render_gemm,
 )
 from vfuse.codegen.cpp.gemm.int8 import Int8Spec, render_int8_gemm
+from vfuse.codegen.cpp.gemm.prepack import prepack_layout
 from vfuse.codegen.cpp.gemm.prologue import Prologue
 from vfuse.codegen.cpp.rules import STORAGE_TYPE, STORE_CONVERT
 from vfuse.codegen.cpp.writer import StatementWriter, pointer, pointer_line
@@ -117,12 +118,16 @@ def _gemm(k: ContractionKernel, program: Program) -> tuple[str, str]:
     pa, pb = _prologue(k, 0), _prologue(k, 1)
     m, n, kk = a[-2], k.out_shape[-1], a[-1]
     spec = GemmSpec.from_shapes(
-        f"{k.name}_mm", a, b, k.trans_b, linkage="static", blocking=_blocking(k, m, n, kk), a_prologue=pa, b_prologue=pb
-    )
+        f"{k.name}_mm", a, b, k.trans_b, linkage="static", blocking=_blocking(k, m, n, kk), a_prologue=pa,
+        b_prologue=pb, prepack=k.prepacked_b,
+    )  # fmt: skip
     out = program.buffers[k.out].type.dtype
     stmts = tuple(_statements(k, _gemm_names(k), out))
     epi = Epilogue(k.op.value, _extras(k, program), stmts, _store(k, out), STORAGE_TYPE[out])
-    return render_gemm(spec, epi), f"{spec.name}({_args(k)}, {_out(k)}{epi.names()}, nt);"
+    if k.prepacked_b and spec.tiles().nr != k.nr:  # prepack_bytes sized the region for k.nr
+        raise ValueError(f"{k.name}: blocking nr {spec.tiles().nr} is not the kernel's {k.nr}")
+    pre = f", arena + {prepack_layout(program)[0][k.name]}" if k.prepacked_b else ""
+    return render_gemm(spec, epi), f"{spec.name}({_args(k)}, {_out(k)}{epi.names()}{pre}, nt);"
 
 
 def _int8_gemm(k: ContractionKernel, program: Program) -> tuple[str, str]:

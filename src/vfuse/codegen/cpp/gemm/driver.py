@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from vfuse.codegen.cpp.gemm.blocking import Blocking
 from vfuse.codegen.cpp.gemm.epilogue import Epilogue
 from vfuse.codegen.cpp.gemm.microkernel import microkernel_name
+from vfuse.codegen.cpp.gemm.prepack import HEADER, PREPACK_ONCE
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,6 +62,10 @@ class Driver:
     row_names: str = ""
     elem_names: str = ""
     pack_a: str = ""
+    # B is the same on every call and every batch entry (`ContractionKernel.prepacked_b`): the
+    # entry takes `char* vg_pre` (its slot of the arena's persistent region, `prepack.py`), packs
+    # all of B there on the first call and never packs a panel again.
+    prepack: bool = False
 
 
 def _workspace(d: Driver, blk: Blocking, epi: Epilogue) -> int:
@@ -128,7 +133,7 @@ def _tile_loop(d: Driver, blk: Blocking, epi: Epilogue) -> str:
           const int nr = static_cast<int>(vg_min({blk.nr}, {d.n} - j));
           for (long ir = 0; ir < mcur; ir += {blk.mr}) {{
             const int mr = static_cast<int>(vg_min({blk.mr}, mcur - ir));
-            {microkernel_name(blk.mr, blk.nr, blk.lanes)}(kc, ap + ir * kc, bp + s * {blk.nr} * kc, t);
+            {microkernel_name(blk.mr, blk.nr, blk.lanes)}(kc, ap + ir * kc, bq + s * {blk.nr} * kc, t);
             if (nr == {blk.nr}) {{
               if (first) {wb}<true, true>{call}; else {wb}<true, false>{call};
             }} else {{
@@ -137,6 +142,52 @@ def _tile_loop(d: Driver, blk: Blocking, epi: Epilogue) -> str:
           }}
         }}
       }}
+"""
+
+
+def _panel_step(d: Driver, blk: Blocking, epi: Epilogue) -> str:
+    """One (jc, pc) step: pack the B panel (all threads, then a barrier), run the tiles, barrier
+    before the panel is overwritten; prepacked, only the tiles on the panel already in place
+    (a work item covers the same tiles in every K block, so no barrier is needed)."""
+    if d.prepack:
+        return f"      const float* __restrict bq = bp + pc * {padded(d, blk)} + jc * kc;\n{_tile_loop(d, blk, epi)}"
+    return f"""      for (long s = tid; s < nsl; s += nth) {{
+        const long j = jc + s * {blk.nr}, nr = vg_min({blk.nr}, {d.n} - j);
+        float* __restrict bps = bp + s * {blk.nr} * kc;
+        {d.pack_b}
+      }}
+      if (coop) {{
+#pragma omp barrier
+      }}
+      const float* __restrict bq = bp;
+{_tile_loop(d, blk, epi)}      if (coop) {{
+#pragma omp barrier
+      }}
+"""
+
+
+def padded(d: Driver, blk: Blocking) -> int:
+    """N rounded up to whole slivers: the row length of a prepacked KC block (`prepack.py`)."""
+    return -(-d.n // blk.nr) * blk.nr
+
+
+def _prepack(d: Driver, blk: Blocking, epi: Epilogue) -> str:
+    """NAME_prepack: all of B (batch entry 0: B has no batch dims) in the prepacked layout."""
+    return f"""
+static void {d.name}_prepack(float* __restrict bp, long nth, {d.params}{epi.params()}) {{
+  [[maybe_unused]] const long bi = 0;
+  [[maybe_unused]] const float* __restrict b_b = B;
+  const long nsl = ({d.n} + {blk.nr - 1}) / {blk.nr};
+  for (long pc = 0; pc < {d.k}; pc += {blk.kc}) {{
+    const long kc = vg_min({blk.kc}, {d.k} - pc);
+#pragma omp parallel for num_threads(nth) schedule(static)
+    for (long s = 0; s < nsl; ++s) {{
+      const long j = s * {blk.nr}, nr = vg_min({blk.nr}, {d.n} - j);
+      float* __restrict bps = bp + pc * {padded(d, blk)} + j * kc;
+      {d.pack_b}
+    }}
+  }}
+}}
 """
 
 
@@ -162,18 +213,7 @@ static void {d.name}_one(long bi, long tid, long nth, bool coop, float* __restri
     for (long pc = 0; pc < {d.k}; pc += {blk.kc}) {{
       const long kc = vg_min({blk.kc}, {d.k} - pc);
       const bool first = pc == 0, last = pc + kc == {d.k};
-      for (long s = tid; s < nsl; s += nth) {{
-        const long j = jc + s * {blk.nr}, nr = vg_min({blk.nr}, {d.n} - j);
-        float* __restrict bps = bp + s * {blk.nr} * kc;
-        {d.pack_b}
-      }}
-      if (coop) {{
-#pragma omp barrier
-      }}
-{_tile_loop(d, blk, epi)}      if (coop) {{
-#pragma omp barrier
-      }}
-    }}
+{_panel_step(d, blk, epi)}    }}
   }}
 }}
 """
@@ -182,20 +222,30 @@ static void {d.name}_one(long bi, long tid, long nth, bool coop, float* __restri
 def _entry(d: Driver, blk: Blocking, epi: Epilogue) -> str:
     bsize = blk.kc * _panel(blk)
     wsize = _workspace(d, blk, epi)
-    private = f"vg_scratch(1, {bsize})" + (f", vg_scratch(2, {wsize})" if wsize else "")
+    panel = "bp" if d.prepack else f"vg_scratch(1, {bsize})"  # prepacked: all of B, in the arena
+    private = panel + (f", vg_scratch(2, {wsize})" if wsize else "")
     shared = "bp" + (", vg_wsp" if wsize else "")
     alloc = f"float* vg_wsp = vg_scratch(2, {wsize});\n    " if wsize else ""
     args = f"{d.args}{epi.names()}"
+    pre, once = "", ""
+    if d.prepack:
+        pre = ", char* __restrict vg_pre"
+        once = f"""  float* const bp = reinterpret_cast<float*>(vg_pre + {HEADER});
+  if (vg_prepack_claim(reinterpret_cast<int*>(vg_pre))) {{
+    {d.name}_prepack(bp, nth, {args});
+    vg_prepack_done(reinterpret_cast<int*>(vg_pre));
+  }}
+"""
     return f"""
-{d.linkage} void {d.name}({d.params}{epi.params()}, int nthreads) {{
+{d.linkage} void {d.name}({d.params}{epi.params()}{pre}, int nthreads) {{
   const long nth = nthreads > 0 ? nthreads : omp_get_max_threads();
-  if (nth == 1) {{
+{once}  if (nth == 1) {{
     for (long bi = 0; bi < {d.batch}; ++bi) {d.name}_one(bi, 0, 1, false, {private}, {args});
   }} else if ({d.batch} > 1 && ({d.batch} % nth == 0 || {d.batch} >= 4 * nth)) {{
 #pragma omp parallel for num_threads(nth) schedule(static)
     for (long bi = 0; bi < {d.batch}; ++bi) {d.name}_one(bi, 0, 1, false, {private}, {args});
   }} else {{
-    float* bp = vg_scratch(1, {bsize});
+    {"" if d.prepack else f"float* bp = vg_scratch(1, {bsize});"}
     {alloc}#pragma omp parallel num_threads(nth)
     for (long bi = 0; bi < {d.batch}; ++bi)
       {d.name}_one(bi, omp_get_thread_num(), omp_get_num_threads(), true, {shared}, {args});
@@ -205,5 +255,6 @@ def _entry(d: Driver, blk: Blocking, epi: Epilogue) -> str:
 
 
 def render_driver(d: Driver, blk: Blocking, epi: Epilogue) -> str:
-    """Writeback, per-batch-entry loop nest and the entry function for one kernel."""
-    return _writeback(d, blk, epi) + _one(d, blk, epi) + _entry(d, blk, epi)
+    """Writeback, per-batch-entry loop nest (and the prepacker) and the entry function for one kernel."""
+    pack = PREPACK_ONCE + _prepack(d, blk, epi) if d.prepack else ""
+    return _writeback(d, blk, epi) + _one(d, blk, epi) + pack + _entry(d, blk, epi)

@@ -64,6 +64,7 @@ class GemmSpec:
     unit: VectorUnit = AVX512
     a_prologue: Prologue | None = None
     b_prologue: Prologue | None = None
+    prepack: bool = False  # B packed once into the caller's `char* vg_pre` (driver.py, prepack.py)
 
     def __post_init__(self) -> None:
         check_kernel_name(self.name)
@@ -74,6 +75,8 @@ class GemmSpec:
         strides = (self.a_batch_strides, self.b_batch_strides, self.c_batch_strides)
         if any(len(s) != len(self.batch) for s in strides):
             raise ValueError(f"{self.name}: need one batch stride per batch dim {self.batch}")
+        if self.prepack and any(self.b_batch_strides):
+            raise ValueError(f"{self.name}: a prepacked B must be one matrix for every batch entry")
 
     @classmethod
     def from_shapes(
@@ -170,6 +173,7 @@ def render_gemm(spec: GemmSpec, epilogue: Epilogue) -> str:
         pack_b=pack_b,
         row_names="    [[maybe_unused]] const long b = bi;\n",
         pack_a=pack_a,
+        prepack=spec.prepack,
     )
     header = f"// vfuse gemm {spec.name}: {spec.m}x{spec.k} @ {spec.k}x{spec.n}, epilogue {epilogue.name}, {blk}\n"
     return (
