@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
 import torch
 
 from vfuse.bench import train
@@ -43,3 +44,9 @@ def test_train_quick_json(tmp_path: Path) -> None:
 
 def test_train_rejects_unknown_workload() -> None:
     assert main(["--train", "--quick", "--workloads", "no_such_thing"]) == 2
+
+
+def test_train_list(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["--train", "--list"]) == 0
+    out = capsys.readouterr().out
+    assert all(name in out for name in (*train.WORKLOADS, "hf_gpt2"))

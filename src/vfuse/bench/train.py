@@ -306,6 +306,11 @@ def main(args: argparse.Namespace) -> int:
     args.steps = args.reps if args.reps is not None else (3 if args.quick else 10)
     args.warmup_steps = args.warmup if args.warmup is not None else (1 if args.quick else 2)
     console = Console(width=None if sys.stdout.isatty() else 150)
+    if args.list:
+        for name, (description, _) in WORKLOADS.items():
+            console.print(f"workload   {name:<18} {description}", markup=False, soft_wrap=True)
+        console.print("models     --models [names]: " + ", ".join(model_registry.MODELS), markup=False)
+        return 0
     threads_before = torch.get_num_threads()
     torch.set_num_threads(args.threads)
     try:
