@@ -15,7 +15,16 @@ from vfuse.bench import contenders, workloads, workloads_compute
 from vfuse.bench.checks import FLOAT_RTOL, compare
 from vfuse.bench.runner import _prepare
 
-COMPUTE = ("linear_gelu", "linear_gelu_smallk", "qlinear", "conv_bn_relu", "attention", "gpt2_block")
+COMPUTE = (
+    "linear_gelu",
+    "linear_gelu_smallk",
+    "qlinear",
+    "conv_bn_relu",
+    "attention",
+    "causal_attention",
+    "gpt2_block",
+)
+UNFROZEN = ("attention",)  # no weights; causal_attention's tril buffer is frozen into a constant mask
 
 
 def test_compute_workloads_are_registered_with_loose_rtol_and_frozen_weights() -> None:
@@ -23,7 +32,7 @@ def test_compute_workloads_are_registered_with_loose_rtol_and_frozen_weights() -
         w = workloads.WORKLOADS[name]
         assert w.rtol == 1e-4 and w.atol == workloads.FLOAT_ATOL
         # Freezing means something only where there are weights: attention has none.
-        assert w.frozen is (name != "attention")
+        assert w.frozen is (name not in UNFROZEN)
     assert workloads.WORKLOADS["ln_gelu"].rtol == FLOAT_RTOL and not workloads.WORKLOADS["ln_gelu"].frozen
 
 
@@ -58,6 +67,15 @@ def test_gpt2_block_attention_is_causal() -> None:
 def test_attention_workload_matches_sdpa() -> None:
     module, (q, k, v) = workloads_compute.build_attention(True)
     torch.testing.assert_close(module(q, k, v), F.scaled_dot_product_attention(q, k, v), rtol=1e-4, atol=1e-5)
+
+
+def test_causal_attention_workload_matches_sdpa_and_is_one_native_kernel() -> None:
+    module, (q, k, v) = workloads_compute.build_causal_attention(True)
+    want = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+    torch.testing.assert_close(module(q, k, v), want, rtol=1e-4, atol=1e-5)
+    compiled = vfuse.compile(module, (q, k, v), freeze=True)
+    torch.testing.assert_close(compiled(q, k, v), want, rtol=1e-4, atol=1e-5)
+    assert compiled.stats.kernels == 1 and compiled.stats.torch_calls == 0
 
 
 @pytest.mark.parametrize("allow_fallback", [False, True])

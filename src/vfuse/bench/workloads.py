@@ -273,6 +273,11 @@ WORKLOADS: Mapping[str, Workload] = MappingProxyType(
             _compute("qlinear", "int8 gelu(linear(x)) 2048x1024 -> 4096, (de)quantize fused", wc.build_qlinear),
             _compute("conv_bn_relu", "relu(bn(conv3x3(x))) 8x64x56x56, eval BN", wc.build_conv_bn_relu),
             _compute("attention", "softmax(q@k^T*s)@v 4x8x1024x64, written out", wc.build_attention, frozen=False),
+            _compute(
+                "causal_attention",
+                "softmax(masked_fill(q@k^T*s, ~tril, -inf))@v 2x12x2048x64, written out",
+                wc.build_causal_attention,  # frozen: the tril buffer becomes a constant causal mask
+            ),
             _compute("gpt2_block", "pre-LN GPT-2 block, B=4 T=512 d=768 12 heads", wc.build_gpt2_block),
         )
     }

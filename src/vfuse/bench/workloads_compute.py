@@ -148,6 +148,27 @@ def build_attention(quick: bool) -> Built:
     return Attention(), tuple(_randn(gen, *shape) for _ in range(3))
 
 
+class CausalAttention(nn.Module):
+    """Written out as Hugging Face's eager attention does: a tril mask sliced to T, masked_fill(-inf)."""
+
+    def __init__(self, max_t: int) -> None:
+        super().__init__()
+        tril = torch.ones(max_t, max_t, dtype=torch.bool).tril()
+        self.register_buffer("causal", tril.view(1, 1, max_t, max_t), persistent=False)
+
+    def forward(self, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+        t = q.shape[-2]
+        scores = q @ k.transpose(-2, -1) * (q.shape[-1] ** -0.5)
+        scores = scores.masked_fill(~self.causal[:, :, :t, :t], float("-inf"))
+        return torch.softmax(scores, dim=-1) @ v
+
+
+def build_causal_attention(quick: bool) -> Built:
+    gen = torch.Generator().manual_seed(_SEED)
+    shape = (1, 2, 128, 64) if quick else (2, 12, 2048, 64)
+    return CausalAttention(shape[2]), tuple(_randn(gen, *shape) for _ in range(3))
+
+
 # --- gpt2_block: a whole pre-LN transformer block, HF GPT-2 style -----------------------------
 
 
