@@ -55,7 +55,8 @@ def with_int8_dot(k: ContractionKernel, graph: Graph, extras: frozenset[IsaExtra
     if x is None or w is None or x.scales or not {x.buf, w.buf, w.scales} - {""} <= set(k.extras):
         return k
     q = Int8Dot(dot[0], x.buf, x.zero, x.scale, w.buf, w.zero, w.scale, w.scales, *dot[3])
-    return dataclasses.replace(k, int8=q, prepacked_b=False)  # the int8 template packs per call
+    # Packed once when the int8 weight itself is constant (its scales are read on every call).
+    return dataclasses.replace(k, int8=q, prepacked_b=graph[w.buf].op is Op.CONSTANT)
 
 
 def _affine(graph: Graph, v: str, rows: int) -> _Affine | None:

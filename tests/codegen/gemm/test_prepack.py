@@ -24,8 +24,11 @@ from vfuse.codegen.cpp.gemm import epilogues as E
 from vfuse.codegen.cpp.gemm.prepack import HEADER, padded_n
 from vfuse.schedule.kernel import ContractionKernel
 from vfuse.schedule.printer import format_program
+from vfuse.targets import get_target
+from vfuse.targets.isa import IsaExtra
 
 TIERS = [t.value for t in tiers_here()]
+VNNI = IsaExtra.VNNI in get_target("cpu").isa_extras
 
 
 class _DequantLinear(nn.Module):
@@ -39,6 +42,36 @@ class _DequantLinear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return F.gelu(F.linear(x, self.wq.float() * self.ws[:, None], self.bias))
+
+
+class _QLinear(nn.Module):
+    """int8 activations times a frozen int8 weight (zero points on both, per-channel scales):
+    the int32 dot product on VNNI targets (W and its column sums packed once), else the fp32
+    template with a B prologue of constants."""
+
+    def __init__(self, k: int, n: int) -> None:
+        super().__init__()
+        self.register_buffer("wq", torch.randint(-128, 128, (n, k), dtype=torch.int8))
+        self.register_buffer("ws", torch.rand(n) * 0.02 + 0.001)
+
+    def forward(self, xq: torch.Tensor) -> torch.Tensor:
+        w = (self.wq.float() - 3.0) * self.ws[:, None]
+        return F.gelu(F.linear((xq.float() - 5.0) * 0.037, w))
+
+
+@pytest.mark.parametrize("isa", TIERS)
+def test_frozen_int8_weight_packed_once(isa: str) -> None:
+    torch.manual_seed(12)
+    model, shape = _QLinear(131, 45).eval(), (37, 131)
+    with torch.no_grad():
+        xq = torch.randint(-128, 128, shape, dtype=torch.int8)
+        compiled = vfuse.compile(model, (xq,), backend="cpp", freeze=True, isa=isa)
+        k = _kernel(compiled)
+        assert k.prepacked_b and (k.int8 is not None) == (isa == "avx512" and VNNI)
+        for _ in range(3):
+            xq = torch.randint(-128, 128, shape, dtype=torch.int8)
+            want = model(xq)
+            torch.testing.assert_close(compiled(xq), want, rtol=1e-5, atol=1e-4 * float(want.abs().max()))
 
 
 def _model(case: str) -> tuple[nn.Module, tuple[int, ...]]:

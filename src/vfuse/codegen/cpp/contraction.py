@@ -126,8 +126,12 @@ def _gemm(k: ContractionKernel, program: Program) -> tuple[str, str]:
     epi = Epilogue(k.op.value, _extras(k, program), stmts, _store(k, out), STORAGE_TYPE[out])
     if k.prepacked_b and spec.tiles().nr != k.nr:  # prepack_bytes sized the region for k.nr
         raise ValueError(f"{k.name}: blocking nr {spec.tiles().nr} is not the kernel's {k.nr}")
-    pre = f", arena + {prepack_layout(program)[0][k.name]}" if k.prepacked_b else ""
-    return render_gemm(spec, epi), f"{spec.name}({_args(k)}, {_out(k)}{epi.names()}{pre}, nt);"
+    return render_gemm(spec, epi), f"{spec.name}({_args(k)}, {_out(k)}{epi.names()}{_pre(k, program)}, nt);"
+
+
+def _pre(k: ContractionKernel, program: Program) -> str:
+    """The prepacked B's slot of the arena's persistent region, as the template's last argument."""
+    return f", arena + {prepack_layout(program)[0][k.name]}" if k.prepacked_b else ""
 
 
 def _int8_gemm(k: ContractionKernel, program: Program) -> tuple[str, str]:
@@ -138,12 +142,12 @@ def _int8_gemm(k: ContractionKernel, program: Program) -> tuple[str, str]:
     (m, kk), n = k.shapes[0], k.out_shape[-1]
     spec = Int8Spec(
         f"{k.name}_i8", m, n, kk, pointer(q.x), pointer(q.w), q.x_zero, q.x_scale, q.w_zero, q.w_scale,
-        pointer(q.w_scales) if q.w_scales else "", q.kind, q.mr, q.nr, k.caches[1],
+        pointer(q.w_scales) if q.w_scales else "", q.kind, q.mr, q.nr, k.caches[1], k.prepacked_b,
     )  # fmt: skip
     out = program.buffers[k.out].type.dtype
     epi = Epilogue(k.op.value, _extras(k, program), tuple(_statements(k, _gemm_names(k), out)), _store(k, out),
                    STORAGE_TYPE[out])  # fmt: skip
-    return render_int8_gemm(spec, epi), f"{spec.name}({_out(k)}{epi.names()}, nt);"
+    return render_int8_gemm(spec, epi), f"{spec.name}({_out(k)}{epi.names()}{_pre(k, program)}, nt);"
 
 
 def _blocking(k: ContractionKernel, m: int, n: int, kk: int) -> Blocking:

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 
 from vfuse.codegen.cpp.gemm.epilogue import Epilogue
 from vfuse.codegen.cpp.gemm.prelude import render_prelude
+from vfuse.codegen.cpp.gemm.prepack import HEADER, PREPACK_ONCE
 from vfuse.schedule.kernel import DotKind
 
 
@@ -95,12 +96,21 @@ class Int8Spec:
     mr: int
     nr: int
     l2: int = 1 << 20
+    # W constant (a frozen weight): its packed slivers and column sums are made on the first call
+    # into the caller's `char* vg_pre` (prepack.py's slot: header, `w_bytes`, then NB x NR sums).
+    prepack: bool = False
+
+    @property
+    def w_bytes(self) -> int:
+        """Packed W: NB slivers of ceil(K / 4) groups of NR x 4 bytes, rounded up to 64."""
+        return (-(-self.n // self.nr) * ((self.k + 3) // 4) * self.nr * 4 + 63) // 64 * 64
 
 
 def render_int8_gemm(spec: Int8Spec, epilogue: Epilogue) -> str:
     """`static void NAME(OUT* C, <epilogue args>, int nthreads)`."""
     ops = DOT_OPS[spec.kind]
-    return render_prelude() + _micro(spec, ops) + _driver(spec, ops, epilogue)
+    once = PREPACK_ONCE if spec.prepack else ""
+    return render_prelude() + once + _micro(spec, ops) + _driver(spec, ops, epilogue)
 
 
 def _micro(s: Int8Spec, ops: DotOps) -> str:
@@ -147,13 +157,15 @@ def _pack(s: Int8Spec, ops: DotOps) -> str:
     kg, k = (s.k + 3) // 4, s.k
     flip = "^ 0x80808080u" if ops.offset == 128 else ""
     a_type = "uint8_t" if ops.offset else "int8_t"  # what the row sums add up
-    return f"""  #pragma omp for schedule(static) nowait
+    # Prepacked: only the first call packs W (`pack_w` is the same on every thread).
+    open_w, close_w = ("  if (pack_w) {\n", "  }\n") if s.prepack else ("", "")
+    return f"""{open_w}  #pragma omp for schedule(static) nowait
   for (long jb = 0; jb < NB; ++jb)
     for (long c = 0; c < {s.nr}; ++c) {{
       const long j = jb * {s.nr} + c;
       {_sliver("bp + jb * " + str(kg * s.nr * 4), f"{s.w} + j * {k}", "j", s.n, s.nr, k, "", "colsum[j]", "int8_t")}
     }}
-  #pragma omp for schedule(static)
+{close_w}  #pragma omp for schedule(static)
   for (long ib = 0; ib < MB; ++ib)
     for (long r = 0; r < {s.mr}; ++r) {{
       const long i = ib * {s.mr} + r;
@@ -223,19 +235,16 @@ def _driver(s: Int8Spec, ops: DotOps, epilogue: Epilogue) -> str:
     # Row slivers per work item: their packed A block fills half of L2 while one B sliver is reused.
     mcb = max(1, min(mb, s.l2 // 2 // (s.mr * kg * 4)))
     ncb = 4
-    return f"""static void {s.name}({epilogue.out_ctype}* __restrict C{epilogue.params()}, int nthreads) {{
+    pre, w = ", char* __restrict vg_pre" if s.prepack else "", _w_buffers(s, kg)
+    return f"""static void {s.name}({epilogue.out_ctype}* __restrict C{epilogue.params()}{pre}, int nthreads) {{
   constexpr long MB = {mb}, NB = {nb};
   static thread_local std::vector<uint8_t> abuf;
-  static thread_local std::vector<int8_t> bbuf;
   static thread_local std::vector<int32_t> sums;
   if (abuf.size() < (size_t)(MB * {kg * s.mr * 4})) abuf.resize(MB * {kg * s.mr * 4});
-  if (bbuf.size() < (size_t)(NB * {kg * s.nr * 4})) bbuf.resize(NB * {kg * s.nr * 4});
   if (sums.size() < (size_t)(MB * {s.mr} + NB * {s.nr})) sums.resize(MB * {s.mr} + NB * {s.nr});
   uint8_t* const ap = abuf.data();
-  int8_t* const bp = bbuf.data();
   int32_t* const rowsum = sums.data();
-  int32_t* const colsum = rowsum + MB * {s.mr};
-  const int nt = nthreads > 0 ? nthreads : omp_get_max_threads();
+{w}  const int nt = nthreads > 0 ? nthreads : omp_get_max_threads();
   #pragma omp parallel num_threads(nt)
   {{
 {_pack(s, ops)}  #pragma omp for collapse(2) schedule(dynamic, 1)
@@ -248,5 +257,21 @@ def _driver(s: Int8Spec, ops: DotOps, epilogue: Epilogue) -> str:
 {_finish(s, ops, epilogue)}        }}
     }}
   }}
+{"  if (pack_w) vg_prepack_done(reinterpret_cast<int*>(vg_pre));" if s.prepack else ""}
 }}
+"""
+
+
+def _w_buffers(s: Int8Spec, kg: int) -> str:
+    """Packed W and its column sums: per call in thread-local storage, or prepacked in the
+    caller's slot, packed (`pack_w`) only by the first caller (the others wait for it)."""
+    if s.prepack:
+        return f"""  int8_t* const bp = reinterpret_cast<int8_t*>(vg_pre + {HEADER});
+  int32_t* const colsum = reinterpret_cast<int32_t*>(vg_pre + {HEADER + s.w_bytes});
+  const bool pack_w = vg_prepack_claim(reinterpret_cast<int*>(vg_pre));
+"""
+    return f"""  static thread_local std::vector<int8_t> bbuf;
+  if (bbuf.size() < (size_t)(NB * {kg * s.nr * 4})) bbuf.resize(NB * {kg * s.nr * 4});
+  int8_t* const bp = bbuf.data();
+  int32_t* const colsum = rowsum + MB * {s.mr};
 """

@@ -28,8 +28,13 @@ def padded_n(n: int, nr: int) -> int:
 
 
 def prepack_bytes(k: ContractionKernel) -> int:
-    """Header plus K x NPAD floats of one kernel's packed B."""
-    return _align(HEADER + 4 * k.shapes[0][-1] * padded_n(k.out_shape[-1], k.nr))
+    """Header plus K x NPAD floats of one kernel's packed B; the int8 dot product (`int8.py`):
+    header, NPAD x ceil(K / 4) x 4 bytes of W (to 64) and NPAD int32 column sums."""
+    kk, n = k.shapes[0][-1], k.out_shape[-1]
+    if k.int8 is not None:
+        npad = padded_n(n, k.int8.nr)
+        return _align(HEADER + _align(npad * ((kk + 3) // 4) * 4) + 4 * npad)
+    return _align(HEADER + 4 * kk * padded_n(n, k.nr))
 
 
 def prepack_layout(program: Program) -> tuple[dict[str, int], int, int]:
@@ -37,7 +42,7 @@ def prepack_layout(program: Program) -> tuple[dict[str, int], int, int]:
     start = _align(fault_offset(program) + FAULT_BYTES)
     offsets, at = {}, start
     for k in program.kernels:
-        if isinstance(k, ContractionKernel) and k.prepacked_b and k.int8 is None:
+        if isinstance(k, ContractionKernel) and k.prepacked_b:
             offsets[k.name] = at
             at += prepack_bytes(k)
     return offsets, start, at
