@@ -164,3 +164,24 @@ def test_first_call_race_packs_once(build) -> None:
     b.zero_()
     run(0)
     torch.testing.assert_close(c[0], want, rtol=1e-4, atol=1e-4)
+
+
+def test_first_calls_from_two_threads() -> None:
+    """Two Python threads make a compiled frozen model's first calls together: both right."""
+    model, shape = _model("linear_3d")
+    compiled = _compile(model, shape, "auto")
+    xs = [torch.randn(shape) for _ in range(2)]
+    got: list[torch.Tensor | None] = [None, None]
+
+    def run(i: int) -> None:
+        with torch.no_grad():
+            got[i] = compiled(xs[i])
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    with torch.no_grad():
+        for i in range(2):
+            torch.testing.assert_close(got[i], model(xs[i]), rtol=1e-4, atol=1e-5)
