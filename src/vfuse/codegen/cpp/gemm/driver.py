@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from vfuse.codegen.cpp.gemm.blocking import Blocking
 from vfuse.codegen.cpp.gemm.epilogue import Epilogue
 from vfuse.codegen.cpp.gemm.microkernel import microkernel_name
-from vfuse.codegen.cpp.gemm.prepack import HEADER, PREPACK_ONCE
+from vfuse.codegen.cpp.gemm.prepack import HEADER, PREPACK_ONCE, padded_n
 
 
 @dataclass(frozen=True, slots=True)
@@ -150,7 +150,8 @@ def _panel_step(d: Driver, blk: Blocking, epi: Epilogue) -> str:
     before the panel is overwritten; prepacked, only the tiles on the panel already in place
     (a work item covers the same tiles in every K block, so no barrier is needed)."""
     if d.prepack:
-        return f"      const float* __restrict bq = bp + pc * {padded(d, blk)} + jc * kc;\n{_tile_loop(d, blk, epi)}"
+        at = f"pc * {padded_n(d.n, blk.nr)} + jc * kc"
+        return f"      const float* __restrict bq = bp + {at};\n{_tile_loop(d, blk, epi)}"
     return f"""      for (long s = tid; s < nsl; s += nth) {{
         const long j = jc + s * {blk.nr}, nr = vg_min({blk.nr}, {d.n} - j);
         float* __restrict bps = bp + s * {blk.nr} * kc;
@@ -166,11 +167,6 @@ def _panel_step(d: Driver, blk: Blocking, epi: Epilogue) -> str:
 """
 
 
-def padded(d: Driver, blk: Blocking) -> int:
-    """N rounded up to whole slivers: the row length of a prepacked KC block (`prepack.py`)."""
-    return -(-d.n // blk.nr) * blk.nr
-
-
 def _prepack(d: Driver, blk: Blocking, epi: Epilogue) -> str:
     """NAME_prepack: all of B (batch entry 0: B has no batch dims) in the prepacked layout."""
     return f"""
@@ -183,7 +179,7 @@ static void {d.name}_prepack(float* __restrict bp, long nth, {d.params}{epi.para
 #pragma omp parallel for num_threads(nth) schedule(static)
     for (long s = 0; s < nsl; ++s) {{
       const long j = s * {blk.nr}, nr = vg_min({blk.nr}, {d.n} - j);
-      float* __restrict bps = bp + pc * {padded(d, blk)} + j * kc;
+      float* __restrict bps = bp + pc * {padded_n(d.n, blk.nr)} + j * kc;
       {d.pack_b}
     }}
   }}
