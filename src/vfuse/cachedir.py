@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import atexit
 import functools
+import json
 import os
 import shutil
 import stat
@@ -88,3 +89,16 @@ def private_dir() -> Path:
     path = Path(tempfile.mkdtemp(prefix="vfuse-kernels-"))
     atexit.register(shutil.rmtree, path, ignore_errors=True)
     return path
+
+
+def write_json_atomic(path: Path, payload: object) -> None:
+    """Write `payload` as JSON to `path` through a temp file and a rename, so a reader (or a
+    concurrent writer) never sees half a file; the temp file is removed when anything fails."""
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w") as f:
+            json.dump(payload, f, indent=1)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise

@@ -6,6 +6,7 @@ generators (which turn each Group into one kernel) and the report (which explain
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from vfuse.fusion.rules import Rule
@@ -28,6 +29,20 @@ class Cost:
     @property
     def bound(self) -> str:
         return "compute" if self.compute_s >= self.memory_s else "memory"
+
+    @staticmethod
+    def sum_of(costs: Sequence[Cost]) -> Cost:
+        """Separate kernels run one after another (torch running each op alone): figures add up."""
+        return Cost(
+            sum(c.flops for c in costs),
+            sum(c.bytes for c in costs),
+            sum(c.compute_s for c in costs),
+            sum(c.memory_s for c in costs),
+            sum(c.launch_s for c in costs),
+            sum(c.time_s for c in costs),
+            max((c.pressure for c in costs), default=0.0),
+            min((c.parallelism for c in costs), default=1.0),
+        )
 
 
 @dataclass(frozen=True, slots=True)

@@ -166,17 +166,7 @@ def _sum_unfused(facts: Facts, nodes: Sequence[str]) -> Cost | None:
     """Torch runs each node as its own kernel: the sum of their unfused costs."""
     if facts.unfused is None or any(n not in facts.unfused for n in nodes):
         return None
-    cs = [facts.unfused[n] for n in nodes]
-    return Cost(
-        sum(c.flops for c in cs),
-        sum(c.bytes for c in cs),
-        sum(c.compute_s for c in cs),
-        sum(c.memory_s for c in cs),
-        sum(c.launch_s for c in cs),
-        sum(c.time_s for c in cs),
-        max(c.pressure for c in cs),
-        min(c.parallelism for c in cs),
-    )
+    return Cost.sum_of([facts.unfused[n] for n in nodes])
 
 
 def _horizontal(group: Group, runs: RunKind) -> str:

@@ -224,14 +224,4 @@ def _sum(graph: Any, nodes: Sequence[str], target: Target) -> Cost | None:
     costs = [_estimate(graph, [n], None, target) for n in nodes]
     if any(c is None for c in costs):
         return None
-    cs = [c for c in costs if c is not None]
-    return Cost(
-        sum(c.flops for c in cs),
-        sum(c.bytes for c in cs),
-        sum(c.compute_s for c in cs),
-        sum(c.memory_s for c in cs),
-        sum(c.launch_s for c in cs),
-        sum(c.time_s for c in cs),
-        max((c.pressure for c in cs), default=0.0),
-        min((c.parallelism for c in cs), default=1.0),
-    )
+    return Cost.sum_of([c for c in costs if c is not None])

@@ -12,11 +12,10 @@ plausibility guard, and how a Target is derived from it (`apply`) or for fewer t
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 
+from vfuse.cachedir import write_json_atomic
 from vfuse.targets.target import Target
 
 CALIBRATION_VERSION = 5
@@ -167,12 +166,5 @@ def write(cache_dir: Path, fingerprint: str, tier: str, cal: Calibration) -> Pat
         pass
     tiers[tier] = asdict(cal)
     payload = {"version": CALIBRATION_VERSION, "fingerprint": fingerprint, "tiers": tiers}
-    fd, tmp = tempfile.mkstemp(dir=cache_dir, prefix=CALIBRATION_FILE, suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w") as f:
-            json.dump(payload, f, indent=1)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    write_json_atomic(path, payload)
     return path

@@ -13,7 +13,6 @@ import json
 import math
 import os
 import platform
-import tempfile
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field, fields, replace
@@ -22,7 +21,7 @@ from typing import Any
 
 import torch
 
-from vfuse.cachedir import dir_problem, make_private_dir
+from vfuse.cachedir import dir_problem, make_private_dir, write_json_atomic
 from vfuse.targets import calibrate
 from vfuse.targets.isa import LANES, VECTOR_REGS, CpuIsa, Isa, IsaExtra, detect_isa, machine_arch, resolve_isa
 from vfuse.targets.target import Target
@@ -310,14 +309,7 @@ def _write_cache(path: Path, facts: CpuFacts, target: Target, estimated: list[st
     if estimated:
         payload |= {"estimated": estimated, "remeasure_after": time.time() + ESTIMATE_TTL_S}
     payload["target"] = _to_json(target)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w") as f:
-            json.dump(payload, f, indent=1)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    write_json_atomic(path, payload)
 
 
 def _to_json(target: Target) -> dict[str, Any]:
