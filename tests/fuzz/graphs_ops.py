@@ -254,6 +254,7 @@ BUILDERS: dict[Kind, Callable[[Gen], int | None]] = {
     Kind.MATMUL: graphs_nn.matmul,
     Kind.LINEAR: graphs_nn.linear,
     Kind.CONV: graphs_nn.conv,
+    Kind.POOL: graphs_nn.pool,
     Kind.SDPA: graphs_nn.sdpa,
     **graphs_layout.BUILDERS,
 }

@@ -287,6 +287,13 @@ class N(Sym):
     LOG_SOFTMAX = "log_softmax"
 
 
+class P(Sym):
+    """2-D pools of a 4-D value; params (kernel, stride, padding, dilation, ceil_mode)."""
+
+    MAX = "max_pool2d"
+    AVG = "avg_pool2d"
+
+
 class G(Sym):
     """Gathers; srcs (table or x, index)."""
 
@@ -370,6 +377,14 @@ def _conv(step: Step, values: list[torch.Tensor]) -> torch.Tensor:
     return F.conv2d(*(values[i] for i in step.srcs), stride=stride, padding=padding, dilation=dilation, groups=groups)
 
 
+def _pool(step: Step, values: list[torch.Tensor]) -> torch.Tensor:
+    x = values[step.srcs[0]]
+    kernel, stride, padding, dilation, ceil_mode = step.params
+    if step.fn is P.MAX:
+        return F.max_pool2d(x, kernel, stride, padding, dilation, ceil_mode=ceil_mode)
+    return F.avg_pool2d(x, kernel, stride, padding, ceil_mode=ceil_mode)
+
+
 def _sdpa(step: Step, values: list[torch.Tensor]) -> torch.Tensor:
     q, k, v, *mask = (values[i] for i in step.srcs)
     causal, scale = step.params
@@ -403,6 +418,8 @@ def apply(step: Step, values: list[torch.Tensor]) -> torch.Tensor:
         return _linear(step, values)
     if kind is Kind.CONV:
         return _conv(step, values)
+    if kind is Kind.POOL:
+        return _pool(step, values)
     if kind is Kind.SDPA:
         return _sdpa(step, values)
     if kind is Kind.GATHER:

@@ -60,6 +60,7 @@ class Kind(Sym):
     MATMUL = "matmul"
     LINEAR = "linear"
     CONV = "conv"
+    POOL = "pool"
     SDPA = "sdpa"
     GATHER = "gather"
     DROPOUT = "dropout"

@@ -75,6 +75,22 @@ def test_linear_plus_residual() -> None:
     assert len(k.extras) == 2  # bias and residual
 
 
+@pytest.mark.parametrize("case", ["vector_unsqueezed", "dims_split"])
+def test_transposed_rhs_read_as_the_shape_the_transpose_saw(case: str) -> None:
+    # B = t(reshape(buffer)): the buffer is read in place at the reshaped shape, not its own (a
+    # 1-D buffer has no last two dims: an outer product in a training graph's weight gradient
+    # failed code generation; found by the fuzzer).
+    torch.manual_seed(5)
+    if case == "vector_unsqueezed":
+        m = _Fn(lambda m, x, v: torch.tanh(x @ v.unsqueeze(1).t()))
+        xs = (torch.randn(9, 1), torch.randn(64))
+    else:
+        m = _Fn(lambda m, x, w: torch.tanh(x @ w.reshape(64, 20).t()))
+        xs = (torch.randn(33, 20), torch.randn(64, 4, 5))
+    (k,) = _check(m, *xs, ops=(Op.MATMUL,))
+    assert k.trans_b
+
+
 def test_bmm_with_epilogue_and_transposed_rhs() -> None:
     torch.manual_seed(3)
     m = _Fn(lambda m, a, b: torch.sigmoid(torch.bmm(a, b.transpose(1, 2)) * 0.5))

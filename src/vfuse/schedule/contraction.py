@@ -194,7 +194,9 @@ def _gemm_operands(graph: Graph, node: str, ops: _Operands) -> bool:
     ops.add_packed(a)
     base = _transposed(graph, ops.prologue, b)
     if base is not None:
-        ops.add_buffer(base, graph[base].tensor_type.shape)
+        # Read as the shape the transpose saw: reshapes in between are free (IR values are
+        # contiguous), but the base's own shape may differ (a vector unsqueezed, dims split).
+        ops.add_buffer(base, graph[graph[b].inputs[0]].tensor_type.shape)
         return True
     ops.add_packed(b)
     return False
