@@ -235,7 +235,27 @@ def test_max_pool2d_is_native_and_exact(
     assert ops_of(graph)[Op.MAXIMUM] >= 1
 
 
-def test_max_pool2d_indices_run_through_torch() -> None:
-    x = _x(1, 2, 6, 6)
+@pytest.mark.parametrize(
+    ("shape", "kernel", "stride", "padding", "dilation", "ceil"),
+    [((2, 3, 13, 11), 3, 2, 1, 1, False), ((1, 2, 7, 9), 3, 2, 1, 1, True), ((1, 2, 10, 10), 3, 1, 1, 2, False)],
+)
+def test_max_pool2d_indices_are_native_and_exact(
+    shape: tuple[int, ...], kernel: int, stride: int, padding: int, dilation: int, ceil: bool
+) -> None:
+    """The indices eager's CPU kernel picks: the first of tied values, the last NaN, a window
+    of -inf keeps its first tap inside the input (never a padding position)."""
+    x = _x(*shape).round()  # rounded: many ties
+    x.view(-1)[3], x.view(-1)[7], x.view(-1)[11] = float("nan"), -float("inf"), -0.0
+    x[..., :3, :3] = -float("inf")
+
+    def pool(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return F.max_pool2d(x, kernel, stride, padding, dilation, ceil_mode=ceil, return_indices=True)
+
+    graph = check(pool, x, rtol=0, atol=0)
+    assert not fallbacks(graph)
+
+
+def test_max_pool2d_indices_beyond_the_cpu_limit_run_through_torch() -> None:
+    x = _x(4, 16, 40, 40)  # 25600 windows x 4 taps: eager's kernel is faster on CPU
     graph = check(lambda x: F.max_pool2d(x, 2, return_indices=True), x, allow=("max_pool2d",))
     assert fallbacks(graph) == {"aten.max_pool2d_with_indices.default": 1}

@@ -1,7 +1,7 @@
-"""Ops whose forward and backward ran through torch: nll_loss (cross-entropy's second half) and
-average pooling whose windows tile the input.
+"""Ops whose forward and backward ran through torch: nll_loss (cross-entropy's second half).
+(Pooling: lower_pool.py; embedding backward: lower_gather.py.)
 
-Both are written with a one-hot mask (class index == target, target != ignore_index) instead of a
+Both halves are written with a one-hot mask (class index == target, target != ignore_index) instead of a
 gather and a scatter, so the forward is a row reduction that fuses behind log_softmax and the
 backward a pointwise kernel that fuses into log_softmax's backward. Picking x[i, target[i]] as
 a sum of the row where everything else is 0 is exact; the batch's sum may add in another order
@@ -75,45 +75,3 @@ def lower_nll_loss_backward(em: Emitter, node: torch.fx.Node) -> str:
     if em.ttype(g).shape:  # reduction none: one gradient per row
         g = reshape(em, g, (*em.ttype(g).shape, 1))
     return em.emit(Op.WHERE, (mask, em.emit(Op.NEG, (g,)), em.scalar(0, dtype)))
-
-
-def _tiles(em: Emitter, a: dict, x: str) -> tuple[int, tuple[int, ...]]:
-    """The window k of a 2-D average pool that tiles the input (kernel == stride, no padding,
-    sizes divisible by k, no divisor override), and the input's shape; else Fallback."""
-    k = list(a["kernel_size"])
-    stride = list(a["stride"]) or k
-    shape = em.ttype(x).shape
-    if len(k) == 1:
-        k = k * 2
-    if len(stride) == 1:
-        stride = stride * 2
-    tiled = k[0] == k[1] == stride[0] == stride[1] and not any(a["padding"]) and a["divisor_override"] is None
-    if not tiled or len(shape) not in (3, 4) or shape[-1] % k[0] or shape[-2] % k[0]:
-        raise Fallback("average pool whose windows do not tile the input")
-    return k[0], shape
-
-
-@lowers(aten.avg_pool2d.default)
-def lower_avg_pool2d(em: Emitter, node: torch.fx.Node) -> str:
-    """Non-overlapping windows: the input viewed as (..., H/k, k, W/k, k), summed over the two
-    window axes, divided by k*k."""
-    a = bind(node)
-    x = em.value(a["self"])
-    k, shape = _tiles(em, a, x)
-    *lead, h, w = shape
-    tiles = reshape(em, x, (*lead, h // k, k, w // k, k))
-    r = len(lead)
-    total = em.emit(Op.SUM, (tiles,), axes=(r + 1, r + 3), keepdim=False)
-    return em.emit(Op.DIV, (total, em.scalar(k * k, em.ttype(x).dtype)))
-
-
-@lowers(aten.avg_pool2d_backward.default)
-def lower_avg_pool2d_backward(em: Emitter, node: torch.fx.Node) -> str:
-    """Each input element gets its window's gradient / (k*k) (eager's one division)."""
-    a = bind(node)
-    x = em.value(a["self"])
-    k, shape = _tiles(em, a, x)
-    *lead, h, w = shape
-    g = em.emit(Op.DIV, (em.value(a["grad_output"]), em.scalar(k * k, em.ttype(x).dtype)))
-    g = reshape(em, g, (*lead, h // k, 1, w // k, 1))
-    return reshape(em, em.emit(Op.EXPAND, (g,), shape=(*lead, h // k, k, w // k, k)), shape)

@@ -1,5 +1,5 @@
 """Neural-network lowerings: softmax / log_softmax, layer_norm, rms_norm, batch_norm
-(eval and train, with the updated running statistics) and max_pool2d.
+(eval and train, with the updated running statistics). Pooling: lower_pool.py.
 
 All are decomposed into reductions and pointwise ops here rather than by torch, so that
 their saved statistics (mean, rstd) are the exact values the normalization used and the
@@ -17,7 +17,7 @@ import torch.fx
 
 from vfuse.frontend.emitter import Emitter, bind
 from vfuse.frontend.errors import Fallback
-from vfuse.frontend.lower_layout import _embed, reshape, slice_
+from vfuse.frontend.lower_layout import reshape
 from vfuse.frontend.lower_reduce import acc_dtype, count, mean, variance
 from vfuse.frontend.lower_source import full
 from vfuse.frontend.registry import lowers
@@ -207,39 +207,3 @@ def lower_safe_softmax(em: Emitter, node: torch.fx.Node) -> str:
     masked = em.emit(Op.EQ, (x, em.scalar(-math.inf, em.ttype(x).dtype)))
     dead_rows = em.emit(Op.ALL, (masked,), axes=axes, keepdim=True)
     return em.emit(Op.WHERE, (dead_rows, em.scalar(0, em.ttype(y).dtype), y))
-
-
-def _pair(v: Any, default: Any = None) -> tuple[int, int]:
-    v = default if not v else v
-    return (int(v[0]), int(v[-1])) if isinstance(v, list | tuple) else (int(v), int(v))
-
-
-@lowers(aten.max_pool2d_with_indices.default)
-def lower_max_pool2d(em: Emitter, node: torch.fx.Node) -> tuple[str, None]:
-    """The maximum of the window's k*k taps, each a strided SLICE of the input padded with -inf,
-    so the pool is one pointwise kernel instead of a torch call (ResNet's stem). Taps are taken
-    in window order and a tie keeps the earlier one, NaN wins: torch's `val > max || isnan(val)`.
-    The indices output runs through torch when anything reads it."""
-    if any(u.target is operator.getitem and u.args[1] == 1 for u in node.users):
-        raise Fallback("max_pool2d's indices are used")
-    a = bind(node)
-    x = em.value(a["self"])
-    if not em.ttype(x).dtype.is_float:
-        raise Fallback(f"max_pool2d of {em.ttype(x).dtype.value}")
-    kernel = _pair(a["kernel_size"])
-    geometry = zip(kernel, _pair(a["stride"], kernel), _pair(a["padding"]), _pair(a["dilation"]), strict=True)
-    out_hw = em.out_type(0).shape[-2:]
-    taps: list[list[tuple[int, int, int, int]]] = []
-    for i, ((k, stride, pad, dil), size_out) in enumerate(zip(geometry, out_hw, strict=True)):
-        dim = em.ttype(x).rank - 2 + i
-        # ceil_mode's last window may run past the padding: pad with -inf up to its end.
-        covered = (size_out - 1) * stride + (k - 1) * dil + 1
-        x = _embed(em, x, dim, pad, max(0, covered - pad - em.ttype(x).shape[dim]), float("-inf"))
-        taps.append([(dim, t * dil, t * dil + (size_out - 1) * stride + 1, stride) for t in range(k)])
-    result = None
-    for row in taps[0]:
-        for col in taps[1]:
-            tap = slice_(em, slice_(em, x, *row), *col)
-            result = tap if result is None else em.emit(Op.MAXIMUM, (result, tap))
-    assert result is not None
-    return result, None

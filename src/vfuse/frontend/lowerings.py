@@ -16,6 +16,7 @@ from vfuse.frontend import (  # noqa: F401  (imported for their table entries)
     lower_linalg,
     lower_nn,
     lower_pointwise,
+    lower_pool,
     lower_random,
     lower_reduce,
     lower_source,
