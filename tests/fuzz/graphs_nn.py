@@ -122,20 +122,24 @@ def conv(g: Gen, x: int | None = None) -> int | None:
 
 
 def pool(g: Gen) -> int | None:
-    """max_pool2d (any window, stride, padding, dilation, ceil_mode) or avg_pool2d over windows that
-    tile the input (kernel == stride, no padding: the ones vfuse lowers, forward and backward) of a
-    4-D fp32/fp64 value; max_pool2d's backward runs through torch, so gradient programs avg only."""
+    """max_pool2d (any window, stride, padding, dilation, ceil_mode) or avg_pool2d (windows that tile
+    the input, or any window, stride, padding, ceil_mode) of a 4-D fp32/fp64 value, forward and
+    backward (max_pool2d's backward runs through torch on CPU: the cost gate in lower_pool.py)."""
     x = g.pick(lambda v: v.dtype in (torch.float32, torch.float64) and len(v.shape) == 4 and v.numel > 0)
     if x is None:
         shape = (g.choice((1, 2)), g.choice((1, 3)), g.choice((5, 8, 7, 12)), g.choice((6, 9, 4, 11)))
         x = g.fresh(shape, torch.float32)
     v = g.vals[x]
     h, w = v.shape[-2:]
-    if g.cfg.grad or g.flag():
+    if g.flag():
         k = g.choice([k for k in (1, 2, 3, 4) if h % k == 0 and w % k == 0])
         return g.add(Step(Kind.POOL, P.AVG, (x,), (k, k, 0, 1, False)), v.bound, False)
     k = g.choice((1, 2, 3))
     stride, padding, dilation = g.choice((1, 2, k)), g.choice(tuple(range(k // 2 + 1))), g.choice((1, 1, 2))
+    if g.flag():
+        if k > min(h, w) + 2 * padding:
+            return None
+        return g.add(Step(Kind.POOL, P.AVG, (x,), (k, stride, padding, 1, g.flag())), v.bound, False)
     if (k - 1) * dilation + 1 > min(h, w) + 2 * padding:
         return None
     return g.add(Step(Kind.POOL, P.MAX, (x,), (k, stride, padding, dilation, g.flag())), v.bound, v.exact)

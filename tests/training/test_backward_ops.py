@@ -304,3 +304,24 @@ def test_models_train_one_step_without_backward_fallbacks(model_name: str) -> No
         torch.testing.assert_close(got[name], g, rtol=1e-4, atol=1e-6, msg=f"gradient of {name}")
     watched = ("pool", "embedding", "nll_loss")
     assert not [k for k in backend.stats["fallbacks"] if any(w in k for w in watched)], backend.stats
+
+
+def test_max_pool2d_backward_on_a_gpu_target_is_native() -> None:
+    """GPU targets have no cost gate: the Triton kernels (Triton's interpreter on CPU tensors)
+    give eager's gradient bit for bit and raise for an index outside the input."""
+    pytest.importorskip("triton")
+    aten = torch.ops.aten
+    x = torch.randn(2, 3, 9, 7).round()
+    y, idx = aten.max_pool2d_with_indices(x, [3, 3], [2, 2], [1, 1])
+    g = torch.randn_like(y)
+
+    def backward(g: torch.Tensor, x: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
+        return aten.max_pool2d_with_indices_backward(g, x, [3, 3], [2, 2], [1, 1], [1, 1], False, idx)
+
+    compiled = vfuse.compile(backward, (g, x, idx), backend="triton", target="h100", strict=True)
+    torch.testing.assert_close(compiled(g, x, idx), backward(g, x, idx), rtol=0, atol=0)
+    assert compiled.stats.torch_calls == 0 and not compiled.stats.fallbacks
+    wrong = idx.clone()
+    wrong[0, 1, 2, 2] = 63
+    with pytest.raises(VfuseIndexError, match="index 63 is out of bounds"):
+        compiled(g, x, wrong)
