@@ -14,6 +14,7 @@ runs on the reference executor with a warning (or raises: `strict`, `raise_codeg
 from __future__ import annotations
 
 import ctypes
+import dataclasses
 import functools
 import importlib.util
 import time
@@ -44,17 +45,24 @@ from vfuse.runtime.triton import TritonExecutor, Tuning
 from vfuse.schedule import Program
 from vfuse.schedule import build as build_schedule
 from vfuse.schedule.gpu import candidates as gpu_candidates
+from vfuse.schedule.inplace import write_in_place
 from vfuse.schedule.printer import format_program
 from vfuse.targets import Target, get_target
 
 
 def compile_fx(
-    gm: torch.fx.GraphModule, ctx: Context, frozen: Mapping[int, torch.Tensor] | None = None
+    gm: torch.fx.GraphModule,
+    ctx: Context,
+    frozen: Mapping[int, torch.Tensor] | None = None,
+    replaces: Mapping[int, int] | None = None,
 ) -> CompiledGraph:
     """The whole pipeline for one ATen-level FX graph with concrete shapes.
 
     `frozen` maps input positions to parameter values compiled in as constants; the
     CompiledGraph then takes only the other inputs, in order.
+    `replaces` maps output positions to the input positions (after freezing) whose new values
+    they are: a native program writes those it safely can into the inputs (`schedule/inplace.py`),
+    whose positions `CompiledGraph.in_place` lists; the graph no longer returns them.
     """
     start = time.perf_counter()
     graph = lower_fx(gm, ctx)
@@ -63,6 +71,7 @@ def compile_fx(
     target = target_of(ctx)  # read once: planning and code generation see the same machine
     fusion_plan = plan(graph, ctx, target)
     executor: Executor
+    in_place: tuple[int, ...] = ()
     if ctx.options.backend == "interp":
         executor = InterpExecutor(graph)
     elif ctx.options.backend == "triton":
@@ -71,12 +80,16 @@ def compile_fx(
     else:
         try:
             program = schedule(fusion_plan, target, ctx)
+            program, native_plan = write_inputs(program, fusion_plan, replaces or {}, ctx)
             source = render(program, ctx)
             library = build(source, program, ctx)
-            executor = load(fusion_plan, program, source, library, ctx)
+            executor = load(native_plan, program, source, library, ctx)
+            in_place = tuple(i for i, o in enumerate(graph.outputs) if o in dict(program.in_place))
+            graph, fusion_plan = native_plan.graph, native_plan
         except Exception as e:
             executor = reference_after(e, graph, ctx)
     compiled = CompiledGraph(graph, fusion_plan, executor, ctx.graph_id)
+    compiled.in_place = in_place
     compiled.compile_s = time.perf_counter() - start
     return compiled
 
@@ -179,6 +192,23 @@ def schedule(
     program = build_schedule(fusion_plan, target, templates, triton)
     ctx.dump("05_program.txt", format_program(program))
     return program
+
+
+def write_inputs(
+    program: Program, fusion_plan: FusionPlan, replaces: Mapping[int, int], ctx: Context
+) -> tuple[Program, FusionPlan]:
+    """The outputs in `replaces` (position -> input position) stored into their inputs where
+    `schedule/inplace.py` finds it safe; the plan's graph then returns only the others."""
+    graph = fusion_plan.graph
+    by_index = {n.attrs["index"]: n.name for n in graph.inputs}
+    pairs = {graph.outputs[o]: by_index[i] for o, i in replaces.items() if i in by_index}
+    program = write_in_place(program, graph, pairs)
+    if not program.in_place:
+        return program, fusion_plan
+    ctx.dump("05_program.txt", format_program(program))
+    done = dict(program.in_place)
+    kept = Graph(graph.nodes, tuple(o for o in graph.outputs if o not in done))
+    return program, dataclasses.replace(fusion_plan, graph=kept)
 
 
 def render(program: Program, ctx: Context) -> str:

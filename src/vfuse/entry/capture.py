@@ -29,6 +29,7 @@ from vfuse.entry import dropout, observe
 from vfuse.entry.devices import devices_for, foreign_device
 from vfuse.entry.direct import may_skip_wrappers, unboxed, wrappers_are_identity
 from vfuse.entry.dumps import graph_context
+from vfuse.entry.mutations import Lifted, Mutating, lift, overlapping
 from vfuse.entry.outputs import all_computed, with_none_outputs, without_none_outputs
 from vfuse.entry.remat import RematPlan, partition
 from vfuse.entry.specialize import FixedGraphs
@@ -75,6 +76,8 @@ class VfuseBackend:
             inference_compiler=inference,
             partition_fn=functools.partial(partition, target=self._target, record=self.remat.append),
             decompositions=_decompositions(example_inputs),
+            # Inference graphs keep their input updates (entry/mutations.py), written in place.
+            keep_inference_input_mutations=not _needs_grad(gm, example_inputs),
         )
         wrapped = compiler(gm, example_inputs)
         return unboxed(direct[0]) if direct else wrapped
@@ -127,9 +130,10 @@ class VfuseBackend:
             if foreign is not None:  # no CPU bytes behind it for a kernel to read or write
                 raise VfuseCompileError(f"vfuse compiles CPU graphs only: {foreign}")
             tensor_gm, present = without_none_outputs(gm)
+            tensor_gm, lifted = lift(tensor_gm)
             # AOTAutograd calls us under its fake mode; our passes evaluate real constants.
             with unset_fake_temporarily():
-                compiled = compile_fx(tensor_gm, ctx, frozen)
+                compiled = compile_fx(tensor_gm, ctx, frozen, replaces=_replaces(lifted, frozen, example_inputs))
         except VfuseCodegenError:
             raise  # a vfuse bug the caller asked to see (raise_codegen_errors)
         except Exception as e:
@@ -144,7 +148,7 @@ class VfuseBackend:
             return make_boxed_func(gm.forward)
         self.compiled.append(compiled)
         observe.compiled(compiled, ctx, kind)
-        return _calling_convention(compiled, frozen, present)
+        return _calling_convention(compiled, frozen, present, lifted)
 
     @property
     def stats(self) -> dict[str, Any]:
@@ -173,7 +177,31 @@ def _decompositions(example_inputs: Sequence[Any]) -> dict[Any, Any]:
     return table
 
 
-def _calling_convention(compiled: CompiledGraph, frozen: dict[int, torch.Tensor], present: tuple[Any, ...]) -> Callable:
+def _needs_grad(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> bool:
+    """Whether AOTAutograd traces a training graph (its own test): those keep updates out of the graph."""
+    tensors = [*example_inputs, *gm.parameters()]
+    return torch.is_grad_enabled() and any(isinstance(x, torch.Tensor) and x.requires_grad for x in tensors)
+
+
+def _replaces(lifted: Lifted | None, frozen: dict[int, torch.Tensor], example_inputs: Sequence[Any]) -> dict[int, int]:
+    """compile_fx's `replaces`: lifted outputs -> their inputs' positions after freezing; frozen
+    inputs, non-contiguous ones and ones overlapping another input in memory are left to the
+    copy after the call."""
+    if lifted is None:
+        return {}
+    if not example_inputs:
+        return {}
+    skip = overlapping(example_inputs, lifted) | {i for i in lifted.inputs if not example_inputs[i].is_contiguous()}
+    return {
+        o: i - sum(1 for f in frozen if f < i)
+        for o, i in lifted.replaces().items()
+        if i not in frozen and i not in skip
+    }
+
+
+def _calling_convention(
+    compiled: CompiledGraph, frozen: dict[int, torch.Tensor], present: tuple[Any, ...], lifted: Lifted | None = None
+) -> Callable:
     """The callable AOTAutograd gets, in its boxed convention (one list argument, so AOTAutograd
     adds no unboxing frame): drops frozen parameters, runs without input checks (Dynamo's
     guards have checked every input's shape, dtype and device), and restores the constant outputs
@@ -183,6 +211,8 @@ def _calling_convention(compiled: CompiledGraph, frozen: dict[int, torch.Tensor]
     if frozen:
         keep = [i for i in range(len(frozen) + len(compiled.graph.inputs)) if i not in frozen]
         run = functools.partial(_select, run, keep)
+    if lifted is not None:  # input updates: written in place (compiled.in_place) or copied in
+        run = Mutating(run, lifted, compiled.in_place)
     if not all_computed(present):
         run = functools.partial(_with_nones, run, present)
 

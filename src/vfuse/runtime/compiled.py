@@ -77,6 +77,9 @@ class CompiledGraph:
         # How errors name each input; the AOT path relabels lifted parameters and user inputs.
         self.input_labels = [f"input {i}" for i in range(len(self._expected))]
         self.compile_s = 0.0
+        # Output positions (of the compiled FX graph) the program writes into their inputs instead
+        # of returning them (compiler.compile_fx's `replaces`); the graph returns the others.
+        self.in_place: tuple[int, ...] = ()
         # Aliasing is decided at compile time so the common call pays nothing for it: only the
         # reference executor returns views, and a native output can only alias if it *is* an
         # input or is returned twice.

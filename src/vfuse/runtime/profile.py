@@ -148,6 +148,10 @@ def profile_executor(
     if threads is not None and threads < 1:
         raise ValueError(f"profile: threads must be >= 1, got {threads}")
     program = executor.program
+    # Inputs the program writes in place (schedule/inplace.py) are timed on copies: profiling
+    # leaves no trace.
+    written = {executor.graph[x].attrs["index"] for _, x in program.in_place}
+    inputs = [t.clone() if i in written else t for i, t in enumerate(inputs)]
     hw = get_target(executor.plan.target, executor.cache_dir, isa=program.isa)
     if threads is not None:
         hw = at_threads(hw, threads)

@@ -108,22 +108,23 @@ def _joins(it: AnyKernel | TorchStep) -> bool:
     return not any(isinstance(s, Compute) and s.op in INT_DIVISIONS and not s.dtype.is_float for s in stmts)
 
 
-def joined(parts: Sequence[Kernel]) -> Kernel:
-    """One kernel running `parts`: threaded when its unthreaded parts are more than one and
-    together reach the element count that pays for forking threads."""
+def joined(parts: Sequence[Kernel], tail: Sequence[Kernel] = ()) -> Kernel:
+    """One kernel running `parts`, then `tail` (`Kernel.tail`): threaded when the unthreaded
+    parts are more than one and together reach the element count that pays for forking threads."""
     small = [p for p in parts if not p.threaded]
     work = sum(math.prod(lp.size for lp in (*p.outer, *p.inner)) for p in small)
-    first = parts[0]
-    placement = {k: v for p in parts for k, v in p.placement.items()}
+    every = [*parts, *tail]
+    placement = {k: v for p in every for k, v in p.placement.items()}
     return dataclasses.replace(
-        first,
+        every[0],
         outer=(),
         inner=(),
-        passes=tuple(ps for p in parts for ps in p.passes),
-        after=tuple(s for p in parts for s in p.after),
-        buffers=tuple(dict.fromkeys(b for p in parts for b in p.buffers)),
+        passes=tuple(ps for p in every for ps in p.passes),
+        after=tuple(s for p in every for s in p.after),
+        buffers=tuple(dict.fromkeys(b for p in every for b in p.buffers)),
         placement=placement,
         walk=Walk.HORIZONTAL,
         threaded=len(small) > 1 and work >= PARALLEL_MIN,
-        parts=tuple(parts),
+        parts=tuple(every),
+        tail=len(tail),
     )

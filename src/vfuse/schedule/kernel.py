@@ -342,6 +342,7 @@ class Kernel:
     # HORIZONTAL: the nests, each decided as if alone; `threaded` then says whether the parts that
     # are not threaded themselves are spread over the threads (`horizontal.py`).
     parts: tuple[Kernel, ...] = ()
+    tail: int = 0  # HORIZONTAL: the last `tail` parts run after the others (they write inputs those read: inplace.py)
 
     @property
     def is_row(self) -> bool:
@@ -485,6 +486,7 @@ class Program:
     seeds: tuple[str, ...]  # RNG_SEED values in `seeds` slot order
     vector_width: int  # fp32 lanes per vector the kernels were decided for (`Target.simd_lanes`)
     isa: Isa | None = None  # instruction-set tier the code is built for (`Target.isa`; None: this CPU's own)
+    in_place: tuple[tuple[str, str], ...] = ()  # (output, graph input): stored into the input (`inplace.py`)
     # A timing build (`runtime/profile.py`): each segment also gets an entry that clocks every
     # kernel it runs. Off for the builds calls run: their source and entries stay as they are.
     profiled: bool = False

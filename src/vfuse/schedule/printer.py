@@ -47,6 +47,8 @@ def _walk(k: Kernel) -> str:
         parts.append("streamed stores")
     if k.prefetch:
         parts.append(_prefetch(k.prefetch))
+    if k.tail:
+        parts.append(f"last {k.tail} part(s) after the others (they write inputs the others read)")
     return ", ".join(parts)
 
 
@@ -139,6 +141,8 @@ def format_program(program: Program) -> str:
             lines += [format_kernel(k) for k in s.kernels]
         elif isinstance(s, TorchStep):
             lines.append(f" torch (group {s.group}, {s.label}): {', '.join(s.nodes)}  # {s.reason}")
+    if program.in_place:
+        lines.append(f" written in place: {', '.join(f'%{v} -> %{x}' for v, x in program.in_place)}")
     mem = program.memory
     lines.append(f" arena {mem.size} bytes (without reuse {mem.naive_bytes})")
     for v, off in sorted(program.memory.offsets.items(), key=lambda t: t[1]):

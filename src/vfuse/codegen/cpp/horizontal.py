@@ -4,7 +4,8 @@ Each part is written as the single-row walk writes it alone, in its own scope (i
 and variables cannot clash with another part's). Parts that fork threads themselves run first,
 one after another; the others follow, and when the schedule marked the kernel `threaded` they
 are spread over the threads: a parallel loop over part numbers, one `case` per part, dynamic
-so a thread that finishes a small part takes the next.
+so a thread that finishes a small part takes the next. The `Kernel.tail` parts run last, one
+after another: they write inputs in place that the others read (schedule/inplace.py).
 """
 
 from __future__ import annotations
@@ -17,8 +18,9 @@ from vfuse.schedule.kernel import Kernel, Program
 
 def render_horizontal(k: Kernel, program: Program) -> str:
     lines: list[str] = []
-    big = [p for p in k.parts if p.threaded]
-    small = [p for p in k.parts if not p.threaded]
+    head, tail = k.parts[: len(k.parts) - k.tail], k.parts[len(k.parts) - k.tail :]
+    big = [p for p in head if p.threaded]
+    small = [p for p in head if not p.threaded]
     for p in big:
         lines += _scoped(p, program, 1)
     if k.threaded:
@@ -33,6 +35,8 @@ def render_horizontal(k: Kernel, program: Program) -> str:
     else:
         for p in small:
             lines += _scoped(p, program, 1)
+    for p in tail:
+        lines += _scoped(p, program, 1)
     sizes = ", ".join(_size(p) for p in k.parts)
     doc = f"// group {k.group} ({k.label}): {len(k.parts)} independent nests ({sizes})"
     return "\n".join([doc, f"static void {k.name}{SIGNATURE} {{", *lines, "}"])
