@@ -325,3 +325,13 @@ def test_max_pool2d_backward_on_a_gpu_target_is_native() -> None:
     wrong[0, 1, 2, 2] = 63
     with pytest.raises(VfuseIndexError, match="index 63 is out of bounds"):
         compiled(g, x, wrong)
+
+
+def test_half_pool_sums_run_through_torch() -> None:
+    """bf16 window sums: eager accumulates them in fp32, which the summed forms do not reproduce."""
+    torch._dynamo.reset()
+    x = torch.randn(1, 2, 9, 9, dtype=torch.bfloat16)
+    backend = vfuse.backend()
+    got = torch.compile(lambda x: F.avg_pool2d(x, 3, stride=2, padding=1), backend=backend)(x)
+    torch.testing.assert_close(got, F.avg_pool2d(x, 3, stride=2, padding=1), rtol=0, atol=0)
+    assert backend.stats["fallbacks"]["aten.avg_pool2d.default"] == 1

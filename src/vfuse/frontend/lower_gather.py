@@ -138,8 +138,12 @@ def lower_embedding_dense_backward(em: Emitter, node: torch.fx.Node) -> str:
     a = bind(node)
     g, idx = em.value(a["grad_output"]), em.value(a["indices"])
     rows, gt = int(a["num_weights"]), em.ttype(em.value(a["grad_output"]))
-    if a["scale_grad_by_freq"] or em.ttype(idx).dtype not in (DType.I32, DType.I64) or not gt.dtype.is_float:
-        raise Fallback("embedding backward with scale_grad_by_freq, non-integer indices or a non-float gradient")
+    if (
+        a["scale_grad_by_freq"]
+        or em.ttype(idx).dtype not in (DType.I32, DType.I64)
+        or gt.dtype not in (DType.F32, DType.F64)
+    ):
+        raise Fallback("embedding backward with scale_grad_by_freq, non-integer indices or other than fp32/fp64")
     n, width = em.ttype(idx).numel, gt.shape[-1] if gt.rank else 1
     if em.ctx.options.target == "cpu" and rows * n * width > EMBEDDING_BACKWARD_CPU_TERMS:
         raise Fallback(f"embedding backward of {rows} x {n} x {width} one-hot terms: eager's CPU scatter is faster")

@@ -49,6 +49,11 @@ which the gather form (every input element checks each window that may cover it)
 None: no limit. GPU targets have none (the gather form is how GPU compilers write these)."""
 
 
+_SUMMED = (DType.F32, DType.F64)
+"""Dtypes whose window sums are added as eager adds them (half types: eager's accumulation in
+fp32 is not reproduced, so they run through torch)."""
+
+
 def _cheap_enough(em: Emitter, form: Form, terms: int) -> None:
     limit = CPU_TERMS[form]
     if em.ctx.options.target == "cpu" and limit is not None and terms > limit:
@@ -244,8 +249,12 @@ def lower_max_pool2d_backward(em: Emitter, node: torch.fx.Node) -> str:
     The saved indices pass through a checked gather first: one outside the input plane raises."""
     a = bind(node)
     g, x, saved = em.value(a["grad_output"]), em.value(a["self"]), em.value(a["indices"])
-    if not em.ttype(x).dtype.is_float or em.ttype(saved).dtype is not DType.I64:
-        raise Fallback("max_pool2d backward of a non-float input or non-int64 indices")
+    if (
+        em.ttype(x).dtype not in _SUMMED
+        or em.ttype(g).dtype is not em.ttype(x).dtype
+        or em.ttype(saved).dtype is not DType.I64
+    ):
+        raise Fallback("max_pool2d backward of other than fp32/fp64 or with non-int64 indices")
     h, w = _axes(em, a, x, em.ttype(g).shape[-2:])
     _cheap_enough(em, Form.MAX_BACKWARD, em.ttype(x).numel * _windows(h) * _windows(w))
     # Checked against a table of zeros: the kernel checks every index before its loops and
@@ -316,8 +325,8 @@ def lower_avg_pool2d(em: Emitter, node: torch.fx.Node) -> str:
         r = len(lead)
         total = em.emit(Op.SUM, (reshape(em, x, (*lead, h // k, k, w // k, k)),), axes=(r + 1, r + 3), keepdim=False)
         return em.emit(Op.DIV, (total, em.scalar(k * k, dtype)))
-    if not dtype.is_float:
-        raise Fallback(f"avg_pool2d of {dtype.value}")
+    if dtype not in _SUMMED:
+        raise Fallback(f"avg_pool2d of {dtype.value} over windows that do not tile the input")
     axes = _axes(em, a, x, em.out_type().shape[-2:])
     total = None
     for _, _, tap in _taps(em, x, axes, 0.0):
@@ -339,8 +348,8 @@ def lower_avg_pool2d_backward(em: Emitter, node: torch.fx.Node) -> str:
         *lead, h, w = shape
         g = reshape(em, em.emit(Op.DIV, (g, em.scalar(k * k, dtype))), (*lead, h // k, 1, w // k, 1))
         return reshape(em, em.emit(Op.EXPAND, (g,), shape=(*lead, h // k, k, w // k, k)), shape)
-    if not dtype.is_float or em.ttype(g).dtype is not dtype:
-        raise Fallback(f"avg_pool2d backward of {dtype.value}")
+    if dtype not in _SUMMED or em.ttype(g).dtype is not dtype:
+        raise Fallback(f"avg_pool2d backward of {dtype.value} over windows that do not tile the input")
     axes = _axes(em, a, x, em.ttype(g).shape[-2:])
     _cheap_enough(em, Form.AVG_BACKWARD, em.ttype(x).numel * _windows(axes[0]) * _windows(axes[1]))
     delta = em.emit(Op.DIV, (g, _divisor(em, a, axes, dtype)))
