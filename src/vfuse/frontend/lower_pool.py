@@ -144,6 +144,7 @@ def _max_with_indices(em: Emitter, x: str, axes: tuple[Axis, Axis], out_shape: t
     `val > max || isnan(val)` or it is the first; the index is h * W + w of the input plane."""
     h, w = axes
     best = idx = None
+    everywhere = False  # some tap so far reads inside the input at every output: idx is set
     for ti, tj, tap in _taps(em, x, axes, float("-inf")):
         if not (h.any_inside(ti) and w.any_inside(tj)):
             continue
@@ -152,13 +153,15 @@ def _max_with_indices(em: Emitter, x: str, axes: tuple[Axis, Axis], out_shape: t
         if best is None or idx is None:
             take = valid
         else:
-            better = em.emit(Op.LOGICAL_OR, (em.emit(Op.GT, (tap, best)), em.emit(Op.ISNAN, (tap,))))
-            unset = em.emit(Op.EQ, (idx, em.scalar(-1, DType.I64)))
-            take = _and(em, em.emit(Op.LOGICAL_OR, (better, unset)), valid)
+            take = em.emit(Op.LOGICAL_OR, (em.emit(Op.GT, (tap, best)), em.emit(Op.ISNAN, (tap,))))
+            if not everywhere:
+                take = em.emit(Op.LOGICAL_OR, (take, em.emit(Op.EQ, (idx, em.scalar(-1, DType.I64)))))
+            take = _and(em, take, valid)
         best_else = best if best is not None else em.scalar(float("-inf"), em.ttype(x).dtype)
         idx_else = idx if idx is not None else em.scalar(-1, DType.I64)
         best = tap if take is None else em.emit(Op.WHERE, (take, tap, best_else))
         idx = flat if take is None else em.emit(Op.WHERE, (take, flat, idx_else))
+        everywhere = everywhere or valid is None
     assert best is not None and idx is not None  # torch rejects windows that lie wholly in the padding
     if em.ttype(idx).shape != out_shape:
         idx = em.emit(Op.EXPAND, (idx,), shape=out_shape)
