@@ -20,6 +20,7 @@ import importlib.util
 import time
 import warnings
 from collections.abc import Mapping
+from typing import Any
 
 import torch
 
@@ -36,16 +37,20 @@ from vfuse.errors import VfuseCodegenError, VfuseError
 from vfuse.frontend.lower import lower
 from vfuse.fusion import FusionPlan, format_plan, plan_fusion
 from vfuse.fusion.onchip import OnChip, fit_on_chip
-from vfuse.ir import Graph, IRError, format_graph, verify
+from vfuse.ir import Graph, IRError, Op, format_graph, verify
+from vfuse.ir.sym import SymEnv, hint
 from vfuse.passes import PIPELINE, fuse_attention
 from vfuse.passes.freeze import freeze_inputs
-from vfuse.runtime.compiled import CompiledGraph, Executor, InterpExecutor
+from vfuse.runtime.compiled import CompiledGraph, ExecStats, Executor, InterpExecutor
 from vfuse.runtime.native import NativeExecutor
+from vfuse.runtime.steps import fallback_counts, torch_nodes
+from vfuse.runtime.symbolic import SymbolicExecutor, concretize
 from vfuse.runtime.triton import TritonExecutor, Tuning
-from vfuse.schedule import Program
+from vfuse.schedule import Kernel, Program
 from vfuse.schedule import build as build_schedule
 from vfuse.schedule.gpu import candidates as gpu_candidates
 from vfuse.schedule.inplace import write_in_place
+from vfuse.schedule.kernel import ContractionKernel, Walk
 from vfuse.schedule.printer import format_program
 from vfuse.targets import Target, get_target
 
@@ -54,25 +59,29 @@ def compile_fx(
     gm: torch.fx.GraphModule,
     ctx: Context,
     frozen: Mapping[int, torch.Tensor] | None = None,
+    symbols: SymEnv | None = None,
     replaces: Mapping[int, int] | None = None,
 ) -> CompiledGraph:
-    """The whole pipeline for one ATen-level FX graph with concrete shapes.
+    """The whole pipeline for one ATen-level FX graph.
 
     `frozen` maps input positions to parameter values compiled in as constants; the
-    CompiledGraph then takes only the other inputs, in order.
+    CompiledGraph then takes only the other inputs, in order. With `symbols` (the graph's
+    symbolic sizes, `frontend.symbols.sym_env`) one program serves every size its guards admit.
     `replaces` maps output positions to the input positions (after freezing) whose new values
     they are: a native program writes those it safely can into the inputs (`schedule/inplace.py`),
     whose positions `CompiledGraph.in_place` lists; the graph no longer returns them.
     """
     start = time.perf_counter()
-    graph = lower_fx(gm, ctx)
+    graph = lower_fx(gm, ctx, symbols)
     graph = freeze(graph, frozen, ctx)
     graph = optimize(graph, ctx)
     target = target_of(ctx)  # read once: planning and code generation see the same machine
     fusion_plan = plan(graph, ctx, target)
     executor: Executor
     in_place: tuple[int, ...] = ()
-    if ctx.options.backend == "interp":
+    if symbols is not None:
+        executor = compile_symbolic(graph, fusion_plan, target, ctx, symbols)
+    elif ctx.options.backend == "interp":
         executor = InterpExecutor(graph)
     elif ctx.options.backend == "triton":
         program = schedule(fusion_plan, target, ctx, triton=True)
@@ -94,9 +103,9 @@ def compile_fx(
     return compiled
 
 
-def lower_fx(gm: torch.fx.GraphModule, ctx: Context) -> Graph:
+def lower_fx(gm: torch.fx.GraphModule, ctx: Context, symbols: SymEnv | None = None) -> Graph:
     ctx.dump("01_fx.txt", str(gm.graph))
-    graph = lower(gm, ctx)
+    graph = lower(gm, ctx, symbols)
     if ctx.options.verify:
         _verify(graph, "after lowering")
     ctx.dump("02_ir.txt", format_graph(graph))
@@ -256,6 +265,57 @@ def load(
     return NativeExecutor(
         fusion_plan, program, source, library, static_outputs=opts.static_outputs, cache_dir=opts.cache_dir
     )
+
+
+def compile_symbolic(graph: Graph, fusion_plan: FusionPlan, target: Target, ctx: Context, env: SymEnv) -> Executor:
+    """A program over symbolic sizes: scheduled, rendered and built once, guarded by the guards
+    the compilation took, run per size by `SymbolicExecutor`. Anything it cannot do raises (the
+    caller then compiles per shape instead)."""
+    if ctx.options.backend not in ("cpp", "auto", "interp"):
+        raise VfuseError(f"backend {ctx.options.backend!r} compiles per shape")
+    if ctx.options.backend == "interp":
+        env.frozen = True
+        return SymbolicExecutor(graph, env, lambda v: InterpExecutor(concretize(graph, v)), InterpExecutor(graph).stats)
+    program = schedule(fusion_plan, target, ctx)
+    unsized = [k.name for k in program.kernels if not takes_sizes(k)]
+    if unsized:
+        raise VfuseError(f"kernels {unsized} need constant sizes: compiled per shape")
+    source = render(program, ctx)
+    library = build(source, program, ctx)
+    env.frozen = True  # every decision is taken: guards are final
+    ctx.dump("05_guards.txt", "\n".join(map(str, env.guards)) or "(no guards: every size)")
+    opts = ctx.options
+
+    def make(values: dict) -> NativeExecutor:
+        plan_c, program_c = concretize((fusion_plan, program), values)
+        sizes = [values[s] for s in env.symbols]
+        return NativeExecutor(plan_c, program_c, source, library, opts.static_outputs, opts.cache_dir, sizes)
+
+    stats = ExecStats(
+        "cpp",
+        kernels=len(program.kernels),
+        native_calls=len(program.segments),
+        torch_calls=torch_nodes(program),
+        arena_bytes=hint(program.memory.size),
+        fallbacks=fallback_counts(program, fusion_plan),
+    )
+    return SymbolicExecutor(graph, env, make, stats)
+
+
+# Walks whose renderers read symbolic sizes at run time (`vf_s0`); the contraction templates,
+# tables, transposes and horizontal kernels are written for constant sizes.
+SIZED_WALKS = (Walk.SINGLE_ROW, Walk.ROWS, Walk.ROW_GROUPS, Walk.TILED_COLUMNS)
+
+
+def takes_sizes(k: Any) -> bool:
+    """Whether kernel `k` can run at sizes known only at run time: a sized walk, the fp32 GEMM
+    template (its driver blocks at run time), or no symbolic size anywhere in it (its repr
+    names every field, SymSizes included)."""
+    if isinstance(k, Kernel):
+        return k.walk in SIZED_WALKS or "SymSize(" not in repr(k)
+    if isinstance(k, ContractionKernel) and k.op is Op.MATMUL and k.int8 is None:
+        return True
+    return "SymSize(" not in repr(k)
 
 
 def native_executor(fusion_plan: FusionPlan, target: Target, ctx: Context) -> NativeExecutor:

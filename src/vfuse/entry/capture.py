@@ -29,6 +29,7 @@ from vfuse.entry import dropout, observe
 from vfuse.entry.devices import devices_for, foreign_device
 from vfuse.entry.direct import may_skip_wrappers, unboxed, wrappers_are_identity
 from vfuse.entry.dumps import graph_context
+from vfuse.entry.dynamic import Dynamic
 from vfuse.entry.mutations import Lifted, Mutating, lift, overlapping
 from vfuse.entry.outputs import all_computed, with_none_outputs, without_none_outputs
 from vfuse.entry.remat import RematPlan, partition
@@ -107,7 +108,14 @@ class VfuseBackend:
     ) -> Callable:
         """AOTAutograd's compiler hook: returns a boxed callable (it takes a list and clears it)."""
         if any(_is_symbolic(x) for x in example_inputs):
-            return make_boxed_func(_Specializing(self, gm))
+            dynamic = Dynamic(functools.partial(self.compile_symbolic, kind=kind), lambda: _Specializing(self, gm), gm)
+
+            def call(args: list) -> Any:
+                return dynamic(args)
+
+            call._boxed_call = True  # type: ignore[attr-defined]  # what make_boxed_func marks
+            call.dynamic = dynamic  # type: ignore[attr-defined]
+            return call
         frozen = frozen or {}
         if not all(i < len(example_inputs) and example_inputs[i].shape == t.shape for i, t in frozen.items()):
             frozen = {}  # AOTAutograd reordered inputs: compile without freezing rather than guess
@@ -149,6 +157,18 @@ class VfuseBackend:
         self.compiled.append(compiled)
         observe.compiled(compiled, ctx, kind)
         return _calling_convention(compiled, frozen, present, lifted)
+
+    def compile_symbolic(self, gm: torch.fx.GraphModule, env: Any, kind: str) -> CompiledGraph:
+        """Compile a graph over its symbolic sizes (entry/dynamic.py); raises where it cannot."""
+        ctx = graph_context(self.options, f"graph{next(self._ids)}", kind, ())
+        foreign = foreign_device(gm, {}, devices_for(self.options.backend))
+        if foreign is not None:
+            raise VfuseCompileError(f"vfuse compiles CPU graphs only: {foreign}")
+        with unset_fake_temporarily():
+            compiled = compile_fx(gm, ctx, symbols=env)
+        self.compiled.append(compiled)
+        observe.compiled(compiled, ctx, f"{kind} (dynamic)")
+        return compiled
 
     @property
     def stats(self) -> dict[str, Any]:

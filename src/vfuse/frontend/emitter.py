@@ -17,7 +17,9 @@ import torch.fx
 
 from vfuse.context import Context
 from vfuse.frontend.errors import Fallback, LoweringError
+from vfuse.frontend.symbols import shape, to_size
 from vfuse.ir import Attrs, DType, Graph, GraphBuilder, Node, Op, TensorType, Type, opdef
+from vfuse.ir.sym import SymEnv
 
 Lowered = str | tuple[str | None, ...]
 """What a lowering returns: one IR value, or one per tuple element (None: not produced)."""
@@ -73,6 +75,7 @@ class Emitter:
     types: dict[str, Type] = field(default_factory=dict)
     env: dict[str, Any] = field(default_factory=dict)
     current: torch.fx.Node | None = None
+    symbols: SymEnv | None = None  # the graph's symbolic sizes (frontend/symbols.py), if any
     _reserved: set[str] = field(default_factory=set)
     _seed: str | None = None
     _streams: int = 0
@@ -149,7 +152,11 @@ class Emitter:
         return v
 
     def out_type(self, index: int | None = None) -> TensorType:
-        return TensorType.of(self.out_val(index))
+        return tensor_type_of(self.out_val(index), self.current, self.symbols)
+
+    def size(self, v: Any) -> Any:
+        """A size read from a FakeTensor (a SymInt) as an IR size (int or SymSize)."""
+        return to_size(self.symbols, v)
 
     def out_dtype(self, index: int | None = None) -> DType:
         return DType.from_torch(self.out_val(index).dtype)
@@ -228,12 +235,15 @@ def _getitem_name(node: torch.fx.Node, index: int) -> str | None:
     return names[0] if len(names) == 1 else None
 
 
-def tensor_type_of(v: Any, node: torch.fx.Node) -> TensorType:
+def tensor_type_of(v: Any, node: torch.fx.Node | None, symbols: SymEnv | None = None) -> TensorType:
     """The IR type of an FX value, or a LoweringError the whole graph cannot get past."""
     if not isinstance(v, torch.Tensor):
         raise LoweringError(node, f"value is not a tensor: {v!r}")
-    if any(not isinstance(d, int) for d in v.shape):
-        raise LoweringError(node, f"symbolic shape {tuple(v.shape)} (specialize shapes before lowering)")
     if not DType.supports(v.dtype):
         raise LoweringError(node, f"dtype {v.dtype} has no vfuse IR type")
+    if any(not isinstance(d, int) for d in v.shape):
+        try:
+            return TensorType(shape(symbols, v), DType.from_torch(v.dtype))
+        except LoweringError as e:
+            raise LoweringError(node, e.reason) from None
     return TensorType.of(v)

@@ -20,23 +20,33 @@ from vfuse.frontend.emitter import Emitter, OpaqueTuple, tensor_type_of
 from vfuse.frontend.errors import Fallback, LoweringError
 from vfuse.frontend.lowerings import lowering_for
 from vfuse.frontend.opaque import emit_opaque
+from vfuse.frontend.symbols import SYMBOLIC, is_size_node, sized_args, take_assert, to_size
 from vfuse.ir import ConstValue, Graph, Op
+from vfuse.ir.sym import SymEnv
 
 
-def lower(gm: torch.fx.GraphModule, ctx: Context) -> Graph:
-    """Lower `gm` (functional ATen ops, concrete shapes, node.meta['val'] set) to IR."""
-    em = Emitter(gm, ctx)
+def lower(gm: torch.fx.GraphModule, ctx: Context, symbols: SymEnv | None = None) -> Graph:
+    """Lower `gm` (functional ATen ops, node.meta['val'] set) to IR. Symbolic sizes need
+    `symbols` (frontend/symbols.py: `sym_env(gm)`); without it the shapes must be concrete."""
+    em = Emitter(gm, ctx, symbols=symbols)
     outputs: list[str] = []
     n_inputs = 0
     for node in gm.graph.nodes:
         em.begin(node)
         if node.op == "placeholder":
-            em.env[node.name] = em.add_input(n_inputs, tensor_type_of(node.meta.get("val"), node), node.name)
+            val = node.meta.get("val")
+            if isinstance(val, SYMBOLIC):  # a size argument: read at run time, no tensor
+                em.env[node.name] = to_size(symbols, val)
+            else:
+                em.env[node.name] = em.add_input(n_inputs, tensor_type_of(val, node, symbols), node.name)
             n_inputs += 1
         elif node.op == "get_attr":
             em.env[node.name] = _lower_get_attr(em, node)
+        elif node.op == "call_function" and is_size_node(node):
+            take_assert(symbols, node)  # size arithmetic itself reaches the IR as SymSizes
         elif node.op == "call_function":
-            _lower_call(em, node)
+            with sized_args(symbols, node):
+                _lower_call(em, node)
         elif node.op == "output":
             outputs = _outputs(em, node)
         else:
@@ -50,7 +60,7 @@ def _lower_get_attr(em: Emitter, node: torch.fx.Node) -> Any:
         value = getattr(value, part)
     if not isinstance(value, torch.Tensor):
         return value  # e.g. a submodule of a higher-order op: passed through to torch as is
-    tensor_type_of(value, node)
+    tensor_type_of(value, node, em.symbols)
     return em.add_named(Op.CONSTANT, node.name, value=ConstValue(value.detach()))
 
 

@@ -18,12 +18,13 @@ from vfuse.frontend.errors import Fallback
 from vfuse.frontend.registry import lowers
 from vfuse.ir import Op
 from vfuse.ir.shapes import clamp_slice, normalize_dim
+from vfuse.ir.sym import is_sym
 
 aten = torch.ops.aten
 
 
 def reshape(em: Emitter, x: str, shape: Sequence[int]) -> str:
-    shape = tuple(int(d) for d in shape)
+    shape = tuple(d if is_sym(d) else int(d) for d in shape)
     return x if em.ttype(x).shape == shape else em.emit(Op.RESHAPE, (x,), shape=shape)
 
 

@@ -51,12 +51,12 @@ def emit_opaque(em: Emitter, node: torch.fx.Node, reason: str) -> Lowered | Opaq
     val = node.meta.get("val")
     if isinstance(val, torch.Tensor):
         call = OpaqueCall(node.target, args, tuple(kwargs.items()))
-        return em.emit(Op.OPAQUE, inputs, call=call, out_type=tensor_type_of(val, node), reason=reason)
+        return em.emit(Op.OPAQUE, inputs, call=call, out_type=tensor_type_of(val, node, em.symbols), reason=reason)
     if not isinstance(val, tuple | list):
         raise LoweringError(node, f"result {val!r} is neither a tensor nor a tuple of tensors")
     keep = tuple(i for i, v in enumerate(val) if isinstance(v, torch.Tensor))
     target = node.target if len(keep) == len(val) else TensorItems(node.target, keep)
     call = OpaqueCall(target, args, tuple(kwargs.items()))
-    out_type = TupleType(tuple(tensor_type_of(val[i], node) for i in keep))
+    out_type = TupleType(tuple(tensor_type_of(val[i], node, em.symbols) for i in keep))
     name = em.emit(Op.OPAQUE, inputs, call=call, out_type=out_type, reason=reason)
     return OpaqueTuple(name, {fx_index: item for item, fx_index in enumerate(keep)})

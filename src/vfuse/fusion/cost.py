@@ -14,11 +14,12 @@ from __future__ import annotations
 import itertools
 import math
 from collections.abc import Collection, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from vfuse.fusion.forms import Form, Illegal, classify, numel_of, per_element_flops
 from vfuse.fusion.plan import Cost
 from vfuse.ir import Graph, Kind, Node, Op, TensorType, opdef
+from vfuse.ir.sym import hint
 from vfuse.targets import Target
 
 GAMMA = {"cpu": 0.5, "gpu": 0.8}
@@ -143,9 +144,9 @@ def _flops(nodes: Sequence[Node], form: Form, graph: Graph, target: Target) -> t
     total, seconds, pointwise_s, chain = 0, 0.0, 0.0, 0
     for n in nodes:
         if n.kind in (Kind.REDUCE, Kind.CONTRACTION):
-            f = opdef(n.op).flops(tuple(graph[i].type for i in n.inputs), n.type, n.attrs)  # type: ignore[arg-type]
+            f = hint(opdef(n.op).flops(tuple(graph[i].type for i in n.inputs), n.type, n.attrs))  # type: ignore[arg-type]
         else:
-            f = int(per_element_flops(n, graph) * form.space.get(n.name, numel_of(n)))
+            f = int(per_element_flops(n, graph) * hint(form.space.get(n.name, numel_of(n))))
         total += f
         if n.kind is Kind.CONTRACTION:
             seconds += f / target.matrix_peak(graph[n.inputs[0]].tensor_type.dtype)
@@ -246,6 +247,20 @@ class Figures:
     pressure: Pressure
 
 
+def hinted(f: Figures) -> Figures:
+    """Figures at the example sizes: a graph with symbolic sizes is costed at its hints (ir/sym.py)."""
+    p = f.pressure
+    return replace(
+        f,
+        flops=hint(f.flops),
+        in_bytes=hint(f.in_bytes),
+        out_bytes=hint(f.out_bytes),
+        domain=hint(f.domain),
+        rows=hint(f.rows),
+        pressure=replace(p, working_set=hint(p.working_set)),
+    )
+
+
 def memory_bw(target: Target, nbytes: int) -> float:
     """Bytes/s of a kernel moving `nbytes`. Uncalibrated targets and GPUs: DRAM bandwidth at every
     size. Calibrated CPUs (`targets/calibrate.py`): L1 bandwidth up to half the cores' L1, L2 at half
@@ -282,6 +297,7 @@ def serial(f: Figures, target: Target) -> bool:
 
 def cost_from(f: Figures, target: Target) -> Cost:
     """t = launch + (C + M - gamma min(C, M)) / min(1, parallelism / saturation) + spill."""
+    f = hinted(f)
     nbytes = f.in_bytes + f.out_bytes
     memory_s = nbytes / memory_bw(target, nbytes)
     par = parallelism(f.kind, f.domain, f.rows, target)

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from vfuse.fusion.rules import Rule
 from vfuse.ir import Graph, Kind, Node, Op, TensorType, opdef
 from vfuse.ir.shapes import ShapeError, broadcast, numel
+from vfuse.ir.sym import hint
 
 POINTWISE_KINDS = frozenset({Kind.ELEMENTWISE, Kind.BROADCAST, Kind.INJECTIVE})
 CONTRACTION_LABELS = {Op.MATMUL: "gemm", Op.CONV2D: "conv", Op.SDPA: "attention"}
@@ -54,11 +55,11 @@ def numel_of(node: Node) -> int:
 
 def per_element_flops(node: Node, graph: Graph) -> float:
     """The op's flops divided by its output size (instructions to compute one element)."""
-    n = numel_of(node)
+    n = hint(numel_of(node))  # cost figures are taken at the example sizes (ir/sym.py)
     if n == 0:
         return 0.0
     ins = tuple(graph[i].type for i in node.inputs)
-    return opdef(node.op).flops(ins, node.type, node.attrs) / n  # type: ignore[arg-type]
+    return hint(opdef(node.op).flops(ins, node.type, node.attrs)) / n  # type: ignore[arg-type]
 
 
 def classify(nodes: Sequence[Node], outputs: Sequence[str], graph: Graph) -> Form | Illegal:

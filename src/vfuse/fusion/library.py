@@ -26,6 +26,7 @@ from dataclasses import dataclass
 
 from vfuse.fusion.plan import Cost
 from vfuse.fusion.rules import Rule
+from vfuse.ir.sym import hint
 
 # The library's GEMM/conv rate relative to the template's on whole tiles. Measured (docs/perf-log.md,
 # Zen 4, AVX-512, one thread, under load): GEMMs of 256 x 256..1024 within +-5 % of each other;
@@ -57,6 +58,7 @@ class ContractionChoice:
 
 def tile_waste(m: int, n: int, mr: int, nr: int) -> float:
     """Flops the mr x nr register tile computes over an m x n output, per useful flop (>= 1)."""
+    m, n = hint(m), hint(n)  # cost figures at a symbolic size's hint
     if m <= 0 or n <= 0:
         return 1.0
     return (math.ceil(m / mr) * mr * math.ceil(n / nr) * nr) / (m * n)

@@ -30,6 +30,7 @@ from vfuse.fusion.plan import Cost
 from vfuse.fusion.rules import Rule
 from vfuse.ir import Graph, Kind, Node, TensorType, opdef
 from vfuse.ir.shapes import ShapeError, broadcast, numel
+from vfuse.ir.sym import hint
 from vfuse.targets import Target
 
 ReduceSig = tuple[tuple[int, ...], tuple[int, ...], int]  # (full shape, axes, rows)
@@ -59,6 +60,7 @@ def node_facts(node: Node, graph: Graph, target: Target) -> Facts:
         fixed = opdef(node.op).flops(tuple(graph[i].type for i in node.inputs), node.type, node.attrs)  # type: ignore[arg-type]
         first = graph[node.inputs[0]].tensor_type
         peak = target.matrix_peak(first.dtype) if node.kind is Kind.CONTRACTION else target.vector_f32
+        fixed = hint(fixed)  # costs at the example sizes (ir/sym.py)
         fixed_s = fixed / peak
         if node.kind is Kind.REDUCE:
             sig = (first.shape, tuple(node.attrs["axes"]), numel_of(node))
@@ -68,8 +70,8 @@ def node_facts(node: Node, graph: Graph, target: Target) -> Facts:
     return Facts(
         node.kind,
         shape,
-        numel_of(node),
-        node.type.nbytes,
+        numel_of(node),  # symbolic sizes stay symbolic: legality compares them (cost reads hints)
+        hint(node.type.nbytes),
         pe,
         fixed,
         fixed_s,
@@ -177,10 +179,10 @@ def with_prologue(s: Summary, form: Form, facts: Mapping[str, Facts]) -> Summary
         f = facts[v]
         if f.fixed_flops or f.kind is Kind.CONTRACTION:
             continue
-        if form.space.get(v, form.domain) == form.domain:
+        if hint(form.space.get(v, form.domain)) == hint(form.domain):  # flop accounting: at the hints
             pe[f.shape] = pe.get(f.shape, 0.0) + f.pe
         else:
-            pro += f.pe * f.numel
+            pro += f.pe * hint(f.numel)
     return dataclasses.replace(s, pe=pe, pro_flops=int(pro))
 
 
@@ -196,7 +198,7 @@ def _crossing(p: Summary, c: Summary, passed: frozenset[str], sig: ReduceSig, fa
     that the consumer re-reads after the producer's reduction: they must stay on chip."""
     full = numel(sig[0])
     again = passed | (p.inputs & c.inputs)
-    return sum(facts[v].nbytes // max(facts[v].numel, 1) for v in again if facts[v].numel == full)
+    return sum(facts[v].nbytes // max(hint(facts[v].numel), 1) for v in again if facts[v].numel == full)
 
 
 def quick_illegal(p: Summary, c: Summary) -> Illegal | None:
@@ -262,13 +264,13 @@ def summary_cost(s: Summary, form: Form, nbytes: Mapping[str, int], target: Targ
     """Cost of a non-contraction kernel from its summary (same equations as cost.kernel_cost)."""
     flops = s.fixed_flops + s.pro_flops
     for shape, f in s.pe.items():
-        n = numel(shape)
-        flops += int(f * (form.rows if form.rows and n == form.rows else form.domain))
+        n, rows, domain = hint(numel(shape)), hint(form.rows), hint(form.domain)
+        flops += int(f * (rows if rows and n == rows else domain))
     # Pointwise and prologue work (per-element flops already weighted per op: node_facts).
     compute_s = s.fixed_s + (flops - s.fixed_flops) / target.vector_f32 * chain_factor(s.transcendental, target)
     in_bytes = sum(map(nbytes.__getitem__, s.inputs))
     out_bytes = sum(map(nbytes.__getitem__, s.outputs))
-    row_len = form.domain // form.rows if form.rows else 0
+    row_len = hint(form.domain) // hint(form.rows) if form.rows else 0
     pressure = Pressure(s.live, register_budget(target, form.kind), row_len * s.persist, ws_budget(target), s.depth + 1)
     fig = Figures(flops, compute_s, in_bytes, out_bytes, form.kind, form.domain, form.rows, pressure)
     return cost_from(fig, target), pressure

@@ -1,13 +1,15 @@
 """All shape arithmetic of the IR lives here.
 
-Shapes are tuples of ints today. Keeping every rule in this one module is what will let
-symbolic sizes replace ints later without touching the op definitions.
+Shapes are tuples of sizes: ints, or `SymSize` expressions over a dynamic graph's symbols
+(ir/sym.py), which compute like ints; a rule that compares sizes proves the answer or guards it.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+
+from vfuse.ir.sym import SymSize
 
 Shape = tuple[int, ...]
 
@@ -17,7 +19,7 @@ class ShapeError(ValueError):
 
 
 def check_shape(shape: Shape) -> None:
-    if not isinstance(shape, tuple) or not all(isinstance(d, int) and d >= 0 for d in shape):
+    if not isinstance(shape, tuple) or not all(isinstance(d, int | SymSize) and d >= 0 for d in shape):
         raise ShapeError(f"a shape must be a tuple of non-negative ints, got {shape!r}")
 
 
@@ -47,11 +49,14 @@ def broadcast(*shapes_: Shape) -> Shape:
     rank = max((len(s) for s in shapes_), default=0)
     out: list[int] = []
     for i in range(rank):
-        sizes = {s[len(s) - rank + i] for s in shapes_ if len(s) - rank + i >= 0}
-        sizes.discard(1)
-        if len(sizes) > 1:
-            raise ShapeError(f"shapes {list(shapes_)} do not broadcast (dim {i}: {sorted(sizes)})")
-        out.append(sizes.pop() if sizes else 1)
+        size = 1
+        for d in (s[len(s) - rank + i] for s in shapes_ if len(s) - rank + i >= 0):
+            if d == 1 or d == size:  # compared, not hashed: a symbolic size proves or guards it
+                continue
+            if size != 1:
+                raise ShapeError(f"shapes {list(shapes_)} do not broadcast (dim {i}: {size} vs {d})")
+            size = d
+        out.append(size)
     return tuple(out)
 
 

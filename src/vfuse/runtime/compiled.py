@@ -16,6 +16,7 @@ import torch
 from vfuse import interp
 from vfuse.errors import VfuseInputError
 from vfuse.ir import Graph, Op
+from vfuse.ir.sym import is_sym
 
 
 @dataclass
@@ -72,6 +73,11 @@ class CompiledGraph:
         self._expected = [(n.attrs["index"], n.tensor_type) for n in graph.inputs]
         # What a call compares, in torch's terms (read per call, each costs a frame otherwise).
         self._checks = [(i, t.shape, t.dtype.torch) for i, t in self._expected]
+        # Symbolic sizes (ir/sym.py) are checked by the executor, which reads them: here only the
+        # fixed ones, with the rank.
+        self._symbolic = any(is_sym(d) for _, t in self._expected for d in t.shape)
+        # Size arguments of a symbolic graph have positions but no INPUT node.
+        self._arity = max((i + 1 for i, _ in self._expected), default=0)
         # Executors that run CUDA tensors too (Triton) say so; the others read CPU memory only.
         self._cuda = "cuda" in getattr(executor, "devices", ())
         # How errors name each input; the AOT path relabels lifted parameters and user inputs.
@@ -96,13 +102,13 @@ class CompiledGraph:
 
     def check_inputs(self, inputs: Sequence[object]) -> None:
         """Raise VfuseInputError naming the first input that differs from what was compiled for."""
-        if len(inputs) != len(self._expected):
-            raise VfuseInputError(f"{self.name}: expected {len(self._expected)} inputs, got {len(inputs)}")
+        if len(inputs) != self._arity:
+            raise VfuseInputError(f"{self.name}: expected {self._arity} inputs, got {len(inputs)}")
         for index, shape, dtype in self._checks:
             got = inputs[index]
             if not (
                 isinstance(got, torch.Tensor)
-                and got.shape == shape
+                and (_shape_fits(got.shape, shape) if self._symbolic else got.shape == shape)
                 and got.dtype is dtype
                 and (got.is_cpu or (self._cuda and got.is_cuda))
             ):
@@ -141,6 +147,10 @@ class CompiledGraph:
         """`run_unchecked` as the shortest callable: the executor itself when no output can
         alias (executors only index their input sequence, so a tuple or list will do)."""
         return self.run_unchecked if self._may_alias else self.executor
+
+
+def _shape_fits(got: torch.Size, shape: tuple) -> bool:
+    return len(got) == len(shape) and all(is_sym(s) or g == s for g, s in zip(got, shape))
 
 
 def _unalias(outputs: list[torch.Tensor], inputs: Sequence[torch.Tensor]) -> list[torch.Tensor]:

@@ -63,8 +63,10 @@ class NativeExecutor(StepRunner):
         library: ctypes.CDLL | None,
         static_outputs: bool = False,
         cache_dir: Path | None = None,
+        sizes: Sequence[int] = (),
     ) -> None:
         self.plan = plan
+        self.sizes = tuple(sizes)  # values of Program.symbols: after the seeds in the seeds array
         self.cache_dir = cache_dir  # where its library was built; the profiler builds its timing build there
         self.graph = plan.graph
         self.program = program
@@ -120,7 +122,9 @@ class NativeExecutor(StepRunner):
         self._arena = torch.empty(end + ARENA_ALIGN, dtype=torch.uint8)
         self._arena_off = -self._arena.data_ptr() % ARENA_ALIGN
         self._arena[self._arena_off + start : self._arena_off + end].zero_()
-        self._seeds = torch.zeros(max(len(self.program.seeds), 1), dtype=torch.int64)
+        self._seeds = torch.zeros(max(len(self.program.seeds) + len(self.sizes), 1), dtype=torch.int64)
+        if self.sizes:
+            self._seeds[len(self.program.seeds) :] = torch.tensor(self.sizes, dtype=torch.int64)
         self._constants = {
             n.name: n.attrs["value"].tensor.contiguous() for n in self.graph.nodes if n.op is Op.CONSTANT
         }

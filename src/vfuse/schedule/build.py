@@ -12,10 +12,11 @@ from __future__ import annotations
 import dataclasses
 
 from vfuse.fusion.plan import FusionPlan, Group
-from vfuse.ir import DType, Graph, Kind, Op
+from vfuse.ir import DType, Graph, Kind, Op, TensorType
 from vfuse.ir.defs.layout import IndexBounds, index_bounds
 from vfuse.ir.shapes import numel
 from vfuse.ir.shapes import reduce as reduced_shape
+from vfuse.ir.sym import env_of
 from vfuse.schedule import expr
 from vfuse.schedule.contraction import FP32_ONLY, GPU_DTYPES, Caches, library_choice, plan_contraction
 from vfuse.schedule.expr import Lin, Var
@@ -289,7 +290,9 @@ def build(plan: FusionPlan, target: object, templates: bool = True, triton: bool
         for v, b in buffers.items()
     }
     steps = [_with_io(s, buffers) if isinstance(s, Segment) else s for s in steps]
-    return Program(tuple(steps), buffers, memory, tuple(seeds), vector, getattr(target, "isa", None))
+    env = env_of(n.type.shape for n in graph.inputs if isinstance(n.type, TensorType))
+    symbols = tuple(s.name for s in env.symbols) if env is not None else ()
+    return Program(tuple(steps), buffers, memory, tuple(seeds), vector, getattr(target, "isa", None), symbols=symbols)
 
 
 def _check_produced(graph: Graph, steps: list[Step], made: set[str]) -> None:

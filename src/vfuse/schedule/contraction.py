@@ -34,6 +34,7 @@ from vfuse.fusion.plan import Cost
 from vfuse.ir import DType, Graph, Kind, Op
 from vfuse.ir.defs.contraction import sdpa_dropout, sdpa_has_mask
 from vfuse.ir.shapes import numel
+from vfuse.ir.sym import hint
 from vfuse.schedule import expr
 from vfuse.schedule.expr import Lin, Var
 from vfuse.schedule.kernel import ContractionKernel, Load, OperandPrologue, Rand, RandKey, Stmt
@@ -330,9 +331,10 @@ def library_choice(graph: Graph, cost: Cost, cp: ContractionPlan) -> Contraction
         m, n = shape[1] // k.attrs["groups"], _conv_columns(k)
     else:
         m, n = shape[-2], shape[-1]
-    waste = tile_waste(m, n, k.mr, k.nr) * n / (shape[-2] * shape[-1] if k.op is Op.CONV2D else n)
+    m, n = hint(m), hint(n)  # a cost figure: at a symbolic size's hint
+    waste = tile_waste(m, n, k.mr, k.nr) * n / (hint(shape[-2] * shape[-1]) if k.op is Op.CONV2D else n)
     epilogue = bool(k.epilogue) or bool(cp.rest)
-    return choose(cost, waste, graph[k.node].type.nbytes, epilogue)
+    return choose(cost, waste, hint(graph[k.node].type.nbytes), epilogue)
 
 
 def _conv_columns(k: ContractionKernel) -> int:

@@ -111,7 +111,8 @@ def span(e: Lin, sizes: Mapping[int, int]) -> tuple[int, int]:
     for a, c in e.terms:
         alo, ahi = _atom_span(a, sizes)
         lo, hi = lo + min(c * alo, c * ahi), hi + max(c * alo, c * ahi)
-    return max(lo, -INF), min(hi, INF)
+    # Symbolic bounds (ir/sym.py) stay as they are: clamping them would only take a guard.
+    return (lo if not isinstance(lo, int) else max(lo, -INF)), (hi if not isinstance(hi, int) else min(hi, INF))
 
 
 def _atom_span(a: Atom, sizes: Mapping[int, int]) -> tuple[int, int]:
@@ -154,6 +155,8 @@ def _split_small(e: Lin, d: int, sizes: Mapping[int, int]) -> tuple[int, Lin, Li
 
     This is what folds (8*i + j) // 16 with j < 8 into i // 2 when a dim is split.
     """
+    if not isinstance(d, int) or not all(isinstance(c, int) for _, c in e.terms) or not isinstance(e.const, int):
+        return None  # symbolic sizes (ir/sym.py) have no gcd
     for g in sorted({math.gcd(d, c) for _, c in e.terms} | {math.gcd(d, e.const)}, reverse=True):
         if g in (1, d):
             continue

@@ -490,6 +490,9 @@ class Program:
     # A timing build (`runtime/profile.py`): each segment also gets an entry that clocks every
     # kernel it runs. Off for the builds calls run: their source and entries stay as they are.
     profiled: bool = False
+    # Symbolic sizes (ir/sym.py): their values follow the RNG seeds in the `seeds` array, in this
+    # order, read by the kernels as `vf_<name>`; a call binds them from its inputs' shapes.
+    symbols: tuple[str, ...] = ()
 
     @property
     def segments(self) -> tuple[Segment, ...]:

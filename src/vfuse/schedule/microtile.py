@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from vfuse.ir.sym import hint
+
 Tile = tuple[int, int]  # (mr, nr) in elements
 
 
@@ -66,6 +68,7 @@ def pick_micro_tile(m: int, n: int, unit: VectorUnit = AVX512) -> Tile:
     """The default tile, unless another pads > 3% less work (e.g. 64 output channels: AVX-512's
     14x32 computes 70 rows (9% waste), 8x48 exactly 64)."""
     tiles = micro_tiles(unit)
+    m, n = hint(m), hint(n)  # a performance choice: at a symbolic size's hint
 
     def padded(tile: Tile) -> float:
         mr, nr = tile

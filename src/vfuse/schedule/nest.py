@@ -15,6 +15,7 @@ import dataclasses
 from collections.abc import Callable
 
 from vfuse.ir import DType, TensorType, opdef
+from vfuse.ir.sym import hint
 from vfuse.schedule import expr
 from vfuse.schedule.expr import Lin, Var
 from vfuse.schedule.kernel import Compute, Kernel, Load, Loop, Pass, Place, Reduce, Stmt, Store, stmt_args, stmt_index
@@ -189,7 +190,9 @@ def make_kernel(
     row_len = 1
     for lp in inner:
         row_len *= lp.size
-    need, buffered = _needs(stmts, stores, an, row_len <= ROW_BUFFER_MAX)
+    # Row buffers are heap-allocated per thread at the row's length: any size works, so the
+    # choice is taken at the hint of a symbolic length.
+    need, buffered = _needs(stmts, stores, an, hint(row_len) <= ROW_BUFFER_MAX)
     passes, after = _build_passes(stmts, stores, an, need, buffered, inner_vars)
     placement = {s.var: Place.ROW_BUFFER if s.var in buffered else Place.REGISTER for s in stmts}
     placement.update({st.buf: Place.MEMORY for st in stores})
@@ -231,7 +234,7 @@ def with_streaming(k: Kernel, llc_bytes: int) -> Kernel:
     total = 1
     for lp in (*k.outer, *k.inner):
         total *= lp.size
-    if total * sum(s.dtype.itemsize for s in stores) < STREAM_MIN_LLCS * llc_bytes:
+    if hint(total) * sum(s.dtype.itemsize for s in stores) < STREAM_MIN_LLCS * llc_bytes:  # perf only: at the hint
         return k
     return dataclasses.replace(k, stream=True)
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import math
 
+from vfuse.ir.sym import hint
 from vfuse.schedule import expr
 from vfuse.schedule.kernel import Kernel, Load, PrefetchLoad, RowPrefetch
 
@@ -40,7 +41,7 @@ def plan_prefetch(k: Kernel) -> RowPrefetch | None:
                 loads[s.buf] = s
     if not loads:
         return None
-    row_bytes = max(k.inner[0].size * s.dtype.itemsize for s in loads.values())
+    row_bytes = hint(max(k.inner[0].size * s.dtype.itemsize for s in loads.values()))  # perf only
     if row_bytes < MIN_ROW_BYTES:
         return None
     distance = max(1, min(MAX_DISTANCE, math.ceil(DISTANCE_BYTES / row_bytes)))

@@ -3,6 +3,7 @@ and passes, and every decision a renderer acts on (`strategy.py`)."""
 
 from __future__ import annotations
 
+from vfuse.ir.sym import hint
 from vfuse.schedule.kernel import (
     Accumulate,
     AnyKernel,
@@ -145,7 +146,8 @@ def format_program(program: Program) -> str:
         lines.append(f" written in place: {', '.join(f'%{v} -> %{x}' for v, x in program.in_place)}")
     mem = program.memory
     lines.append(f" arena {mem.size} bytes (without reuse {mem.naive_bytes})")
-    for v, off in sorted(program.memory.offsets.items(), key=lambda t: t[1]):
-        lines.append(f"   {off:>10}  %{v} {program.buffers[v].type}")
+    # Symbolic offsets (ir/sym.py) are ordered by their hints and printed as expressions.
+    for v, off in sorted(program.memory.offsets.items(), key=lambda t: hint(t[1])):
+        lines.append(f"   {off!s:>10}  %{v} {program.buffers[v].type}")
     lines.append("}")
     return "\n".join(lines)

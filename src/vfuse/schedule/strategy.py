@@ -15,6 +15,7 @@ import dataclasses
 import math
 
 from vfuse.ir import DType, Op, opdef
+from vfuse.ir.sym import hint, is_sym
 from vfuse.schedule.expr import Lin, Var
 from vfuse.schedule.kernel import Accumulate, Compute, Kernel, Load, Loop, Pass, RandKey, Reduction, Store, Walk
 from vfuse.schedule.prefetch import plan_prefetch
@@ -48,7 +49,8 @@ def lanes(vector: int) -> int:
 def decide(k: Kernel, vector: int, l1: int = 48 << 10) -> Kernel:
     """`k` with every rendering decision filled in, for vectors of `vector` fp32 lanes and
     `l1` bytes of L1 data cache per core."""
-    k = dataclasses.replace(k, threaded=_total(k) >= PARALLEL_MIN, tile=column_tile(k, vector))
+    # Performance choices on sizes are taken at the hints of symbolic sizes (no guard: valid at any size).
+    k = dataclasses.replace(k, threaded=hint(_total(k)) >= PARALLEL_MIN, tile=column_tile(k, vector))
     k = dataclasses.replace(k, walk=_walk(k, vector))
     if k.walk is Walk.SINGLE_ROW and (tiles := plan_transpose(k, vector, l1)):
         # Tiles' rows are a few lines each: no streaming stores (they pay off on whole rows).
@@ -98,7 +100,9 @@ def use_row_groups(k: Kernel, vector: int) -> bool:
     so kernels with either keep the row-at-a-time walk."""
     if len(k.outer) != 1 or k.stream or k.tile or not any(p.reduces for p in k.passes):
         return False
-    if math.prod(lp.size for lp in k.inner) > 4 * lanes(vector) or k.outer[0].size < 2 * ROW_GROUP:
+    if any(is_sym(lp.size) for lp in k.inner):
+        return False  # a row length known at run time only: the row-at-a-time walk serves every length
+    if math.prod(lp.size for lp in k.inner) > 4 * lanes(vector) or hint(k.outer[0].size) < 2 * ROW_GROUP:
         return False
     stmts = [*k.after, *(s for p in k.passes for s in p.before)]
     return not any(p.buffered or p.reloaded for p in k.passes) and not any(isinstance(s, RandKey) for s in stmts)
@@ -157,6 +161,8 @@ def use_lanes(p: Pass, vec: Loop, n: int) -> bool:
     """Lanes pay off only while g++ unrolls the lane loop completely, which keeps the `n` lanes
     in registers: rows of 2 to 4 x n elements. Longer rows keep the lane array in memory and
     got slower, as did NaN-tracking max/min."""
+    if is_sym(vec.size):
+        return False  # lanes are unrolled for one length: a symbolic one takes the plain SIMD accumulation
     return 2 * n <= vec.size <= 4 * n and not any(r.tracks_nan for r in p.reduces)
 
 
@@ -167,6 +173,8 @@ def strip_chains(k: Kernel, p: Pass, vec: Loop, parallel: bool, vector: int) -> 
     read without prefetch: the faster loop only piles up demand misses). g++ vectorizes the
     lane loop only around a chain loop of constant trip count (a guard on it is "control flow
     in loop")."""
+    if is_sym(vec.size):
+        return 0  # strips need a constant trip count (as above)
     length = min(vec.size, BLOCK) if vec.size <= BLOCK or vec.size % BLOCK == 0 else None
     if parallel or length is None or length < 2 * vector:
         return 0

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import math
 
+from vfuse.ir.sym import is_sym
 from vfuse.schedule.expr import Clamp, Div, Dyn, Lin, Mod, Var, walk
 from vfuse.schedule.kernel import Kernel, Load, Store, TransposeTiles
 
@@ -32,6 +33,8 @@ def plan_transpose(k: Kernel, vector: int, l1: int) -> TransposeTiles | None:
     cache per core), when a load or store is contiguous along another loop than the SIMD loop."""
     if k.outer or len(k.inner) < 2 or len(k.passes) != 1 or k.after or k.table or k.tile:
         return None
+    if any(is_sym(lp.size) for lp in k.inner):
+        return None  # tiles are rendered for constant sizes: a symbolic nest keeps the plain walk
     (p,) = k.passes
     if p.reduces or p.buffered or p.reloaded or math.prod(lp.size for lp in k.inner) < MIN_ELEMENTS:
         return None

@@ -31,6 +31,7 @@ from vfuse.codegen.cpp.gemm.prologue import Prologue
 from vfuse.codegen.cpp.rules import STORAGE_TYPE, STORE_CONVERT
 from vfuse.codegen.cpp.writer import StatementWriter, pointer, pointer_line
 from vfuse.ir import DType, Op
+from vfuse.ir.sym import hint
 from vfuse.schedule.kernel import ContractionKernel, Program
 from vfuse.schedule.microtile import VectorUnit
 
@@ -108,7 +109,9 @@ def _store(k: ContractionKernel, out: DType) -> str:
 
 
 def _extras(k: ContractionKernel, program: Program) -> tuple[EpilogueArg, ...]:
-    return tuple(EpilogueArg(pointer(v), f"const {STORAGE_TYPE[program.buffers[v].type.dtype]}*") for v in k.extras)
+    args = tuple(EpilogueArg(pointer(v), f"const {STORAGE_TYPE[program.buffers[v].type.dtype]}*") for v in k.extras)
+    # Symbolic sizes (`vf_s0`, ir/sym.py) read the seeds array: it goes wherever the epilogue's args go.
+    return (*args, EpilogueArg("seeds", "const int64_t*")) if program.symbols else args
 
 
 def _gemm(k: ContractionKernel, program: Program) -> tuple[str, str]:
@@ -152,7 +155,9 @@ def _int8_gemm(k: ContractionKernel, program: Program) -> tuple[str, str]:
 
 def _blocking(k: ContractionKernel, m: int, n: int, kk: int) -> Blocking:
     """Cache blocking around the register tile and vector width the schedule chose."""
-    return choose_blocking(m, n, kk, *k.caches, micro=(k.mr, k.nr), unit=VectorUnit(k.vector))
+    # Tiles are a performance choice: taken at a symbolic size's hint, the driver's runtime
+    # blocking (at most MC rows a block) serves any size.
+    return choose_blocking(hint(m), hint(n), hint(kk), *k.caches, micro=(k.mr, k.nr), unit=VectorUnit(k.vector))
 
 
 def _conv(k: ContractionKernel, program: Program) -> tuple[str, str]:

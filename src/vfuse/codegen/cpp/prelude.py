@@ -36,12 +36,23 @@ PRELUDE = (
 #include <cstring>
 #include <limits>
 #include <type_traits>
+#include <algorithm>
 #if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
 #endif
 """
     + _simd_decls()
     + r"""
+
+// ---- symbolic sizes (ir/sym.py): floor division and modulo as Python's, for sizes read at run time ----
+static inline int64_t vf_floordiv(int64_t a, int64_t b) {
+  int64_t q = a / b;
+  return q - ((a % b != 0) & ((a < 0) != (b < 0)));
+}
+static inline int64_t vf_pymod(int64_t a, int64_t b) {
+  int64_t r = a % b;
+  return r + ((r != 0) & ((r < 0) != (b < 0))) * b;
+}
 
 // ---- non-temporal stores (streaming kernels, codegen/cpp/streaming.py) ----
 // Copy n bytes from an L1 chunk buffer to dst around the caches: the bytes between dst and its

@@ -25,6 +25,7 @@ from vfuse.codegen.cpp.rows import render_rows, render_single_row
 from vfuse.codegen.cpp.table import render_table
 from vfuse.codegen.cpp.transpose import render_transpose
 from vfuse.codegen.cpp.writer import KernelWriter
+from vfuse.ir.sym import CPP_PREFIX
 from vfuse.schedule.kernel import ContractionKernel, Kernel, Program, Walk
 
 KernelRenderer = Callable[[Kernel, Program], str]
@@ -57,10 +58,21 @@ CONTRACT_FMA = '#pragma GCC push_options\n#pragma GCC optimize("fp-contract=fast
 CONTRACT_END = "#pragma GCC pop_options"
 
 
+def symbol_defines(program: Program) -> list[str]:
+    """`vf_s0` and the other symbolic sizes: read from the seeds array every kernel and entry
+    takes (after the RNG seeds), so a kernel's loops take the call's sizes (ir/sym.py)."""
+    base = len(program.seeds)
+    return (
+        ["\n".join(f"#define {CPP_PREFIX}{s} (seeds[{base + i}])" for i, s in enumerate(program.symbols))]
+        if program.symbols
+        else []
+    )
+
+
 def render(program: Program) -> str:
     """The whole translation unit: prelude, template instances (GEMM / conv / attention, each
     include-guarded or namespaced), every kernel, one entry per segment."""
-    parts, kernels = [PRELUDE], []
+    parts, kernels = [PRELUDE, *symbol_defines(program)], []
     for k in program.kernels:
         if isinstance(k, ContractionKernel):
             template, wrapper = render_contraction(k, program)

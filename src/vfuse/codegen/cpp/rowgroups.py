@@ -19,6 +19,7 @@ from vfuse.codegen.cpp.passes import render_pass
 from vfuse.codegen.cpp.rows import row_region
 from vfuse.codegen.cpp.rules import COMPUTE_TYPE
 from vfuse.codegen.cpp.writer import KernelWriter
+from vfuse.ir.sym import known_multiple
 from vfuse.schedule.kernel import Const, Store
 
 
@@ -31,7 +32,7 @@ def _groups(w: KernelWriter) -> None:
     (lp,) = w.k.outer
     size, row = w.k.row_group, w.names[lp.var]
     w.open(f"for (int64_t {row}_g = 0; {row}_g < {lp.size}; {row}_g += {size}) {{")
-    if lp.size % size:  # the last group is partial
+    if not known_multiple(lp.size, size):  # the last group is partial (or may be: a symbolic row count)
         w.w(f"const int64_t {row}_n = {lp.size} - {row}_g < {size} ? {lp.size} - {row}_g : {size};")
     else:
         w.w(f"const int64_t {row}_n = {size};")

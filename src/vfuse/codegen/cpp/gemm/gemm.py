@@ -70,7 +70,7 @@ class GemmSpec:
         check_kernel_name(self.name)
         if self.trans_b and self.b_prologue is not None:
             raise ValueError(f"{self.name}: a B prologue reads B's elements itself (no trans_b)")
-        if min(self.m, self.n, self.k) < 1:
+        if self.m < 1 or self.n < 1 or self.k < 1:  # each proved for symbolic sizes, not compared
             raise ValueError(f"{self.name}: empty GEMM {self.m}x{self.k} @ {self.k}x{self.n}")
         strides = (self.a_batch_strides, self.b_batch_strides, self.c_batch_strides)
         if any(len(s) != len(self.batch) for s in strides):
