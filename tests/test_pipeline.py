@@ -30,10 +30,10 @@ def test_every_stage_dumps(tmp_path: Path) -> None:
 
 
 def _drops_an_input(graph: Graph) -> Graph:
-    """A broken pass: it renumbers the graph's only input to 1, leaving no input 0."""
+    """A broken pass: it renumbers the graph's only input to -1, no argument position."""
     b = GraphBuilder()
     (x,) = graph.inputs
-    y = b.add(Op.INPUT, name=x.name, index=1, type=x.type)
+    y = b.add(Op.INPUT, name=x.name, index=-1, type=x.type)
     return b.build([b.add(Op.NEG, [y])])
 
 

@@ -29,11 +29,13 @@ def backend(**options: Any) -> Any:
     return VfuseBackend(**options)
 
 
-def compile(fn: Callable, example_inputs: Sequence[Any], **options: Any) -> Any:
-    """Compile `fn` (an nn.Module or function) ahead of time for these example inputs' shapes."""
+def compile(fn: Callable, example_inputs: Sequence[Any], dynamic_shapes: Any = None, **options: Any) -> Any:
+    """Compile `fn` (an nn.Module or function) ahead of time for these example inputs' shapes;
+    `dynamic_shapes` (torch.export's, e.g. `{"x": {0: torch.export.Dim("batch")}}`) makes those
+    sizes symbolic: one program serves every size in their ranges (docs/dynamic.md)."""
     from vfuse.entry.aot import compile_aot
 
-    return compile_aot(fn, example_inputs, **options)
+    return compile_aot(fn, example_inputs, dynamic_shapes=dynamic_shapes, **options)
 
 
 def explain(fn: Callable, *example_inputs: Any, target: str = "cpu", **options: Any) -> Any:

@@ -26,8 +26,10 @@ from vfuse.entry import observe
 from vfuse.entry.devices import devices_for, foreign_device
 from vfuse.entry.dumps import graph_context
 from vfuse.errors import VfuseCompileError, VfuseInputError
+from vfuse.frontend.symbols import sym_env
 from vfuse.ir import Graph
 from vfuse.runtime.compiled import CompiledGraph
+from vfuse.runtime.symbolic import SymbolicExecutor
 
 _PLAIN = (torch.Tensor, torch.nn.Parameter)  # pytree leaves: such arguments need no flattening
 _STATE_UPDATES = (OutputKind.BUFFER_MUTATION, OutputKind.PARAMETER_MUTATION)
@@ -44,15 +46,18 @@ class _AsModule(torch.nn.Module):
         return self.fn(*args)
 
 
-def export(fn: Callable, example_inputs: Sequence[Any]) -> ExportedProgram:
+def export(fn: Callable, example_inputs: Sequence[Any], dynamic_shapes: Any = None) -> ExportedProgram:
     from vfuse.frontend.decompositions import decomposition_table
 
     module = fn if isinstance(fn, torch.nn.Module) else _AsModule(fn)
     examples = _unaliased(module, example_inputs)
+    if dynamic_shapes is not None and not isinstance(fn, torch.nn.Module) and isinstance(dynamic_shapes, dict):
+        dynamic_shapes = tuple(dynamic_shapes.values())  # by the function's argument names: _AsModule takes *args
     with warnings.catch_warnings():
         # torch.export's own pytree deprecation notice, not actionable by our users.
         warnings.filterwarnings("ignore", category=FutureWarning, message=".*LeafSpec")
-        return torch.export.export(module, examples).run_decompositions(decomposition_table())
+        exported = torch.export.export(module, examples, dynamic_shapes=dynamic_shapes)
+        return exported.run_decompositions(decomposition_table())
 
 
 def _unaliased(module: torch.nn.Module, example_inputs: Sequence[Any]) -> tuple[Any, ...]:
@@ -94,6 +99,9 @@ class AotCompiled:
     ) -> None:
         self.program = program
         self.compiled = compiled
+        self.variants: list[CompiledGraph] = []  # more programs over symbolic sizes (`_variant`)
+        self._frozen = frozen
+        self._frozen_values = {i: t for i, t in enumerate(_lifted_all(program)) if i in frozen and t is not None}
         self.autograd_backend: Any = None  # the VfuseBackend of calls that need gradients
         self._options = dict(options or {})
         self._autograd: Callable | None = None
@@ -138,12 +146,29 @@ class AotCompiled:
         if torch.is_grad_enabled() and self._needs_grad(flat):
             outs = self._run_autograd(flat)
         else:
-            outs = self.compiled.run_unchecked(inputs)
+            outs = self._variant(inputs).run_unchecked(inputs)
         if self._state_updates or self._input_updates:
             self._apply_updates(outs, flat)
         if self._single_out:
             return outs[self._user_out[0]]
         return pytree.tree_unflatten([outs[i] for i in self._user_out], self._out_spec)
+
+    def _variant(self, inputs: Sequence[Any]) -> CompiledGraph:
+        """The compiled graph for these sizes: with symbolic sizes (export's `Dim`s), a program
+        whose guards admit them, compiled now if none does (entry/dynamic.py's policy)."""
+        ex = self.compiled.executor
+        if not isinstance(ex, SymbolicExecutor) or ex.serves(ex.values(inputs)):
+            return self.compiled
+        for other in self.variants:
+            if other.executor.serves(other.executor.values(inputs)):
+                return other
+        ctx = graph_context(Options.from_env(**self._options), f"aot{len(self.variants) + 1}", "aot", inputs)
+        gm = self.program.graph_module
+        other = compile_fx(gm, ctx, self._frozen_values, symbols=sym_env(gm, _with_frozen(inputs, self._frozen)))
+        observe.compiled(other, ctx, "aot (dynamic)")
+        other.input_labels = self.compiled.input_labels
+        self.variants.append(other)
+        return other
 
     def profile(self, *args: Any, reps: int = 20, threads: int | None = None) -> list[Any]:
         """Per-kernel predicted and measured times on these inputs (`CompiledGraph.profile`)."""
@@ -229,17 +254,27 @@ def _lifted_tensor(program: ExportedProgram, spec: Any) -> torch.Tensor | None:
     return _state_tensor(program, spec.target)
 
 
-def compile_aot(fn: Callable, example_inputs: Sequence[Any], **options: Any) -> AotCompiled:
+def compile_aot(fn: Callable, example_inputs: Sequence[Any], dynamic_shapes: Any = None, **options: Any) -> AotCompiled:
     checked = Options.from_env(**options)  # a bad option fails before the export
-    program = export(fn, example_inputs)
+    program = export(fn, example_inputs, dynamic_shapes)
     foreign = foreign_device(program.graph_module, allowed=devices_for(checked.backend))
     if foreign is not None:  # kernels read CPU memory only; torch.compile runs such graphs eagerly
         raise VfuseCompileError(f"vfuse.compile compiles CPU programs only: {foreign}")
     ctx = graph_context(checked, "aot0", "aot", example_inputs)
     frozen = _freezable(program) if ctx.options.freeze else {}
-    compiled = compile_fx(program.graph_module, ctx, frozen)
+    compiled = compile_fx(program.graph_module, ctx, frozen, symbols=sym_env(program.graph_module))
     observe.compiled(compiled, ctx, "aot")
     return AotCompiled(program, compiled, frozenset(frozen), options)
+
+
+def _lifted_all(program: ExportedProgram) -> list[torch.Tensor | None]:
+    return [_lifted_tensor(program, spec) for spec in program.graph_signature.input_specs]
+
+
+def _with_frozen(inputs: Sequence[Any], frozen: frozenset[int]) -> list[Any]:
+    """The graph's full argument list (frozen positions hold None: their sizes are fixed)."""
+    it = iter(inputs)
+    return [None if i in frozen else next(it) for i in range(len(inputs) + len(frozen))]
 
 
 def _freezable(program: ExportedProgram) -> dict[int, torch.Tensor]:

@@ -18,14 +18,14 @@ from vfuse.frontend.errors import Fallback
 from vfuse.frontend.registry import lowers
 from vfuse.ir import Op
 from vfuse.ir.shapes import clamp_slice, normalize_dim
-from vfuse.ir.sym import is_sym
+from vfuse.ir.sym import is_sym, same
 
 aten = torch.ops.aten
 
 
 def reshape(em: Emitter, x: str, shape: Sequence[int]) -> str:
     shape = tuple(d if is_sym(d) else int(d) for d in shape)
-    return x if em.ttype(x).shape == shape else em.emit(Op.RESHAPE, (x,), shape=shape)
+    return x if same(em.ttype(x).shape, shape) else em.emit(Op.RESHAPE, (x,), shape=shape)
 
 
 def permute(em: Emitter, x: str, perm: Sequence[int]) -> str:
@@ -61,7 +61,7 @@ def lower_reshape(em: Emitter, node: torch.fx.Node) -> str:
 @lowers(aten.expand.default, aten.expand_copy.default)
 def lower_expand(em: Emitter, node: torch.fx.Node) -> str:
     x, shape = em.value(node.args[0]), em.out_type().shape
-    return x if em.ttype(x).shape == shape else em.emit(Op.EXPAND, (x,), shape=shape)
+    return x if same(em.ttype(x).shape, shape) else em.emit(Op.EXPAND, (x,), shape=shape)
 
 
 @lowers(aten.permute, aten.permute_copy)

@@ -76,6 +76,7 @@ def sym_env(gm: torch.fx.GraphModule, args: Sequence[Any] | None = None) -> SymE
             hint = args[b.index] if b.dim is None else args[b.index].shape[b.dim]
         found[b.symbol] = (int(hint), _range(node.shape_env, b.symbol))
     env = SymEnv(found)
+    env.arguments = {b.symbol.name: b.index for b in bindings(values) if b.dim is None}
     for v in values:
         for d in _sizes_of(v):
             missing = d.node.expr.free_symbols - set(found)

@@ -29,8 +29,8 @@ from vfuse.fusion.forms import CONTRACTION_LABELS, Form, Illegal, numel_of, per_
 from vfuse.fusion.plan import Cost
 from vfuse.fusion.rules import Rule
 from vfuse.ir import Graph, Kind, Node, TensorType, opdef
-from vfuse.ir.shapes import ShapeError, broadcast, numel
-from vfuse.ir.sym import hint
+from vfuse.ir.shapes import numel
+from vfuse.ir.sym import hint, is_sym, same
 from vfuse.targets import Target
 
 ReduceSig = tuple[tuple[int, ...], tuple[int, ...], int]  # (full shape, axes, rows)
@@ -187,10 +187,13 @@ def with_prologue(s: Summary, form: Form, facts: Mapping[str, Facts]) -> Summary
 
 
 def _fits(shape: tuple[int, ...], into: tuple[int, ...]) -> bool:
-    try:
-        return broadcast(shape, into) == into
-    except ShapeError:
+    """Whether `shape` broadcasts into `into`; symbolic sizes compared structurally (a "no" only
+    keeps the values apart)."""
+    if len(shape) > len(into):
         return False
+    return all(
+        (not is_sym(d) and d == 1) or same(d, e) for d, e in zip(shape, into[len(into) - len(shape) :], strict=True)
+    )
 
 
 def _crossing(p: Summary, c: Summary, passed: frozenset[str], sig: ReduceSig, facts: Mapping[str, Facts]) -> int:

@@ -39,6 +39,7 @@ class SymEnv:
         self._seen: set[sympy.Basic] = set()
         self._proofs: dict[sympy.Basic, bool | None] = {}
         self.frozen = False  # after compilation: a decision then is a bug, not a guard
+        self.arguments: dict[str, int] = {}  # symbols passed as size arguments: name -> argument position
         self.trace: dict[sympy.Basic, str] | None = None  # set to {} to record where each guard came from
 
     def size(self, expr: Any) -> SymSize | int:
@@ -83,6 +84,8 @@ class SymEnv:
         return value
 
     def _prove(self, cond: sympy.Basic) -> bool | None:
+        if cond in (sympy.true, sympy.false):
+            return bool(cond)
         if cond in self._proofs:
             return self._proofs[cond]
         result = None
@@ -187,10 +190,10 @@ class SymSize:
         return self._bin(o, FloorDiv if not isinstance(o, float) else operator.floordiv, True)
 
     def __mod__(self, o: Any) -> Any:
-        return self._bin(o, PythonMod if not isinstance(o, float) else operator.mod)
+        return self._bin(o, sympy.Mod if not isinstance(o, float) else operator.mod)
 
     def __rmod__(self, o: Any) -> Any:
-        return self._bin(o, PythonMod if not isinstance(o, float) else operator.mod, True)
+        return self._bin(o, sympy.Mod if not isinstance(o, float) else operator.mod, True)
 
     def __truediv__(self, o: Any) -> float:
         return int(self) / (int(o) if isinstance(o, SymSize) else o)
@@ -326,11 +329,22 @@ def hint(x: Any) -> Any:
     return x
 
 
+def same(a: Any, b: Any) -> bool:
+    """Structural equality of sizes or shapes: equal ints, or identical expressions; no guard.
+    For checks whose "no" is always safe (a no-op test, a fusion's legality), where `==`
+    would guard on an undecidable pair of symbols."""
+    if isinstance(a, tuple | list) and isinstance(b, tuple | list):
+        return len(a) == len(b) and all(same(x, y) for x, y in zip(a, b))
+    if isinstance(a, SymSize) or isinstance(b, SymSize):
+        return isinstance(a, SymSize) and isinstance(b, SymSize) and a.expr == b.expr
+    return bool(a == b)
+
+
 def known_multiple(x: Any, m: int) -> bool:
     """Whether `x % m == 0` holds for every size (proved, no guard): False when it may not."""
     if not isinstance(x, SymSize):
         return x % m == 0
-    return x.env._prove(sympy.Eq(PythonMod(x.expr, m), 0)) is True
+    return x.env._prove(sympy.Eq(sympy.Mod(x.expr, m), 0)) is True
 
 
 def env_of(values: Iterable[Any]) -> SymEnv | None:
@@ -393,7 +407,8 @@ def _print(e: sympy.Basic, how: Mapping[str, Any]) -> str:
         return "(" + "*".join(_print(a, how) for a in e.args) + ")"
     if e.is_Pow and e.exp.is_Integer and int(e.exp) > 0:
         return "(" + "*".join([_print(e.base, how)] * int(e.exp)) + ")"
-    binary = {FloorDiv: "floordiv", PythonMod: "mod", sympy.Max: "max", sympy.Min: "min"}
+    # sympy's Mod is Python's (the divisor's sign), as torch's PythonMod.
+    binary = {FloorDiv: "floordiv", PythonMod: "mod", sympy.Mod: "mod", sympy.Max: "max", sympy.Min: "min"}
     for fn, key in binary.items():
         if isinstance(e, fn):
             out = _print(e.args[0], how)

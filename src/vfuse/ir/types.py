@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import torch
 
 from vfuse.ir import shapes
+from vfuse.ir.sym import same
 
 
 class DType(enum.Enum):
@@ -72,15 +73,23 @@ _TO_TORCH = {
 _FROM_TORCH = {v: k for k, v in _TO_TORCH.items()}
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, eq=False)
 class TensorType:
-    """The static type of an IR value: concrete shape and element type."""
+    """The static type of an IR value: shape (ints, or symbolic sizes: ir/sym.py) and element type."""
 
     shape: tuple[int, ...]
     dtype: DType
 
     def __post_init__(self) -> None:
         shapes.check_shape(self.shape)
+
+    def __eq__(self, other: object) -> bool:
+        # Symbolic sizes compare structurally (the same expression), taking no guard: types
+        # are compared to find identities and to check rules, where "different" is safe.
+        return isinstance(other, TensorType) and self.dtype is other.dtype and same(self.shape, other.shape)
+
+    def __hash__(self) -> int:
+        return hash((self.shape, self.dtype))
 
     @property
     def rank(self) -> int:

@@ -31,7 +31,7 @@ MAX_EXECUTORS = 64  # sizes kept per program (least recently made dropped first)
 
 @dataclass(frozen=True, slots=True)
 class SizeBinding:
-    """Symbol `name` is the size at `dim` of graph input `index`."""
+    """Symbol `name` is the size at `dim` of graph input `index` (dim -1: the argument is the size)."""
 
     name: str
     index: int
@@ -46,6 +46,8 @@ def bindings_of(graph: Graph, env: SymEnv) -> list[SizeBinding]:
             for d, size in enumerate(n.type.shape):
                 if isinstance(size, SymSize) and size.expr.is_Symbol:
                     found.setdefault(size.expr.name, SizeBinding(size.expr.name, int(n.attrs["index"]), d))
+    for name, index in env.arguments.items():
+        found.setdefault(name, SizeBinding(name, index, -1))
     missing = [s.name for s in env.symbols if s.name not in found]
     if missing:
         raise ValueError(f"symbols {missing} are no input's size: the graph is compiled per shape")
@@ -154,8 +156,10 @@ class SymbolicExecutor:
 
     def values(self, inputs: Sequence[Any]) -> tuple[int, ...]:
         try:
-            return tuple(int(inputs[b.index].shape[b.dim]) for b in self.bindings)
-        except (IndexError, AttributeError) as e:
+            return tuple(
+                int(inputs[b.index].shape[b.dim]) if b.dim >= 0 else int(inputs[b.index]) for b in self.bindings
+            )
+        except (IndexError, AttributeError, TypeError) as e:
             raise VfuseInputError(f"a compiled graph with symbolic sizes could not read its sizes: {e}") from None
 
     def serves(self, values: tuple[int, ...]) -> bool:

@@ -1,0 +1,211 @@
+"""Dynamic shapes end to end: one compiled graph and one set of kernels for every size.
+
+torch.compile(dynamic=True), automatic dynamic, mark_dynamic and torch.export's Dim each compile
+a graph once over its symbols; every later size its guards admit runs without compiling
+(g++ is never called again: the build is patched to fail), numerics match eager at odd sizes
+(primes, 2, sizes past L2), forward and backward, SymInt outputs included."""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Iterator
+
+import pytest
+import sympy
+import torch
+from torch.export import Dim
+from torch.fx.experimental.proxy_tensor import make_fx
+
+import vfuse
+import vfuse.compiler as compiler
+import vfuse.entry.dynamic as dynamic_entry
+from vfuse.context import Context, Options
+from vfuse.errors import VfuseInputError
+from vfuse.frontend.symbols import sym_env
+from vfuse.runtime.symbolic import SymbolicExecutor
+
+
+class Block(torch.nn.Module):
+    """LayerNorm -> Linear -> GELU -> Linear + residual, then softmax: rows, GEMMs, pointwise."""
+
+    def __init__(self, d: int = 32) -> None:
+        super().__init__()
+        self.ln = torch.nn.LayerNorm(d)
+        self.up = torch.nn.Linear(d, 3 * d)
+        self.down = torch.nn.Linear(3 * d, d)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = x + self.down(torch.nn.functional.gelu(self.up(self.ln(x))))
+        return torch.softmax(h, -1) * h
+
+
+@pytest.fixture
+def no_more_builds(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[int]]:
+    """Counts native builds; `builds.append(-1)` makes every later build fail the test."""
+    builds: list[int] = []
+    real = compiler.build
+
+    def build(*args: object, **kwargs: object) -> object:
+        assert -1 not in builds, "a new size compiled native code"
+        builds.append(1)
+        return real(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(compiler, "build", build)
+    yield builds
+
+
+def test_symbolic_program_serves_every_size(no_more_builds: list[int]) -> None:
+    def f(x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return torch.relu(x * 2 + y).sum(-1) + torch.softmax(x, -1).amax(-1), (x + 1).exp()
+
+    gm = make_fx(f, tracing_mode="symbolic")(torch.randn(8, 100), torch.randn(8, 100))
+    env = sym_env(gm)
+    cg = compiler.compile_fx(gm, Context(Options(verify=True, raise_codegen_errors=True)), symbols=env)
+    assert isinstance(cg.executor, SymbolicExecutor)
+    no_more_builds.append(-1)
+    admitted = [(8, 100), (13, 100), (1, 100), (5000, 100), (3, 100)]
+    for shape in admitted:
+        x, y = torch.randn(*shape), torch.randn(*shape)
+        for got, want in zip(cg(x, y), f(x, y), strict=True):
+            torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    assert cg.executor.instantiated == len(admitted)
+
+
+def test_sizes_outside_the_guards_are_refused_by_name() -> None:
+    def f(x: torch.Tensor) -> torch.Tensor:
+        return x.sum(-1)
+
+    gm = make_fx(f, tracing_mode="symbolic")(torch.randn(6, 9))
+    env = sym_env(gm)
+    env.guard(sympy.Lt(env.symbols[0], 50))  # as a specializing decision would
+    cg = compiler.compile_fx(gm, Context(Options(raise_codegen_errors=True)), symbols=env)
+    x = torch.randn(7, 9)
+    torch.testing.assert_close(cg(x)[0], x.sum(-1))
+    with pytest.raises(VfuseInputError, match=f"{env.symbols[0].name}=64"):
+        cg(torch.randn(64, 9))
+
+
+def test_dynamic_true_compiles_one_graph_for_every_length(no_more_builds: list[int]) -> None:
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    m, backend = Block(), vfuse.backend()
+    c = torch.compile(m, backend=backend, dynamic=True)
+    with torch.no_grad():
+        for i, t in enumerate((5, 17, 2, 64, 127, 1000)):
+            x = torch.randn(3, t, 32)
+            torch.testing.assert_close(c(x), m(x), rtol=1e-4, atol=1e-5)
+            if i == 0:
+                no_more_builds.append(-1)
+    assert backend.stats["graphs"] == 1 and backend.stats["eager_graphs"] == 0
+    assert backend.stats["fallbacks"] == {}
+
+
+def test_training_forward_and_backward_with_a_size_output() -> None:
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    m, backend = Block(), vfuse.backend()
+    ref = copy.deepcopy(m)
+
+    def step(model: torch.nn.Module, x: torch.Tensor) -> tuple[torch.Tensor, int]:
+        return model(x).square().mean(), x.shape[1] + 1
+
+    c = torch.compile(lambda x: step(m, x), backend=backend, dynamic=True)
+    for t in (7, 13, 4, 31):
+        x = torch.randn(2, t, 32)
+        (loss, n), (want, n_ref) = c(x), step(ref, x)
+        loss.backward()
+        want.backward()
+        assert n == n_ref
+        torch.testing.assert_close(loss, want, rtol=1e-5, atol=1e-6)
+        for p, q in zip(m.parameters(), ref.parameters(), strict=True):
+            torch.testing.assert_close(p.grad, q.grad, rtol=1e-4, atol=1e-6)
+        m.zero_grad()
+        ref.zero_grad()
+    assert backend.stats["graphs"] == 2 and backend.stats["eager_graphs"] == 0  # forward + backward
+
+
+def test_automatic_dynamic_and_mark_dynamic() -> None:
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    m, backend = Block(), vfuse.backend()
+    c = torch.compile(m, backend=backend)  # automatic dynamic: the second size makes the dim symbolic
+    with torch.no_grad():
+        for t in (5, 7, 9, 23):
+            x = torch.randn(2, t, 32)
+            torch.testing.assert_close(c(x), m(x), rtol=1e-4, atol=1e-5)
+    assert backend.stats["graphs"] == 2  # t=5 fixed, t=7 symbolic (serving 9 and 23)
+    torch._dynamo.reset()
+    backend = vfuse.backend()
+    c = torch.compile(m, backend=backend)
+    with torch.no_grad():
+        for t in (6, 11, 3):
+            x = torch.randn(t, 4, 32)
+            torch._dynamo.mark_dynamic(x, 0)
+            torch.testing.assert_close(c(x), m(x), rtol=1e-4, atol=1e-5)
+    assert backend.stats["graphs"] == 1
+
+
+def test_size_arithmetic_and_torch_steps_take_the_call_sizes() -> None:
+    """Views split a symbolic size; an op run through torch (arange of a symbolic length) gets
+    the call's sizes in its arguments."""
+    torch._dynamo.reset()
+    backend = vfuse.backend()
+
+    def f(x: torch.Tensor) -> torch.Tensor:
+        b, t, c = x.shape
+        heads = x.view(b, t, 4, c // 4).transpose(1, 2).softmax(-1)
+        pos = torch.arange(t, dtype=x.dtype)
+        return heads.transpose(1, 2).reshape(b * t, c) + pos.repeat(b)[:, None]
+
+    c = torch.compile(f, backend=backend, dynamic=True)
+    for b, t in ((2, 5), (3, 11), (2, 2), (5, 37)):
+        x = torch.randn(b, t, 16)
+        torch.testing.assert_close(c(x), f(x), rtol=1e-5, atol=1e-5)
+    assert backend.stats["graphs"] == 1
+
+
+def test_guard_miss_compiles_another_variant(monkeypatch: pytest.MonkeyPatch) -> None:
+    real = dynamic_entry.sym_env
+
+    def with_guard(gm: torch.fx.GraphModule, args: object = None) -> object:
+        env = real(gm, args)  # type: ignore[arg-type]
+        for s in env.symbols:  # as a decision taken at the hint would
+            env.guard(sympy.Lt(s, 20) if env.hints[s] < 20 else sympy.Ge(s, 20))
+        return env
+
+    monkeypatch.setattr(dynamic_entry, "sym_env", with_guard)
+    torch._dynamo.reset()
+    backend = vfuse.backend()
+    c = torch.compile(lambda x: torch.tanh(x).sum(0), backend=backend, dynamic=True)
+    for n in (3, 7, 25, 40, 5):
+        x = torch.randn(n, 6)
+        torch.testing.assert_close(c(x), torch.tanh(x).sum(0), rtol=1e-5, atol=1e-5)
+    assert backend.stats["graphs"] == 2  # n < 20 and n >= 20
+
+
+def test_dropout_seeds_and_sizes_share_the_seed_array() -> None:
+    """The RNG seeds sit before the sizes in the kernels' seed array: the backward regenerates
+    the forward's mask at every size."""
+    torch._dynamo.reset()
+    backend = vfuse.backend()
+    c = torch.compile(lambda x: torch.nn.functional.dropout(x * 3, 0.5, training=True), backend=backend, dynamic=True)
+    for t in (33, 70, 5):
+        x = torch.randn(4, t, requires_grad=True)
+        y = c(x)
+        y.sum().backward()
+        kept = y != 0
+        assert 0.3 < kept.float().mean() < 0.7
+        torch.testing.assert_close(x.grad, kept.float() * 6.0)
+
+
+def test_export_with_dim_and_freeze() -> None:
+    torch.manual_seed(0)
+    m = Block().eval()
+    batch = Dim("batch", min=2, max=4096)
+    for freeze in (False, True):
+        c = vfuse.compile(m, (torch.randn(8, 32),), dynamic_shapes={"x": {0: batch}}, freeze=freeze)
+        with torch.no_grad():
+            for n in (8, 3, 17, 1000):
+                x = torch.randn(n, 32)
+                torch.testing.assert_close(c(x), m(x), rtol=1e-4, atol=1e-5)
+        assert c.variants == [] and c.compiled.executor.env.guards == []

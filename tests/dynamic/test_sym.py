@@ -1,0 +1,114 @@
+"""Symbolic sizes (ir/sym.py): arithmetic, proofs over the ranges, guards at the hint,
+specialization when a plain int is read, printing; guard functions and substitution."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pytest
+import sympy
+from torch.utils._sympy.value_ranges import ValueRanges
+
+from vfuse.ir import DType, TensorType
+from vfuse.ir.shapes import ShapeError, broadcast, matmul
+from vfuse.ir.sym import SymEnv, SymSize, cpp, hint, known_multiple, python
+from vfuse.runtime.symbolic import concretize, guard_function
+
+S0, S1 = sympy.symbols("s0 s1", integer=True, positive=True)
+
+
+def _env(h0: int = 12, h1: int = 5) -> SymEnv:
+    return SymEnv({S0: (h0, ValueRanges(2, sympy.oo)), S1: (h1, ValueRanges(2, sympy.oo))})
+
+
+def test_arithmetic_stays_symbolic_and_folds_constants() -> None:
+    env = _env()
+    a, b = env.size(S0), env.size(S1)
+    assert isinstance(a * 768, SymSize) and (a * 768).hint == 12 * 768
+    assert (a * 16) // 16 == a  # FloorDiv folds: the same expression, no guard
+    assert (a * b - a * b) == 0 and isinstance(a * b - a * b, int)
+    assert ((a + 3) % 1) == 0
+    assert hint((a, 7, b * 2)) == (12, 7, 10)
+    assert env.guards == []
+
+
+def test_relations_are_proved_over_the_ranges_without_guards() -> None:
+    env = _env()
+    a, b = env.size(S0), env.size(S1)
+    assert a != 1 and a * 768 != 1 and a >= 2 and a * b > a  # s0 >= 2, s1 >= 2
+    assert not (a == 0) and bool(a)
+    assert env.guards == []
+
+
+def test_an_undecidable_relation_is_answered_at_the_hint_and_guarded() -> None:
+    env = _env(h0=12)
+    a = env.size(S0)
+    assert a < 100 and not (a < 10)
+    assert env.guards == [S0 < 100, sympy.Not(S0 < 10)]
+    fn = guard_function(env, ["s0", "s1"])
+    assert fn(12, 5) and fn(50, 2) and not fn(100, 5) and not fn(9, 5)
+
+
+def test_reading_a_plain_int_specializes() -> None:
+    env = _env(h0=12)
+    a = env.size(S0)
+    assert list(range(a)) == list(range(12))  # __index__
+    assert int(a * 2) == 24 and float(a) == 12.0 and f"{a:>4}" == "  12"
+    assert sympy.Eq(S0, 12) in env.guards and sympy.Eq(2 * S0, 24) in env.guards
+    assert not guard_function(env, ["s0", "s1"])(13, 5)
+
+
+def test_decisions_after_compilation_raise() -> None:
+    env = _env()
+    env.frozen = True
+    with pytest.raises(RuntimeError, match="after compilation"):
+        _ = env.size(S0) < 7
+
+
+def test_printing_cpp_and_python() -> None:
+    env = _env()
+    a, b = env.size(S0), env.size(S1)
+    e = (a * b + 5) // 4
+    assert f"{a * 768}" == "(768*vf_s0)"
+    assert "vf_floordiv(" in f"{e}" and "vf_s1" in f"{e}"
+    assert str(a * 768) == "768*s0"
+    fn = eval(f"lambda s0, s1: {python(((a * b + 5) // 4 - a % 3).expr)}")
+    assert fn(7, 3) == (7 * 3 + 5) // 4 - 7 % 3
+    assert cpp(sympy.Integer(2**40)) == f"{2**40}LL"
+
+
+def test_known_multiple_takes_no_guard() -> None:
+    env = _env()
+    a = env.size(S0)
+    assert known_multiple(a * 16, 4) and not known_multiple(a, 4) and known_multiple(32, 8)
+    assert env.guards == []
+
+
+def test_shape_rules_over_symbolic_sizes() -> None:
+    env = _env()
+    a, b = env.size(S0), env.size(S1)
+    assert broadcast((a, 1, 64), (b, 64)) == (a, b, 64)
+    assert matmul((a, b, 64), (64, 32)) == (a, b, 32)
+    t = TensorType((a, 64), DType.F32)
+    assert t.nbytes == a * 256 and str(t) == "f32[s0,64]"
+    assert env.guards == []
+    with pytest.raises(ShapeError):
+        broadcast((a, 3), (b, 4))
+    assert env.guards == [sympy.Ne(S1, S0)]  # the message holds only where s0 != s1
+
+
+@dataclass(frozen=True)
+class _Box:
+    shape: tuple
+    items: dict
+    name: str = "x"
+
+
+def test_concretize_substitutes_everywhere_and_shares_what_has_no_size() -> None:
+    env = _env()
+    a = env.size(S0)
+    static = (1, 2, 3)
+    box = _Box((a, a * 4), {"k": [a + 1, "v"], "s": static})
+    out = concretize(box, {S0: 9, S1: 2})
+    assert out == _Box((9, 36), {"k": [10, "v"], "s": static}) and out.items["s"] is static
+    assert concretize(static, {S0: 1}) is static
