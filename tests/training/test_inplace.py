@@ -259,3 +259,28 @@ def test_softmax_written_in_place_in_its_row_kernel() -> None:
     torch.testing.assert_close(x, want)
     (graph,) = _compiled_graphs(backend)
     assert graph.in_place == (0,) and graph.executor.program.in_place
+
+
+def test_an_updated_input_returned_is_the_input_itself() -> None:
+    """`return x.mul_(2)` (the graph returns copy_'s result): the caller gets its own tensor,
+    updated; with a torch step (index_put) and with an int counter and a bool mask beside it."""
+
+    def fn(x, n, m, i, v):
+        n.add_(1)
+        m.logical_or_(x > 0)
+        return x.mul_(2), x.index_put_((i,), v)
+
+    def make() -> list[torch.Tensor]:
+        torch.manual_seed(0)
+        return [torch.randn(9), torch.tensor(3), torch.zeros(9, dtype=torch.bool), torch.tensor([1, 4]), torch.randn(2)]
+
+    torch._dynamo.reset()
+    eager, comp = make(), make()
+    compiled = torch.compile(fn, backend=vfuse.backend(strict=True))
+    with torch.no_grad():
+        for _ in range(2):
+            fn(*eager)
+            first, second = compiled(*comp)
+            assert first is comp[0] and second is comp[0]
+            for w, g in zip(eager, comp, strict=True):
+                torch.testing.assert_close(g, w, rtol=0, atol=0)

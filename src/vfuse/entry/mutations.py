@@ -33,11 +33,14 @@ aten = torch.ops.aten
 
 @dataclass(frozen=True)
 class Lifted:
-    """The outputs `lift` appended: after the graph's `outputs` own ones, one per mutated input,
-    `inputs[j]` the position of the input output `outputs + j` is the new value of."""
+    """What `lift` did: the graph returns its `outputs` own outputs, then one output per mutated
+    input, `inputs[j]` the position of the input output `outputs + j` is the new value of.
+    `returned`: (position among the graph's original outputs, input position) of each output
+    that was a copy_'s result, the updated input itself: not computed, the input is returned."""
 
     outputs: int
     inputs: tuple[int, ...]
+    returned: tuple[tuple[int, int], ...] = ()
 
     def replaces(self) -> dict[int, int]:
         """Output position -> input position, for every lifted output."""
@@ -46,8 +49,8 @@ class Lifted:
 
 def lift(gm: torch.fx.GraphModule) -> tuple[torch.fx.GraphModule, Lifted | None]:
     """`gm` with each `copy_(placeholder, value)` replaced by an output, or `gm` unchanged (None)
-    when it has none or one this cannot express: a copy_ whose result is used, a placeholder
-    copied into twice or read after its copy_, other outputs than a tuple."""
+    when it has none or one this cannot express: a copy_ whose result is used but to be returned,
+    a placeholder copied into twice or read after its copy_, other outputs than a tuple."""
     nodes = list(gm.graph.nodes)
     copies = [n for n in nodes if n.op == "call_function" and n.target is aten.copy_.default]
     out = nodes[-1]
@@ -58,13 +61,24 @@ def lift(gm: torch.fx.GraphModule) -> tuple[torch.fx.GraphModule, Lifted | None]
     targets: list[int] = []
     for c in copies:
         dst = c.args[0]
-        if not isinstance(dst, torch.fx.Node) or dst.op != "placeholder" or c.users or len(c.args) != 2 or c.kwargs:
+        if not isinstance(dst, torch.fx.Node) or dst.op != "placeholder" or len(c.args) != 2 or c.kwargs:
+            return gm, None
+        if any(u is not out for u in c.users):
             return gm, None
         if placeholders.index(dst) in targets or any(order[u] > order[c] for u in dst.users if u is not c):
             return gm, None
         targets.append(placeholders.index(dst))
+    target_of = {c.name: t for c, t in zip(copies, targets, strict=True)}
+    returned = tuple(
+        (k, target_of[v.name])
+        for k, v in enumerate(out.args[0])
+        if isinstance(v, torch.fx.Node) and v.name in target_of
+    )
     graph = copy.deepcopy(gm.graph)
     by_name = {n.name: n for n in graph.nodes}
+    new_out = next(n for n in graph.nodes if n.op == "output")
+    own = [v for v in new_out.args[0] if not (isinstance(v, torch.fx.Node) and v.name in target_of)]
+    new_out.args = (type(out.args[0])(own),)
     values = []
     for c in copies:
         old = by_name[c.name]
@@ -73,10 +87,8 @@ def lift(gm: torch.fx.GraphModule) -> tuple[torch.fx.GraphModule, Lifted | None]
         new.meta = dict(old.meta)  # copy_'s result: the input's shape, dtype and strides
         graph.erase_node(old)
         values.append(new)
-    new_out = next(n for n in graph.nodes if n.op == "output")
-    own = list(new_out.args[0])
     new_out.args = (type(out.args[0])([*own, *values]),)
-    return torch.fx.GraphModule(gm, graph), Lifted(len(own), tuple(targets))
+    return torch.fx.GraphModule(gm, graph), Lifted(len(own), tuple(targets), returned)
 
 
 def overlapping(example_inputs: Sequence[Any], lifted: Lifted) -> set[int]:
@@ -103,6 +115,7 @@ class Mutating:
     def __init__(self, run: Callable[[list], list], lifted: Lifted, in_place: Sequence[int]) -> None:
         self.run = run
         self.own = lifted.outputs
+        self.returned = lifted.returned
         replaces = lifted.replaces()
         self.written = tuple(replaces[o] for o in in_place)  # input positions written in place
         rest = [o for o in replaces if o not in in_place]  # returned: copied into their inputs
@@ -117,10 +130,15 @@ class Mutating:
             if not all(map(torch.Tensor.is_contiguous, written)):
                 return self._through_copies(args)
         targets = [args[i] for _, i in self.copies]
+        returned = [(k, args[i]) for k, i in self.returned]
         outs = self.run(args)
         for (k, _), t in zip(self.copies, targets, strict=True):
             t.copy_(outs[k])
-        return outs[: self.own] if self.copies else outs
+        if self.copies:
+            outs = outs[: self.own]
+        for k, t in returned:  # copy_ returns its destination
+            outs.insert(k, t)
+        return outs
 
     def _through_copies(self, args: list) -> list:
         """A call with a non-contiguous input to write: it runs on contiguous copies."""
@@ -132,4 +150,7 @@ class Mutating:
         outs = self.__class__.__call__(self, args)
         for i, t in swapped.items():
             t.copy_(fresh[i])
+        for k, i in self.returned:  # the caller's input, not the copy
+            if i in swapped:
+                outs[k] = swapped[i]
         return outs
