@@ -46,7 +46,7 @@ from vfuse.runtime.native import NativeExecutor
 from vfuse.runtime.steps import fallback_counts, torch_nodes
 from vfuse.runtime.symbolic import SymbolicExecutor, concretize
 from vfuse.runtime.triton import TritonExecutor, Tuning
-from vfuse.schedule import Kernel, Program
+from vfuse.schedule import Kernel, Program, TorchStep
 from vfuse.schedule import build as build_schedule
 from vfuse.schedule.gpu import candidates as gpu_candidates
 from vfuse.schedule.inplace import write_in_place
@@ -280,14 +280,24 @@ def compile_symbolic(graph: Graph, fusion_plan: FusionPlan, target: Target, ctx:
     unsized = [k.name for k in program.kernels if not takes_sizes(k)]
     if unsized:
         raise VfuseError(f"kernels {unsized} need constant sizes: compiled per shape")
+    if any(isinstance(k, ContractionKernel) and k.prepacked_b for k in program.kernels):
+        # The persistent region of packed operands sits past the intermediates: it would move
+        # with the sizes, and the executors of all sizes share one arena.
+        raise VfuseError("operands packed once need a fixed arena: compiled per shape")
     source = render(program, ctx)
     library = build(source, program, ctx)
     env.frozen = True  # every decision is taken: guards are final
     ctx.dump("05_guards.txt", "\n".join(map(str, env.guards)) or "(no guards: every size)")
     opts = ctx.options
 
+    # What the executor reads at these sizes: buffers and arena (the kernels read the sizes
+    # themselves); the graph's nodes only where torch runs some of them (a few ms otherwise).
+    torch_steps = any(isinstance(s, TorchStep) for s in program.steps)
+
     def make(values: dict) -> NativeExecutor:
-        plan_c, program_c = concretize((fusion_plan, program), values)
+        buffers, memory = concretize((program.buffers, program.memory), values)
+        program_c = dataclasses.replace(program, buffers=buffers, memory=memory)
+        plan_c = dataclasses.replace(fusion_plan, graph=concretize(graph, values)) if torch_steps else fusion_plan
         sizes = [values[s] for s in env.symbols]
         return NativeExecutor(plan_c, program_c, source, library, opts.static_outputs, opts.cache_dir, sizes)
 

@@ -115,16 +115,20 @@ class Dynamic:
         values = executor.values(args)
         if not executor.serves(values):
             raise RuntimeError(f"vfuse: a program compiled for sizes {values} rejects them (guards {env.guards})")
-        return lambda a: run(a, executor.values(a))
+        return lambda a: run(a, executor.values(a))  # the first call (then the loop in __call__)
 
 
 def _runner(compiled: Any, slots: tuple[Any, ...]) -> Callable[[list, tuple[int, ...]], list]:
-    execute = compiled.unchecked_runner
+    if compiled.unchecked_runner is compiled.executor:  # no output can alias: sizes read once
+        execute = compiled.executor.run
+    else:
+        runner = compiled.unchecked_runner
+        execute = lambda values, args: runner(args)  # noqa: E731
     if all(s is COMPUTED for s in slots):
-        return lambda args, values: execute(args)
+        return lambda args, values: execute(values, args)
 
     def run(args: list, values: tuple[int, ...]) -> list:
-        it = iter(execute(args))
+        it = iter(execute(values, args))
         return [next(it) if s is COMPUTED else s.fn(*values) if isinstance(s, SizeOutput) else s for s in slots]
 
     return run

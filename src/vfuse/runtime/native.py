@@ -77,6 +77,7 @@ class NativeExecutor(StepRunner):
         # Tensors are allocated on the first call: compilation may run under a FakeTensorMode.
         self._arena: torch.Tensor | None = None
         self._arena_off = 0
+        self._ready = False  # seeds, sizes, constants and arena set up (`_allocate`, first call)
         self._seeds = torch.zeros(0, dtype=torch.int64)
         self._constants: dict[str, torch.Tensor] = {}
         self._static = static_outputs
@@ -119,9 +120,11 @@ class NativeExecutor(StepRunner):
         # persistent region of B operands packed once (codegen/cpp/gemm/prepack.py): zeroed, as
         # its headers say "not packed yet".
         _, start, end = prepack_layout(self.program)
-        self._arena = torch.empty(end + ARENA_ALIGN, dtype=torch.uint8)
-        self._arena_off = -self._arena.data_ptr() % ARENA_ALIGN
+        if self._arena is None:  # else bound by the caller (`bind_arena`: a symbolic program's shared one)
+            self._arena = torch.empty(end + ARENA_ALIGN, dtype=torch.uint8)
+            self._arena_off = -self._arena.data_ptr() % ARENA_ALIGN
         self._arena[self._arena_off + start : self._arena_off + end].zero_()
+        self._ready = True
         self._seeds = torch.zeros(max(len(self.program.seeds) + len(self.sizes), 1), dtype=torch.int64)
         if self.sizes:
             self._seeds[len(self.program.seeds) :] = torch.tensor(self.sizes, dtype=torch.int64)
@@ -136,6 +139,18 @@ class NativeExecutor(StepRunner):
                 if name in self.program.buffers:
                     self._ptrs[self.program.buffers[name].slot] = t.data_ptr()
 
+    def arena_bytes(self) -> int:
+        """Bytes its arena needs (intermediates, fault record, prepacked operands, alignment)."""
+        return prepack_layout(self.program)[2] + ARENA_ALIGN
+
+    def bind_arena(self, arena: torch.Tensor) -> None:
+        """Run on `arena` (at least `arena_bytes()`), shared with the executors of a symbolic
+        program's other sizes (runtime/symbolic.py); calls must not overlap: the caller locks."""
+        if self._arena is not arena:
+            self._arena = arena
+            self._arena_off = -arena.data_ptr() % ARENA_ALIGN
+            self._arena_arg.value = arena.data_ptr() + self._arena_off
+
     def _arena_view(self, value: str) -> torch.Tensor:
         b = self.program.buffers[value]
         start = self._arena_off + b.slot
@@ -146,12 +161,12 @@ class NativeExecutor(StepRunner):
     def __call__(self, inputs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
         # The arena, pointer table and seed array are shared: one call at a time.
         with self._lock:
-            if self._plan is not None and self._arena is not None:
+            if self._plan is not None and self._ready:
                 return self._run_planned(self._plan, inputs)
             return self._run(inputs)
 
     def _run(self, inputs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
-        if self._arena is None:
+        if not self._ready:
             self._allocate()
         assert self._arena is not None
         if self._plan is not None:
@@ -170,7 +185,7 @@ class NativeExecutor(StepRunner):
 
     def _prepare(self, inputs: Sequence[torch.Tensor]) -> dict[str, Any]:
         """The general path's environment: constants, inputs, this call's seeds and outputs."""
-        if self._arena is None:
+        if not self._ready:
             self._allocate()
         env: dict[str, Any] = dict(self._constants)
         for name, index in self._input_names:

@@ -74,21 +74,22 @@ def _py_cond(c: sympy.Basic) -> str:
     raise TypeError(f"no printer for guard {c}")
 
 
-def concretize(obj: Any, values: Mapping[sympy.Symbol, int]) -> Any:
+def concretize(obj: Any, values: Mapping[sympy.Symbol, int], keep: tuple[type, ...] = ()) -> Any:
     """`obj` (plan, Program, graph, attrs: frozen dataclasses, tuples, dicts) with every SymSize
-    replaced by its value; unchanged parts are shared, not copied."""
+    replaced by its value; unchanged parts are shared, not copied; instances of `keep` are left
+    as they are (kernels: their code reads the sizes itself, the runtime only names them)."""
     memo: dict[int, Any] = {}
     exprs: dict[sympy.Basic, int] = {}
 
     def size(x: SymSize) -> int:
         v = exprs.get(x.expr)
         if v is None:
-            v = exprs[x.expr] = int(x.expr.xreplace(values))
+            v = exprs[x.expr] = int(x.env.evaluator(x.expr)(*(values[s] for s in x.env.symbols)))
         return v
 
     def go(x: Any) -> Any:
         t = type(x)
-        if t in _ATOMS or isinstance(x, enum.Enum | torch.Tensor):
+        if t in _ATOMS or isinstance(x, enum.Enum | torch.Tensor) or isinstance(x, keep):
             return x
         if t is SymSize:
             return size(x)
@@ -150,7 +151,8 @@ class SymbolicExecutor:
         self.guards = guard_function(env, self.names)
         self._make = make
         self._by_size: dict[tuple[int, ...], Any] = {}
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()
+        self._arena: torch.Tensor | None = None
         self.stats = stats
         self.instantiated = 0  # sizes an executor was made for
 
@@ -166,11 +168,22 @@ class SymbolicExecutor:
         return values in self._by_size or bool(self.guards(*values))
 
     def __call__(self, inputs: list[torch.Tensor]) -> list[torch.Tensor]:
-        values = self.values(inputs)
+        return self.run(self.values(inputs), inputs)
+
+    def run(self, values: tuple[int, ...], inputs: list[torch.Tensor]) -> list[torch.Tensor]:
+        """A call whose sizes the caller has read already (`values`). Executors with an arena
+        share one, grown to the largest size seen (never reallocated for a size seen before)."""
         ex = self._by_size.get(values)
         if ex is None:
             ex = self.executor_for(values)
-        return ex(inputs)
+        if not hasattr(ex, "bind_arena"):
+            return ex(inputs)
+        with self._lock:
+            need = ex.arena_bytes()
+            if self._arena is None or self._arena.numel() < need:
+                self._arena = torch.empty(need, dtype=torch.uint8)
+            ex.bind_arena(self._arena)
+            return ex(inputs)
 
     def executor_for(self, values: tuple[int, ...]) -> Any:
         if not self.guards(*values):

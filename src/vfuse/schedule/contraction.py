@@ -34,7 +34,7 @@ from vfuse.fusion.plan import Cost
 from vfuse.ir import DType, Graph, Kind, Op
 from vfuse.ir.defs.contraction import sdpa_dropout, sdpa_has_mask
 from vfuse.ir.shapes import numel
-from vfuse.ir.sym import hint
+from vfuse.ir.sym import hint, is_sym
 from vfuse.schedule import expr
 from vfuse.schedule.expr import Lin, Var
 from vfuse.schedule.kernel import ContractionKernel, Load, OperandPrologue, Rand, RandKey, Stmt
@@ -289,7 +289,10 @@ def plan_contraction(graph: Graph, nodes: tuple[str, ...], outputs: tuple[str, .
         f"k{gid}_c", gid, label, op, node, tuple(ops.names), tuple(ops.shapes), graph[node].tensor_type.shape,
         graph[out].tensor_type.shape, out, tuple(stmts), result, tuple(sorted(extras | ops.loads)),
         graph[node].attrs, trans_b, caches, tuple(ops.prologues), unit.lanes, *_register_tile(graph, node, unit),
-        prepacked_b=op is Op.MATMUL and dtypes is not GPU_DTYPES and _constant_b(graph, ops),
+        # Not for symbolic sizes: the persistent region sits past the arena's intermediates, so
+        # it would move with the size (ir/sym.py; the runtime shares one arena across sizes).
+        prepacked_b=op is Op.MATMUL and dtypes is not GPU_DTYPES and _constant_b(graph, ops)
+        and not any(is_sym(d) for s in ops.shapes for d in s),
     )  # fmt: skip
     # Split: the leftover kernels recompute the (cheap) prologue values they read, and store
     # those other groups read, as torch used to leave them in its env.
