@@ -72,10 +72,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--list", action="store_true", help="list workloads and contenders, then exit")
     # The GPU benchmark (bench/device.py): its own workloads, contenders and JSON schema.
     p.add_argument("--device", choices=("cpu", "cuda"), help="run the device benchmark (cuda; cpu: its smoke run)")
-    p.add_argument("--smoke", action="store_true", help="with --device: tiny sizes, Triton's interpreter on CPU")
+    p.add_argument("--smoke", action="store_true", help="tiny sizes (--device: Triton's interpreter)")
     p.add_argument("--budget-s", type=float, default=280.0, help="with --device: skip what is left after this")
     # Training steps (bench/train.py): its own workloads (--workloads picks among them), --models in train mode.
     p.add_argument("--train", action="store_true", help="time training steps (forward, backward, AdamW) instead")
+    # Dynamic shapes (bench/dynamic.py): text models at 5 lengths, dynamic vs static builds; --smoke: tiny, fast.
+    p.add_argument("--dynamic", action="store_true", help="dynamic shapes vs Inductor: compiles, dynamic/static time")
     # Internal: the --no-mmap child runs with these and hands its run back as JSON.
     p.add_argument("--child-json", type=Path, help=argparse.SUPPRESS)
     p.add_argument("--label", default=DEFAULT_LABEL, help=argparse.SUPPRESS)
@@ -253,6 +255,10 @@ def main(argv: list[str] | None = None) -> int:
         from vfuse.bench import train
 
         return train.main(args)
+    if args.dynamic:
+        from vfuse.bench import dynamic
+
+        return dynamic.main(args)
     if args.list:
         _list(Console())
         return 0

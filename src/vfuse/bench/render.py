@@ -230,3 +230,122 @@ def _plot_bars(ax: Axes, xs: list[float], width: float, label: str, results: lis
             bar.set_edgecolor("red")
         text = f"{ratio:.2g}x" + (" wrong" if r.status == "mismatch" else "")
         ax.annotate(text, (x, ratio), ha="center", va="bottom" if ratio >= 1 else "top", fontsize=7)
+
+
+# --- vfuse bench --dynamic (bench/dynamic.py) -----------------------------------------------
+
+_DYN_MODELS_CAPTION = (
+    "graphs = graphs the backend compiled over the 5 lengths (Inductor: Dynamo's, one each); compile = sum over"
+    " the 5 first calls of (first call - steady call); new size = first call at a 6th length after them, over"
+    " its steady call (+ graphs it compiled); err = worst max abs error vs eager over all 6 lengths"
+)
+_DYN_STEADY_CAPTION = (
+    "median per call, interleaved; dynamic = torch.compile(dynamic=True), first called at the hint size, then"
+    " timed at the static build's size; ratio = dynamic / static (bar <= 1.15); new size: first call at a 3rd size"
+    " after warm-up, over its steady call (bar <= 1 ms), + graphs it compiled"
+)
+
+
+def _signed(seconds: float) -> str:
+    """A time that may be negative (a first call faster than the steady median: noise)."""
+    return f"-{fmt_seconds(-seconds)}" if seconds < 0 else fmt_seconds(seconds)
+
+
+def _err_text(err: float | None, ok: bool) -> Text:
+    if err is None:
+        return Text("-")
+    return Text(f"ok {err:.1g}", style="green") if ok else Text(f"MISMATCH {err:.2g}", style="bold white on red")
+
+
+def _bar_text(value: str, ok: bool | None) -> Text:
+    return Text(value) if ok is None else Text(value, style="green" if ok else "red")
+
+
+def _model_row(r: dict[str, Any]) -> list[Any]:
+    head = [r["model"], r["mode"], r["contender"], r["cache"]]
+    if r.get("error"):
+        return [*head, "", "", "", "", "", Text(r["error"], style="bold red")]
+    calls = [*r["calls"], r["new_size"]]
+    err = max(c["max_abs_err"] for c in calls)
+    new = r["new_size"]
+    graphs = f"{r['graphs']}" + (f" ({r['eager_graphs']} eager)" if r.get("eager_graphs") else "")
+    steady = f"{fmt_seconds(calls[0]['steady_s'])} .. {fmt_seconds(calls[-2]['steady_s'])}"
+    new_text = _signed(new["extra_s"]) + (f" +{new['graphs_compiled']} graphs" if new["graphs_compiled"] else "")
+    ok_new = new["extra_s"] <= 1e-3 if r["contender"] == "vfuse" else None
+    compiled = [graphs, str(r["dynamo_graphs"]), fmt_seconds(r["compile_s"]), steady]
+    return [*head, *compiled, _bar_text(new_text, ok_new), _err_text(err, all(c["ok"] for c in calls))]
+
+
+def dynamic_models_table(rows: list[dict[str, Any]], lengths: list[int], new_length: int) -> Table:
+    table = Table(title=f"text models at lengths {lengths}, then {new_length}", caption=_DYN_MODELS_CAPTION)
+    headers = ("model", "mode", "contender", "caches", "graphs", "dynamo\ngraphs", "compile", "steady\n1st .. 5th",
+               "new size\nextra", "check")  # fmt: skip
+    for h in headers:
+        table.add_column(h, justify="left" if h in ("model", "mode", "contender", "caches", "check") else "right")
+    for r in rows:
+        table.add_row(*_model_row(r))
+    return table
+
+
+def _shape(shape: list[int] | tuple[int, ...]) -> str:
+    return "x".join(str(s) for s in shape)
+
+
+def _steady_row(r: dict[str, Any]) -> list[Any]:
+    head = [r["workload"], r["contender"], f"{_shape(r['shape'])}\n(hint {_shape(r['hint_shape'])})"]
+    ratio = r["ratio"]
+    ratio_text = _bar_text("-" if ratio is None else f"{ratio:.3f}", None if ratio is None else ratio <= 1.15)
+    if r["contender"] != "vfuse":
+        ratio_text.style = ""
+    extra = r["new_extra_s"]
+    new = "-" if extra is None else _signed(extra) + (f" +{r['new_graphs']} graphs" if r["new_graphs"] else "")
+    new_ok = None if extra is None or r["contender"] != "vfuse" else extra <= 1e-3
+    errs = [e for e in (r["static_max_abs_err"], r["dynamic_max_abs_err"], r["new_max_abs_err"]) if e is not None]
+    check = Text(r["error"], style="bold red") if r["error"] else _err_text(max(errs, default=None), r["ok"])
+    times = [fmt_seconds(r["static_s"]), fmt_seconds(r["dynamic_s"]), ratio_text]
+    graphs = f"{r['static_graphs']} / {r['dynamic_graphs']}"
+    return [*head, *times, graphs, _shape(r["new_shape"]), _bar_text(new, new_ok), check]
+
+
+def dynamic_steady_table(rows: list[dict[str, Any]]) -> Table:
+    table = Table(title="dynamic build vs static build at the same size", caption=_DYN_STEADY_CAPTION)
+    headers = ("workload", "contender", "size", "static", "dynamic", "ratio", "graphs\nstatic / dyn", "new size",
+               "new size\nextra", "check")  # fmt: skip
+    for h in headers:
+        table.add_column(h, justify="left" if h in ("workload", "contender", "size", "check") else "right")
+    for r in rows:
+        table.add_row(*_steady_row(r))
+    return table
+
+
+def print_dynamic(console: Console, doc: dict[str, Any]) -> None:
+    m, config = doc["machine"], doc["config"]
+    console.print(f"vfuse bench --dynamic: {m['cpu_model']}, {m['threads']} threads, torch {m['torch_version']}")
+    if m["load_avg"][0] >= _BUSY_LOAD:
+        console.print(f"[yellow]machine busy: load average {m['load_avg'][0]:.1f} at start; figures are noisy[/]")
+    if doc["models"]:
+        console.print(dynamic_models_table(doc["models"], config["lengths"], config["new_length"]))
+    if doc["bars"]["models"]:
+        console.print(dynamic_bars_table(doc["bars"]))
+    if doc["steady"]:
+        console.print(dynamic_steady_table(doc["steady"]))
+    for r in doc["models"]:
+        if r.get("error"):
+            console.print(f"[bold red]ERROR[/] {r['model']}/{r['contender']}/{r['mode']}: {escape(r['error'])}")
+    for r in doc["steady"]:
+        if r["error"]:
+            console.print(f"[bold red]ERROR[/] {r['workload']}/{r['contender']}: {escape(r['error'])}")
+
+
+def dynamic_bars_table(bars: dict[str, Any]) -> Table:
+    """vfuse against issue 15's bars on the text models (graphs, compile time vs Inductor)."""
+    title = "bars: vfuse vs Inductor on the text models (graphs <= Inductor's; compile time warm <= 1x, cold <= 1/3x)"
+    table = Table(title=title)
+    for h in ("model", "mode", "caches", "graphs\nvfuse / inductor", "compile\nvfuse / inductor"):
+        table.add_column(h, justify="left" if h in ("model", "mode", "caches") else "right")
+    for b in bars["models"]:
+        ratio = b["compile_ratio"]
+        graphs = _bar_text(f"{b['graphs'][0]} / {b['graphs'][1]}", b["graphs_ok"])
+        compile_ratio = _bar_text("-" if ratio is None else f"{ratio:.2f}x", b["compile_ok"])
+        table.add_row(b["model"], b["mode"], b["cache"], graphs, compile_ratio)
+    return table
