@@ -12,6 +12,7 @@ import torch.nn.functional as F
 from torch.fx.experimental.proxy_tensor import make_fx
 
 import vfuse
+from vfuse.schedule.printer import format_program
 
 
 def count_copies(monkeypatch: pytest.MonkeyPatch) -> list[int]:
@@ -284,3 +285,34 @@ def test_an_updated_input_returned_is_the_input_itself() -> None:
             assert first is comp[0] and second is comp[0]
             for w, g in zip(eager, comp, strict=True):
                 torch.testing.assert_close(g, w, rtol=0, atol=0)
+
+
+def test_threaded_updates_share_one_parallel_region() -> None:
+    """Parameters big enough to fork threads (32K elements and more): their loops share one
+    parallel region without barriers between them (codegen/cpp/horizontal.py), the step
+    counters (read by every part's bias correction) are written last; eager's state bit for bit."""
+    from vfuse.codegen.cpp.horizontal import SHARED_LOOP
+
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    init = [torch.randn(s) for s in ((257, 131), (40009,), (5,))]
+    eager = [torch.nn.Parameter(p.clone()) for p in init]
+    comp = [torch.nn.Parameter(p.clone()) for p in init]
+    opt_e = torch.optim.AdamW(eager, lr=1e-2, weight_decay=0.1)
+    opt_c = torch.optim.AdamW(comp, lr=1e-2, weight_decay=0.1)
+    backend = vfuse.backend(strict=True)
+    step = torch.compile(lambda: opt_c.step(), backend=backend)
+    for _ in range(3):
+        for pe, pc in zip(eager, comp, strict=True):
+            pe.grad = torch.randn(pe.shape)
+            pc.grad = pe.grad.clone()
+        opt_e.step()
+        step()
+        for pe, pc in zip(eager, comp, strict=True):
+            torch.testing.assert_close(pc.detach(), pe.detach(), rtol=0, atol=1e-6)
+            for k, v in opt_e.state[pe].items():
+                torch.testing.assert_close(opt_c.state[pc][k], v, rtol=0, atol=0)
+    graph = _compiled_graphs(backend)[-1]
+    source = graph.executor.source
+    assert source.count(SHARED_LOOP) == 2 and source.count("#pragma omp parallel num_threads(nt)\n") == 1
+    assert len(graph.in_place) == 12 and "last 1 part(s)" in format_program(graph.executor.program)

@@ -158,8 +158,9 @@ def _safe(program: Program, graph: Graph, v: str, x: str) -> bool:
 
 def _parts_before(k: Kernel, writer: Kernel, x: str) -> bool:
     """In horizontal kernel `k`, every other part reading `x` finishes before part `writer` runs:
-    tail parts run after all the others, in order; threaded parts run first, one after another;
-    the other parts follow, one after another unless spread over the threads."""
+    tail parts run after all the others, in order; threaded parts run first, together (their
+    loops share one parallel region without barriers); the other parts follow, one after
+    another unless spread over the threads."""
     head, tail = k.parts[: len(k.parts) - k.tail], k.parts[len(k.parts) - k.tail :]
     order = [p for p in head if p.threaded] + [p for p in head if not p.threaded]
     for p in k.parts:
@@ -169,7 +170,7 @@ def _parts_before(k: Kernel, writer: Kernel, x: str) -> bool:
             if p in tail and tail.index(p) > tail.index(writer):
                 return False
             continue
-        if p in tail or order.index(p) > order.index(writer):
+        if p in tail or order.index(p) > order.index(writer) or (p.threaded and writer.threaded):
             return False
         if not p.threaded and not writer.threaded and k.threaded:
             return False  # spread over the threads: no order between them
