@@ -4,6 +4,7 @@ value, else a fresh output copied in after the call; the numbers are eager's eit
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable
 
 import pytest
@@ -316,3 +317,26 @@ def test_threaded_updates_share_one_parallel_region() -> None:
     source = graph.executor.source
     assert source.count(SHARED_LOOP) == 2 and source.count("#pragma omp parallel num_threads(nt)\n") == 1
     assert len(graph.in_place) == 12 and "last 1 part(s)" in format_program(graph.executor.program)
+
+
+def test_updates_in_a_graph_with_symbolic_sizes() -> None:
+    """torch.compile(dynamic=True): the graph with symbolic sizes leaves its input updates to
+    AOTAutograd (no copy_ for its symbolic path to refuse, no warning); eager's values at
+    each size."""
+
+    def fn(x, y):
+        x.mul_(2).add_(y)
+        return x.sum()
+
+    torch._dynamo.reset()
+    compiled = torch.compile(fn, backend=vfuse.backend(strict=True), dynamic=True)
+    with torch.no_grad(), warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for n in (5, 9, 17):
+            torch.manual_seed(n)
+            x, y = torch.randn(n), torch.randn(n)
+            want_x = x.clone()
+            want = fn(want_x, y)
+            torch.testing.assert_close(compiled(x, y), want)
+            torch.testing.assert_close(x, want_x, rtol=0, atol=0)
+    assert not [w for w in caught if "vfuse" in str(w.message)]

@@ -77,8 +77,10 @@ class VfuseBackend:
             inference_compiler=inference,
             partition_fn=functools.partial(partition, target=self._target, record=self.remat.append),
             decompositions=_decompositions(example_inputs),
-            # Inference graphs keep their input updates (entry/mutations.py), written in place.
-            keep_inference_input_mutations=not _needs_grad(gm, example_inputs),
+            # Inference graphs keep their input updates (entry/mutations.py), written in place;
+            # graphs with symbolic sizes leave them to AOTAutograd (their path lowers no copy_).
+            keep_inference_input_mutations=not _needs_grad(gm, example_inputs)
+            and not any(_is_symbolic(x) for x in example_inputs),
         )
         wrapped = compiler(gm, example_inputs)
         return unboxed(direct[0]) if direct else wrapped
