@@ -325,6 +325,10 @@ def takes_sizes(k: Any) -> bool:
         return k.walk in SIZED_WALKS or "SymSize(" not in repr(k)
     if isinstance(k, ContractionKernel) and k.op is Op.MATMUL and k.int8 is None:
         return True
+    if isinstance(k, ContractionKernel) and k.op is Op.SDPA:
+        # Batch, heads and lengths are the flash-attention template's run-time arguments; its
+        # epilogue is inlined into the template, so it must not read a size.
+        return "SymSize(" not in repr(k.epilogue)
     return "SymSize(" not in repr(k)
 
 

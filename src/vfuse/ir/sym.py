@@ -9,7 +9,8 @@ either proves the answer for every size the symbols may take (their value ranges
 a **guard**, a condition the compiled program holds only under. Reading a plain int out of a
 size (`__index__`, `__int__`, `range(n)`, `numpy`, `%d`) records `n == hint`: the program is
 then specialized on it, never silently wrong. Sizes format as C++ expressions over the
-kernel's `vf_<symbol>` variables (`f"{n}"`), print as sympy (`str(n)`: `768*s0`).
+kernel's `vf_<symbol>` variables (`f"{n}"`, `str(n)`: renderers use both); `pretty(n)` is
+the sympy form people read (`768*s0`), as the IR printer and reports show it.
 
 The cost model reads sizes through `hint()`, which takes no guard: what it decides at the hint
 may be suboptimal at another size, never wrong.
@@ -304,7 +305,8 @@ class SymSize:
 
     # -- printing --------------------------------------------------------------------------
     def __str__(self) -> str:
-        return str(self.expr)
+        # C++ as `format` gives: renderers join sizes with str() too. People read `pretty()`.
+        return cpp(self.expr)
 
     def __repr__(self) -> str:
         return f"SymSize({self.expr} ~ {self.hint})"
@@ -324,6 +326,11 @@ class SymSize:
 
     def __deepcopy__(self, memo: Any) -> SymSize:
         return self
+
+
+def pretty(x: Any) -> str:
+    """A size as people read it: `768*s0` for a symbolic one."""
+    return str(x.expr) if isinstance(x, SymSize) else str(x)
 
 
 def is_sym(x: Any) -> bool:

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import torch
 
 from vfuse.ir import shapes
-from vfuse.ir.sym import same
+from vfuse.ir.sym import pretty, same
 
 
 class DType(enum.Enum):
@@ -110,7 +110,7 @@ class TensorType:
         return TensorType(self.shape, dtype)
 
     def __str__(self) -> str:
-        return f"{self.dtype.value}[{','.join(str(d) for d in self.shape)}]"
+        return f"{self.dtype.value}[{','.join(pretty(d) for d in self.shape)}]"
 
     @staticmethod
     def of(t: torch.Tensor) -> TensorType:
