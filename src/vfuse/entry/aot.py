@@ -51,8 +51,10 @@ def export(fn: Callable, example_inputs: Sequence[Any], dynamic_shapes: Any = No
 
     module = fn if isinstance(fn, torch.nn.Module) else _AsModule(fn)
     examples = _unaliased(module, example_inputs)
-    if dynamic_shapes is not None and not isinstance(fn, torch.nn.Module) and isinstance(dynamic_shapes, dict):
-        dynamic_shapes = tuple(dynamic_shapes.values())  # by the function's argument names: _AsModule takes *args
+    if dynamic_shapes is not None and not isinstance(fn, torch.nn.Module):
+        # By the function's argument names or positions: _AsModule's forward takes them as *args.
+        given = dynamic_shapes.values() if isinstance(dynamic_shapes, dict) else dynamic_shapes
+        dynamic_shapes = (tuple(given),)
     with warnings.catch_warnings():
         # torch.export's own pytree deprecation notice, not actionable by our users.
         warnings.filterwarnings("ignore", category=FutureWarning, message=".*LeafSpec")

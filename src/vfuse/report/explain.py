@@ -33,6 +33,7 @@ def explain(
     target: str | None = None,
     profile: int = 0,
     profile_threads: int | None = None,
+    dynamic_shapes: Any = None,
     **options: Any,
 ) -> FusionReport:
     """Capture `model_or_fn` on `example_inputs` and report the kernels vfuse.compile would run.
@@ -42,7 +43,9 @@ def explain(
     dump_dir writes each stage). Nothing is built with g++ or run, unless `profile` = N > 0: then
     the function is compiled as vfuse.compile does, each kernel timed over N runs on
     `example_inputs` (`CompiledGraph.profile`; on `profile_threads` threads when given, priced for
-    that many cores) and the rows carry `measured_s`.
+    that many cores) and the rows carry `measured_s`. `dynamic_shapes` (torch.export's) plans
+    over symbolic sizes as the compiled program does; the report lists the symbols, what the
+    program specialized on and the fusion decisions that change within the sizes' range.
     """
     if profile > 0:
         return profiled_report(model_or_fn, example_inputs, profile, profile_threads, target, options)
@@ -50,11 +53,13 @@ def explain(
     from vfuse import compiler
     from vfuse.entry.aot import _freezable, export
     from vfuse.entry.dumps import graph_context
+    from vfuse.frontend.symbols import sym_env
 
     ctx = graph_context(Options.from_env(target=target, **options), "explain0", "explain", example_inputs)
-    program = export(model_or_fn, example_inputs)
+    program = export(model_or_fn, example_inputs, dynamic_shapes)
     frozen = _freezable(program) if ctx.options.freeze else {}
-    graph = compiler.lower_fx(program.graph_module, ctx)
+    env = sym_env(program.graph_module)
+    graph = compiler.lower_fx(program.graph_module, ctx, env)
     graph = compiler.optimize(compiler.freeze(graph, frozen, ctx), ctx)
     hardware = compiler.target_of(ctx)
     plan = compiler.plan(graph, ctx, hardware)
@@ -66,7 +71,21 @@ def explain(
     )
     if report.backend != "interp" and ctx.options.backend == "triton":
         report = dataclasses.replace(report, backend="triton")
-    return report
+    return report if env is None else with_symbols(report, graph, plan, env, hardware)
+
+
+def with_symbols(report: FusionReport, graph: Graph, plan: FusionPlan, env: Any, hardware: Target) -> FusionReport:
+    """The report of a graph planned over symbolic sizes: symbols, guards, decisions that flip."""
+    from vfuse.fusion.flips import flips
+
+    symbols = tuple(f"{s.name} = {env.hints[s]} here ({_range(env.ranges[s])})" for s in env.symbols)
+    guards = tuple(str(g) for g in env.guards)
+    return dataclasses.replace(report, symbols=symbols, guards=guards, flips=tuple(flips(graph, plan, env, hardware)))
+
+
+def _range(r: Any) -> str:
+    hi = "inf" if not r.upper.is_finite else str(int(r.upper))
+    return f"{int(r.lower)}..{hi}"
 
 
 def profiled_report(

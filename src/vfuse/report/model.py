@@ -39,6 +39,8 @@ class FusionReport:
     sources: where each IR node came from in the model (module path, class, source line).
     source: the generated C++ translation unit ("" when nothing is generated).
     note: why the reference executor runs the graph, when code generation could not schedule it.
+    symbols / guards / flips: with symbolic sizes, the symbols (hint, range), the conditions the
+        program holds under (none: every size), and fusion decisions that change within the range.
     """
 
     target: str
@@ -59,6 +61,11 @@ class FusionReport:
     sources: Mapping[str, Source] = field(default_factory=dict, repr=False)
     source: str = field(default="", repr=False)
     note: str = ""
+    # Symbolic sizes (`dynamic_shapes`, ir/sym.py): each symbol with its hint and range, what the
+    # program specialized on (its guards), and merges decided otherwise elsewhere in the range.
+    symbols: tuple[str, ...] = ()
+    guards: tuple[str, ...] = ()
+    flips: tuple[str, ...] = ()
     _by_node: dict[str, tuple[KernelRow, ...]] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:

@@ -61,6 +61,10 @@ def summary_table(report: FusionReport) -> Table:
         t.add_row("recomputed", "; ".join(items[:4]) + more)
     fallbacks = ", ".join(f"{name} x{count}" for name, count in report.fallbacks.items())
     t.add_row("torch fallbacks", fallbacks or "none")
+    if report.symbols:
+        t.add_row("symbolic sizes", "; ".join(report.symbols))
+        t.add_row("specialized on", "; ".join(report.guards) or "nothing: one program for every size")
+        t.add_row("decisions that flip", "; ".join(report.flips) or "none within the range")
     return t
 
 

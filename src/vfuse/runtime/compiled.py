@@ -16,7 +16,7 @@ import torch
 from vfuse import interp
 from vfuse.errors import VfuseInputError
 from vfuse.ir import Graph, Op
-from vfuse.ir.sym import is_sym
+from vfuse.ir.sym import is_sym, pretty
 
 
 @dataclass
@@ -113,8 +113,9 @@ class CompiledGraph:
                 and (got.is_cpu or (self._cuda and got.is_cuda))
             ):
                 where = "cpu or cuda" if self._cuda else "cpu"
+                sizes = ", ".join(map(pretty, shape))
                 raise VfuseInputError(
-                    f"{self.name}: {self.input_labels[index]} was compiled for {dtype}{list(shape)} on {where}, "
+                    f"{self.name}: {self.input_labels[index]} was compiled for {dtype}[{sizes}] on {where}, "
                     f"received {_describe(got)}"
                 )
         if self._cuda and inputs:

@@ -1,0 +1,64 @@
+"""Planning with symbolic sizes: which fusion decisions change within the symbols' range.
+
+The planner prices a graph with symbolic sizes at its hints (ir/sym.py `hint`). `flips` plans
+the same graph again with every symbol at the low and at the high end of where it is expected
+(its range, capped: `far_hints`), and names each candidate merge accepted at one point and
+rejected at another: the program serves every size, but those choices are the hint's. The
+guards the replanning takes are its own (the env's are restored): nothing of it reaches the
+compiled program.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+from vfuse.fusion.plan import Decision, FusionPlan
+from vfuse.ir import Graph
+from vfuse.ir.sym import SymEnv
+from vfuse.targets import Target
+
+FAR = 64  # the high point: the hint times this, within the symbol's range
+
+
+def far_hints(env: SymEnv) -> list[dict]:
+    """Hints at the low end (the range's minimum) and the high end (hint x FAR, capped)."""
+    low = {s: max(int(r.lower), 2) for s, r in env.ranges.items()}
+    high = {s: int(min(env.hints[s] * FAR, r.upper)) for s, r in env.ranges.items()}
+    return [low, high]
+
+
+@contextmanager
+def hints_at(env: SymEnv, hints: dict) -> Iterator[None]:
+    """Plan as if the sizes were `hints`; the env's hints and guards come back afterwards."""
+    saved = (env.hints, env.guards, env._seen, env.frozen)
+    env.hints, env.guards, env._seen, env.frozen = dict(hints), [], set(), False
+    try:
+        yield
+    finally:
+        env.hints, env.guards, env._seen, env.frozen = saved
+
+
+def _key(d: Decision) -> tuple:
+    return (d.producer, d.consumer)
+
+
+def flips(graph: Graph, plan: FusionPlan, env: SymEnv, target: Target) -> list[str]:
+    """One line per merge decided differently at another point of the range than at the hint."""
+    from vfuse.fusion.planner import plan_fusion
+
+    at_hint = {_key(d): d.accepted for d in plan.decisions}
+    out: list[str] = []
+    for hints in far_hints(env):
+        with hints_at(env, hints):
+            other = plan_fusion(graph, target)
+        where = ", ".join(f"{s.name}={v}" for s, v in hints.items())
+        for d in other.decisions:
+            was = at_hint.get(_key(d))
+            if was is not None and was != d.accepted:
+                verb = "fused" if d.accepted else "kept apart"
+                out.append(f"%{d.producer[-1]} -> %{d.consumer[-1]}: {verb} at {where} [{d.rule.value}]")
+        groups = {g.nodes for g in other.groups}
+        if groups != {g.nodes for g in plan.groups} and not out:
+            out.append(f"the kernels differ at {where}")
+    return out
