@@ -230,3 +230,19 @@ def test_report_names_symbols_guards_and_flipping_decisions() -> None:
     for width in (64, 3, 1000, 4099):
         a, b = torch.randn(8, width), torch.randn(8, width)
         torch.testing.assert_close(c(a, b), f(a, b), rtol=1e-5, atol=1e-5)
+
+
+def test_conv_with_a_dynamic_batch() -> None:
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    m = torch.nn.Sequential(
+        torch.nn.Conv2d(8, 16, 3, padding=1), torch.nn.BatchNorm2d(16), torch.nn.ReLU(), torch.nn.Conv2d(16, 8, 1)
+    ).eval()
+    backend = vfuse.backend()
+    c = torch.compile(m, backend=backend)
+    with torch.no_grad():
+        for n in (2, 3, 7, 2):
+            x = torch.randn(n, 8, 13, 11)
+            torch._dynamo.mark_dynamic(x, 0)
+            torch.testing.assert_close(c(x), m(x), rtol=1e-4, atol=1e-5)
+    assert backend.stats["graphs"] == 1

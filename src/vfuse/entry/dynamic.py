@@ -22,6 +22,7 @@ import sympy
 import torch
 
 from vfuse.entry.outputs import COMPUTED, without_none_outputs
+from vfuse.errors import VfuseCodegenError
 from vfuse.frontend.symbols import sym_env
 from vfuse.ir.sym import python
 from vfuse.runtime.symbolic import SymbolicExecutor
@@ -102,6 +103,8 @@ class Dynamic:
             executor = compiled.executor
             if not isinstance(executor, SymbolicExecutor):
                 raise TypeError("not compiled over its symbols")
+        except VfuseCodegenError:
+            raise  # a vfuse bug the caller asked to see (raise_codegen_errors)
         except Exception as e:
             warnings.warn(
                 f"vfuse: a graph with symbolic sizes is compiled per shape: {type(e).__name__}: {e}", stacklevel=3
