@@ -28,6 +28,7 @@ def test_dynamic_smoke_json(tmp_path: Path) -> None:
         assert [c["length"] for c in r["calls"]] == list(lengths) and r["new_size"]["length"] == new_length
         assert all(c["ok"] and c["max_abs_err"] < 1e-3 for c in [*r["calls"], r["new_size"]]), r
         assert 1 <= r["dynamo_graphs"] <= r["graphs"] <= len(lengths), r
+        assert r["calls"][0]["graphs_so_far"] >= 1 and r["calls"][-1]["graphs_so_far"] == r["graphs"], r
         assert r["compile_s"] > 0 and all(c["steady_s"] > 0 for c in r["calls"]), r
     steady = {r["contender"]: r for r in doc["steady"]}
     assert set(steady) == {"vfuse", "inductor"}

@@ -110,6 +110,7 @@ def probe(contender: str, model: str, mode: str, quick: bool, strict: bool = Tru
     with torch.no_grad():
         for n in sizes:
             calls.append(_call(fn, _tokens(batch, n), module, workload.rtol, workload.atol))
+            calls[-1]["graphs_so_far"] = _graphs(backend)[0]  # which length compiled
         graphs, dynamo_graphs = _graphs(backend)
         new = _call(fn, _tokens(batch, new_length), module, workload.rtol, workload.atol)
         new_graphs = _graphs(backend)[0] - graphs
