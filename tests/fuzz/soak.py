@@ -16,7 +16,11 @@ import sys
 import time
 from pathlib import Path
 
-ROUNDS = (("tests/fuzz/test_fuzz_forward.py", 40), ("tests/fuzz/test_fuzz_backward.py", 15))
+ROUNDS = (
+    ("tests/fuzz/test_fuzz_forward.py", 40),
+    ("tests/fuzz/test_fuzz_backward.py", 15),
+    ("tests/fuzz/test_fuzz_dynamic.py", 15),
+)
 PYTEST = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--timeout=0"]
 
 

@@ -222,6 +222,9 @@ def _sdpa_operands(graph: Graph, node: str, ops: _Operands, dtypes: frozenset[DT
         raise Unsupported(f"%{node}: attention operands {q}, {k}, {v} are not [B,]H,L,D with shared batch")
     if q[-3] % k[-3] or (k[-3] != q[-3] and not n.attrs["gqa"]):
         raise Unsupported(f"%{node}: {q[-3]} query heads over {k[-3]} key heads")
+    # The templates' head sizes are compile-time constants (unrolled): a symbolic one is
+    # specialized (int() records its equality guard); codegen reads them with int() too.
+    int(q[-1]), int(v[-1])
     for i in n.inputs:
         ops.add(i)
 

@@ -189,11 +189,13 @@ def _attention(k: ContractionKernel, program: Program) -> tuple[str, str]:
     if has_mask:
         mask = MaskKind.BOOL if program.buffers[k.operands[3]].type.dtype is DType.BOOL else MaskKind.ADDITIVE
     body = " ".join(["float v = o;", *_statements(k, _attention_names(k)), "o = v;"])
+    # Head sizes: constants of the template, specialized by the schedule (_sdpa_operands).
+    d, dv = int(q[-1]), int(v[-1])
     spec = AttentionSpec(
-        f"{k.name}_attn", q[-1], v[-1], bool(k.attrs["causal"]), mask, epilogue=body, lanes=k.vector, tile=k.nr
+        f"{k.name}_attn", d, dv, bool(k.attrs["causal"]), mask, epilogue=body, lanes=k.vector, tile=k.nr
     )
     batch, heads, kv_heads = (q[0] if len(q) == 4 else 1), q[-3], kk[-3]
-    scale = k.attrs["scale"] if k.attrs["scale"] is not None else 1.0 / math.sqrt(q[-1])
+    scale = k.attrs["scale"] if k.attrs["scale"] is not None else 1.0 / math.sqrt(d)
     ptrs = [pointer(x) for x in k.operands[:3]]
     mptr = pointer(k.operands[3]) if has_mask else "nullptr"
     strides = _mask_strides(k.shapes[3]) if has_mask else [0, 0, 0, 0]

@@ -1,0 +1,57 @@
+"""Dynamic-shape fuzz counterexamples (tests/fuzz/test_fuzz_dynamic.py), kept as regression tests.
+
+Int params that torch.compile(dynamic=True) makes SymInt graph inputs (Dynamo lifts the ints a
+closure holds unless specialize_int) give wrong values or a crash: strict xfails until fixed.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from tests.fuzz.check_dynamic import check_dynamic
+from tests.fuzz.graphs_dynamic import SV, DynKind
+from tests.fuzz.program import Input, Kind, Program, Step
+
+X = Step(kind=Kind.INPUT, params=(0,))
+
+
+def _program(step: Step, shape: tuple[int, ...], dtype: torch.dtype = torch.float32) -> Program:
+    return Program(inputs=(Input(shape=shape, dtype=dtype),), steps=(X, step), outputs=(1,), seed=10376)
+
+
+# x[1:3:2] gave row 0 (the symbolic start read as 0), x.unsqueeze(0).expand(5, ...) raised
+# "setStorage: ... out of bounds" in the compiled graph's output view.
+LIFTED = [
+    pytest.param(_program(Step(DynKind.SYMVIEW, SV.SLICE, (0,), (0, 1, 3, 2)), (11, 16), torch.int32), id="slice"),
+    pytest.param(_program(Step(DynKind.SYMVIEW, SV.EXPAND_NEW, (0,), (0, 5)), (11,)), id="expand"),
+]
+
+
+@pytest.mark.xfail(strict=True, reason="SymInt int params of a dynamic graph: wrong values (reported, issue 15)")
+@pytest.mark.parametrize("program", LIFTED)
+def test_int_params_lifted_to_symints(program: Program) -> None:
+    check_dynamic(program, [(5, 37)], "ints", grad=False)
+
+
+@pytest.mark.parametrize("program", LIFTED)
+def test_int_params_specialized(program: Program) -> None:
+    check_dynamic(program, [(5, 37), (64, 37)], "dynamic", grad=False)
+
+
+# A symbolic head size reached the flash-attention template's constexpr D ("'seeds' was not
+# declared"): the schedule now specializes head sizes (an equality guard), lengths stay symbolic.
+def test_attention_with_a_symbolic_head_size() -> None:
+    inputs = (
+        Input((2, 1, 2, 11), torch.float32),
+        Input((2, 1, 7, 11), torch.float32),
+        Input((2, 1, 7, 11), torch.float32),
+    )
+    steps = (
+        X,
+        Step(Kind.INPUT, params=(1,)),
+        Step(Kind.INPUT, params=(2,)),
+        Step(Kind.SDPA, None, (0, 1, 2), (True, None)),
+    )
+    for mode in ("dynamic", "mark"):
+        stats = check_dynamic(Program(inputs, steps, (3,), seed=1), [(2, 31), (64, 5)], mode, grad=False)
+        assert stats["symbolic"] >= 1
