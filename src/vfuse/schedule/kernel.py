@@ -487,11 +487,8 @@ class Program:
     vector_width: int  # fp32 lanes per vector the kernels were decided for (`Target.simd_lanes`)
     isa: Isa | None = None  # instruction-set tier the code is built for (`Target.isa`; None: this CPU's own)
     in_place: tuple[tuple[str, str], ...] = ()  # (output, graph input): stored into the input (`inplace.py`)
-    # A timing build (`runtime/profile.py`): each segment also gets an entry that clocks every
-    # kernel it runs. Off for the builds calls run: their source and entries stay as they are.
-    profiled: bool = False
-    # Symbolic sizes (ir/sym.py): their values follow the RNG seeds in the `seeds` array, in this
-    # order, read by the kernels as `vf_<name>`; a call binds them from its inputs' shapes.
+    profiled: bool = False  # a timing build (`runtime/profile.py`): segments also get entries clocking each kernel
+    # Symbolic sizes (ir/sym.py), read by kernels as `vf_<name>` after the RNG seeds in `seeds`.
     symbols: tuple[str, ...] = ()
 
     @property
