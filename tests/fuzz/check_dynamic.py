@@ -194,7 +194,7 @@ def check_dynamic(program: Program, sizes: Sequence[Sequence[int]], mode: str, g
     refusals: list[str] = []
     record_refusals(backend, refusals)
     envs: list[tuple[Any, Sequence[int]]] = []
-    record: dict[str, Any] = {"seed": program.seed, "mode": mode, "grad": grad, "recompiles": []}
+    record: dict[str, Any] = {"program": repr(program), "mode": mode, "grad": grad, "recompiles": []}
     # The steps' params are ints in a closure: Dynamo makes them SymInt graph inputs under
     # dynamic=True unless specialize_int; mode "ints" keeps them symbolic.
     with traced_guards(bool(log)), torch._dynamo.config.patch(specialize_int=mode != "ints"):

@@ -10,6 +10,7 @@ import pytest
 import torch
 from tests.fuzz.check_dynamic import check_dynamic
 from tests.fuzz.graphs_dynamic import SV, DynKind
+from tests.fuzz.ops import R, U
 from tests.fuzz.program import Input, Kind, Program, Step
 
 X = Step(kind=Kind.INPUT, params=(0,))
@@ -55,3 +56,19 @@ def test_attention_with_a_symbolic_head_size() -> None:
     for mode in ("dynamic", "mark"):
         stats = check_dynamic(Program(inputs, steps, (3,), seed=1), [(2, 31), (64, 5)], mode, grad=False)
         assert stats["symbolic"] >= 1
+
+
+# The arena placed buffers largest first, comparing symbolic sizes: an ordering guard (here
+# s0 >= 8 for a [s0] buffer against a [8] one) compiled the backward again at s0 = 5.
+def test_arena_order_takes_no_guard() -> None:
+    inputs = (Input((11, 6, 4), torch.float32), Input((8, 11), torch.float32), Input((8,), torch.float32))
+    steps = (
+        X,
+        Step(Kind.REDUCE, R.AMAX, (0,), ((1, 2), False, 0)),
+        Step(Kind.UNARY, U.SIGMOID, (1,)),
+        Step(Kind.INPUT, params=(1,)),
+        Step(Kind.INPUT, params=(2,)),
+        Step(Kind.LINEAR, None, (2, 3, 4), (True,)),
+    )
+    stats = check_dynamic(Program(inputs, steps, (5, 1), seed=97727), [(5, 16), (64, 37)], "dynamic", grad=True)
+    assert stats["recompiles"] == [] and stats["graphs"] == 2  # forward, backward

@@ -9,6 +9,7 @@ The arena is allocated once per compiled graph and reused by every call.
 from __future__ import annotations
 
 from vfuse.ir import Graph
+from vfuse.ir.sym import hint
 from vfuse.schedule.kernel import MemoryPlan, Segment, Step
 
 ALIGN = 64
@@ -40,7 +41,9 @@ def liveness(graph: Graph, steps: list[Step], values: set[str]) -> dict[str, tup
 def plan_memory(graph: Graph, steps: list[Step], values: set[str]) -> MemoryPlan:
     """First-fit placement, largest buffers first among those alive at once."""
     live = liveness(graph, steps, values)
-    order = sorted(live, key=lambda v: (-graph[v].tensor_type.nbytes, live[v][0], v))
+    # The order is a heuristic: by size hints, so that symbolic sizes take no guard here (an
+    # ordering guard would compile the graph again at every size that reorders the buffers).
+    order = sorted(live, key=lambda v: (-hint(graph[v].tensor_type.nbytes), live[v][0], v))
     placed: list[tuple[int, int, tuple[int, int]]] = []  # (offset, size, interval)
     offsets: dict[str, int] = {}
     for v in order:
