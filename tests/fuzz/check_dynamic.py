@@ -25,7 +25,7 @@ import torch
 from hypothesis import reject
 from tests.fuzz.check import check_outputs, float64_default, quiet, widen
 from tests.fuzz.graphs_dynamic import MARKERS, apply, instantiate, marker_dims
-from tests.fuzz.program import Program, build, loss_weights, make_inputs
+from tests.fuzz.program import Kind, Program, build, loss_weights, make_inputs
 
 import vfuse
 import vfuse.entry.dynamic as entry_dynamic
@@ -48,18 +48,22 @@ def large_size(program: Program, which: int) -> int | None:
 
 def _max_numel(p: Program) -> int | None:
     values: list[torch.Tensor] = []
+    work: list[int] = []
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             for step in p.steps:
-                if step.params and step.kind.value == "input":
+                if step.kind is Kind.INPUT:
                     spec = p.inputs[step.params[0]]
                     values.append(torch.empty(spec.shape, dtype=spec.dtype, device="meta"))
                 else:
                     values.append(apply(step, values))
+                if step.kind is Kind.SDPA:  # its work is Lq x Lk per head: count that too
+                    q, k = values[step.srcs[0]], values[step.srcs[1]]
+                    work.append(math.prod(q.shape) * k.shape[-2])
     except Exception:
         return None
-    return max(math.prod(v.shape) for v in values)
+    return max([math.prod(v.shape) for v in values] + work)
 
 
 @contextlib.contextmanager
