@@ -18,6 +18,7 @@ import math
 import os
 import warnings
 from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 import sympy
@@ -191,42 +192,57 @@ def check_dynamic(program: Program, sizes: Sequence[Sequence[int]], mode: str, g
     "dynamic" (dynamic=True), "mark" (mark_dynamic on the marker dims), "ints" (dynamic=True
     with the steps' int params symbolic too: slice bounds, expand sizes)."""
     log = os.environ.get("VFUSE_FUZZ_DYN_LOG")
-    fn = build(program, apply)
     backend = vfuse.backend(strict=True, backend="cpp")
     torch._dynamo.reset()
-    run = torch.compile(fn, backend=backend, fullgraph=True, dynamic=None if mode == "mark" else True)
-    refusals: list[str] = []
-    record_refusals(backend, refusals)
-    envs: list[tuple[Any, Sequence[int]]] = []
-    record: dict[str, Any] = {"program": repr(program), "mode": mode, "grad": grad, "recompiles": []}
+    run = torch.compile(
+        build(program, apply), backend=backend, fullgraph=True, dynamic=None if mode == "mark" else True
+    )
+    state = _State(backend, mode, grad, {"program": repr(program), "mode": mode, "grad": grad, "recompiles": []})
+    record_refusals(backend, state.refusals)
     # The steps' params are ints in a closure: Dynamo makes them SymInt graph inputs under
     # dynamic=True unless specialize_int; mode "ints" keeps them symbolic.
     with traced_guards(bool(log)), torch._dynamo.config.patch(specialize_int=mode != "ints"):
         for k, at in enumerate([MARKERS, *sizes]):
-            p = instantiate(program, at)
-            failed = failing_guards(envs, at) if k else None
-            before, frames = len(backend.compiled), _frames()
-            got = _run(run, p, grad, mode)
-            what = f"sizes {tuple(at)} (call {k + 1}, {mode})"
-            unknown = [r for r in refusals if not tolerated(r)]
-            assert not unknown, f"{what}: a graph with symbolic sizes is compiled per shape: {unknown[0]}"
-            new = len(_symbolic(backend, before))
-            if _frames() > frames:  # Dynamo traced again (its own guards): new graphs, new symbols
-                record["dynamo_recompiles"] = record.get("dynamo_recompiles", 0) + 1
-                envs.clear()
-            else:
-                assert not (failed == [] and new), f"{what}: {new} graphs compiled although every guard holds"
-            if new and failed:
-                record["recompiles"].append({"sizes": list(at), "guards": failed})
-            envs += [(env, at) for env in _symbolic(backend, before)]
-            eager, nudged, ref = _expected(p, grad)
-            check_outputs(got[0], eager[0], ref[0], f"{what}, forward", nudged[0])
-            if grad:
-                check_outputs(got[1], eager[1], ref[1], f"{what}, gradients", nudged[1] or None)
+            _call(state, run, instantiate(program, at), at, k)
+    record = state.record
     record["graphs"] = len(backend.compiled)
     record["symbolic"] = len(_symbolic(backend, 0))
-    record["per_shape"] = sorted(set(refusals))
+    record["per_shape"] = sorted(set(state.refusals))
     if log:
         with open(log, "a") as f:
             f.write(json.dumps(record) + "\n")
     return {**backend.stats, **record}
+
+
+@dataclass
+class _State:
+    backend: Any
+    mode: str
+    grad: bool
+    record: dict[str, Any]
+    refusals: list[str] = field(default_factory=list)
+    envs: list[tuple[Any, Sequence[int]]] = field(default_factory=list)  # (SymEnv, sizes compiled at)
+
+
+def _call(state: _State, run: Callable, p: Program, at: Sequence[int], k: int) -> None:
+    """Call k (0: the compiling one) at sizes `at`: compile count, then outputs vs eager."""
+    backend, mode, grad = state.backend, state.mode, state.grad
+    failed = failing_guards(state.envs, at) if k else None
+    before, frames = len(backend.compiled), _frames()
+    got = _run(run, p, grad, mode)
+    what = f"sizes {tuple(at)} (call {k + 1}, {mode})"
+    unknown = [r for r in state.refusals if not tolerated(r)]
+    assert not unknown, f"{what}: a graph with symbolic sizes is compiled per shape: {unknown[0]}"
+    new = len(_symbolic(backend, before))
+    if _frames() > frames:  # Dynamo traced again (its own guards): new graphs, new symbols
+        state.record["dynamo_recompiles"] = state.record.get("dynamo_recompiles", 0) + 1
+        state.envs.clear()
+    else:
+        assert not (failed == [] and new), f"{what}: {new} graphs compiled although every guard holds"
+    if new and failed:
+        state.record["recompiles"].append({"sizes": list(at), "guards": failed})
+    state.envs += [(env, at) for env in _symbolic(backend, before)]
+    eager, nudged, ref = _expected(p, grad)
+    check_outputs(got[0], eager[0], ref[0], f"{what}, forward", nudged[0])
+    if grad:
+        check_outputs(got[1], eager[1], ref[1], f"{what}, gradients", nudged[1] or None)
