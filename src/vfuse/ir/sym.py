@@ -357,11 +357,22 @@ def same(a: Any, b: Any) -> bool:
     return bool(a == b)
 
 
+def proved(a: Any, op: str, b: Any) -> bool:
+    """Whether `a op b` ("<", "<=", "==") holds for every size: plain ints compare, symbolic
+    sizes are proved over the ranges; never a guard (False when it may not hold)."""
+    if not isinstance(a, SymSize) and not isinstance(b, SymSize):
+        return a < b if op == "<" else a <= b if op == "<=" else a == b
+    env = a.env if isinstance(a, SymSize) else b.env
+    rel = {"<": sympy.Lt, "<=": sympy.Le, "==": sympy.Eq}[op](_expr(a), _expr(b))
+    return env._prove(rel) is True
+
+
 def known_multiple(x: Any, m: int) -> bool:
     """Whether `x % m == 0` holds for every size (proved, no guard): False when it may not."""
-    if not isinstance(x, SymSize):
+    if not isinstance(x, SymSize) and not isinstance(m, SymSize):
         return x % m == 0
-    return x.env._prove(sympy.Eq(sympy.Mod(x.expr, m), 0)) is True
+    env = x.env if isinstance(x, SymSize) else m.env
+    return env._prove(sympy.Eq(sympy.Mod(_expr(x), _expr(m)), 0)) is True
 
 
 def env_of(values: Iterable[Any]) -> SymEnv | None:

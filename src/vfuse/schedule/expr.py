@@ -15,6 +15,8 @@ import math
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 
+from vfuse.ir.sym import known_multiple, proved
+
 INF = 1 << 62
 
 
@@ -91,18 +93,26 @@ class Lin:
         return not self.terms
 
 
+# Symbolic sizes (ir/sym.py) as coefficients and divisors: each simplification below takes its
+# "yes" only where it is proved for every size (`proved`, `known_multiple`) and otherwise keeps
+# the general form (a zero term kept, a Div/Mod atom left), which is right at any size: the
+# simplifier never takes a guard.
+def _nonzero(c: int) -> bool:
+    return not proved(c, "==", 0)
+
+
 def _make(const: int, acc: Mapping[Atom, int]) -> Lin:
-    terms = {a: c for a, c in acc.items() if c}
+    terms = {a: c for a, c in acc.items() if _nonzero(c)}
     for m in [a for a in terms if isinstance(a, Mod)]:
         # d * (x // d) + x % d == x: a reshape that splits a dim and merges it back (GroupNorm's
         # [N, C, H, W] read as [N, G, C/G, H*W]) is then linear again, and its loops can merge.
         c, div = terms.get(m, 0), Div(m.arg, m.divisor)
-        if c and terms.get(div) == c * m.divisor:
+        if _nonzero(c) and div in terms and proved(terms[div], "==", c * m.divisor):
             del terms[m], terms[div]
             const += c * m.arg.const
             for a, k in m.arg.terms:
                 terms[a] = terms.get(a, 0) + c * k
-    return Lin(const, tuple(sorted(((a, c) for a, c in terms.items() if c), key=lambda t: repr(t[0]))))
+    return Lin(const, tuple(sorted(((a, c) for a, c in terms.items() if _nonzero(c)), key=lambda t: repr(t[0]))))
 
 
 def span(e: Lin, sizes: Mapping[int, int]) -> tuple[int, int]:
@@ -110,14 +120,20 @@ def span(e: Lin, sizes: Mapping[int, int]) -> tuple[int, int]:
     lo = hi = e.const
     for a, c in e.terms:
         alo, ahi = _atom_span(a, sizes)
-        lo, hi = lo + min(c * alo, c * ahi), hi + max(c * alo, c * ahi)
+        if proved(0, "<=", c):
+            lo, hi = lo + c * alo, hi + c * ahi
+        elif proved(c, "<=", 0):
+            lo, hi = lo + c * ahi, hi + c * alo
+        else:
+            return -INF, INF
     # Symbolic bounds (ir/sym.py) stay as they are: clamping them would only take a guard.
     return (lo if not isinstance(lo, int) else max(lo, -INF)), (hi if not isinstance(hi, int) else min(hi, INF))
 
 
 def _atom_span(a: Atom, sizes: Mapping[int, int]) -> tuple[int, int]:
     if isinstance(a, Var):
-        return 0, max(sizes[a.id] - 1, 0)
+        n = sizes[a.id]
+        return 0, (max(n - 1, 0) if isinstance(n, int) else n - 1)  # a symbolic loop of 0 runs no body
     if isinstance(a, Div):
         lo, hi = span(a.arg, sizes)
         return lo // a.divisor, hi // a.divisor
@@ -130,17 +146,18 @@ def _atom_span(a: Atom, sizes: Mapping[int, int]) -> tuple[int, int]:
 
 def floordiv(e: Lin, d: int, sizes: Mapping[int, int]) -> Lin:
     """e // d, folded to a linear form when the remainder part provably stays in [0, d)."""
-    if d == 1:
+    if proved(d, "==", 1):
         return e
-    whole = {a: c // d for a, c in e.terms if c % d == 0}
-    rest = _make(e.const % d, {a: c for a, c in e.terms if c % d})
+    whole = {a: c // d for a, c in e.terms if known_multiple(c, d)}
+    rest = _make(e.const % d, {a: c for a, c in e.terms if not known_multiple(c, d)})
     lo, hi = span(rest, sizes)
-    if 0 <= lo and hi < d:
+    if proved(0, "<=", lo) and proved(hi, "<", d):
         return _make(e.const // d, whole)
-    if 0 <= lo and (whole or e.const >= d):
+    if proved(0, "<=", lo) and (whole or proved(d, "<=", e.const)):
         # e = d * w + r with r >= 0: e // d = w + r // d (only for r >= 0: C++ truncates)
         return _make(e.const // d, whole) + floordiv(rest, d, sizes)
-    if len(e.terms) == 1 and e.const == 0 and isinstance(e.terms[0][0], Div) and e.terms[0][1] == 1:
+    one_div = len(e.terms) == 1 and isinstance(e.terms[0][0], Div) and proved(e.terms[0][1], "==", 1)
+    if one_div and proved(e.const, "==", 0):
         inner = e.terms[0][0]
         return floordiv(inner.arg, inner.divisor * d, sizes)
     split = _split_small(e, d, sizes)
@@ -170,11 +187,11 @@ def _split_small(e: Lin, d: int, sizes: Mapping[int, int]) -> tuple[int, Lin, Li
 
 def mod(e: Lin, d: int, sizes: Mapping[int, int]) -> Lin:
     """e % d (e >= 0 as every index is), folded when the kept part stays in [0, d)."""
-    if d == 1:
+    if proved(d, "==", 1):
         return Lin()
-    rest = _make(e.const % d, {a: c for a, c in e.terms if c % d})
+    rest = _make(e.const % d, {a: c for a, c in e.terms if not known_multiple(c, d)})
     lo, hi = span(rest, sizes)
-    if 0 <= lo and hi < d:
+    if proved(0, "<=", lo) and proved(hi, "<", d):
         return rest
     split = _split_small(rest, d, sizes)
     if split is not None:  # e % d = g * (h % (d/g)) + r
@@ -185,7 +202,7 @@ def mod(e: Lin, d: int, sizes: Mapping[int, int]) -> Lin:
 
 def clamp(e: Lin, lo: int, hi: int, sizes: Mapping[int, int]) -> Lin:
     elo, ehi = span(e, sizes)
-    if lo <= elo and ehi <= hi:
+    if proved(lo, "<=", elo) and proved(ehi, "<=", hi):
         return e
     return Lin(0, ((Clamp(e, lo, hi), 1),))
 
@@ -204,7 +221,7 @@ def unflatten(flat: Lin, shape: tuple[int, ...], sizes: Mapping[int, int]) -> tu
     coords: list[Lin] = []
     stride = 1
     for n in reversed(shape):
-        coords.append(mod(floordiv(flat, stride, sizes), n, sizes) if n != 1 else Lin())
+        coords.append(mod(floordiv(flat, stride, sizes), n, sizes) if not proved(n, "==", 1) else Lin())
         stride *= n
     return tuple(reversed(coords))
 
