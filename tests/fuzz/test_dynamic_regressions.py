@@ -72,3 +72,12 @@ def test_arena_order_takes_no_guard() -> None:
     )
     stats = check_dynamic(Program(inputs, steps, (5, 1), seed=97727), [(5, 16), (64, 37)], "dynamic", grad=True)
     assert stats["recompiles"] == [] and stats["graphs"] == 2  # forward, backward
+
+
+# x.mean()'s backward has one 0-d tensor input (its symbols come from SymInt arguments): the
+# program listed no symbols, so its kernel read undeclared vf_s* ("'vf_s33' was not declared").
+def test_backward_whose_symbols_no_tensor_input_carries() -> None:
+    steps = (X, Step(Kind.REDUCE, R.MEAN, (0,), (None, True, 0)))
+    program = Program((Input((3, 7, 11), torch.float64),), steps, (1,), seed=0)
+    stats = check_dynamic(program, [(5, 37), (64, 2)], "dynamic", grad=True)
+    assert stats["symbolic"] == 2 and stats["recompiles"] == []

@@ -12,7 +12,7 @@ from __future__ import annotations
 import dataclasses
 
 from vfuse.fusion.plan import FusionPlan, Group
-from vfuse.ir import DType, Graph, Kind, Op, TensorType
+from vfuse.ir import DType, Graph, Kind, Node, Op, TensorType
 from vfuse.ir.defs.layout import IndexBounds, index_bounds
 from vfuse.ir.shapes import numel
 from vfuse.ir.shapes import reduce as reduced_shape
@@ -290,7 +290,9 @@ def build(plan: FusionPlan, target: object, templates: bool = True, triton: bool
         for v, b in buffers.items()
     }
     steps = [_with_io(s, buffers) if isinstance(s, Segment) else s for s in steps]
-    env = env_of(n.type.shape for n in graph.inputs if isinstance(n.type, TensorType))
+    # Every node's sizes and attrs, not only the inputs': a backward whose only tensor input is a
+    # 0-d gradient gets its symbols from SymInt arguments, and its kernels still read them.
+    env = env_of(v for n in graph for v in (*_shape_of(n), *(a for _, a in n.attrs.items_)))
     symbols = tuple(s.name for s in env.symbols) if env is not None else ()
     return Program(tuple(steps), buffers, memory, tuple(seeds), vector, getattr(target, "isa", None), symbols=symbols)
 
@@ -345,3 +347,7 @@ def _stores(k: AnyKernel) -> list[Store]:
         return [Store(k.out, Lin(), k.result, DType.F32)]
     out = [s for p in k.passes for s in p.body if isinstance(s, Store)]
     return out + [s for s in k.after if isinstance(s, Store)]
+
+
+def _shape_of(n: Node) -> tuple[tuple[object, ...], ...]:
+    return (n.type.shape,) if isinstance(n.type, TensorType) else ()
