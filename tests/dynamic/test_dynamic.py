@@ -246,3 +246,31 @@ def test_conv_with_a_dynamic_batch() -> None:
             torch._dynamo.mark_dynamic(x, 0)
             torch.testing.assert_close(c(x), m(x), rtol=1e-4, atol=1e-5)
     assert backend.stats["graphs"] == 1
+
+
+def test_sizes_as_values_and_slices_of_buffers_take_no_guard() -> None:
+    """A mean over a symbolic dim divides by a run-time count (no torch step); `pos[:, :t]` of
+    a 128-long buffer serves t = 128 too; a linear's output viewed per head into attention is
+    not specialized on the length modulo 4 (each compiled one variant per size class before)."""
+    torch._dynamo.reset()
+
+    class M(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.emb, self.lin = torch.nn.Embedding(128, 64), torch.nn.Linear(64, 64)
+            self.register_buffer("pos", torch.arange(128)[None])
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            b, t, _ = x.shape
+            h = x + self.emb(self.pos[:, :t])
+            q = self.lin(h).view(b, t, 4, 16).transpose(1, 2)
+            a = torch.nn.functional.scaled_dot_product_attention(q, q, q).transpose(1, 2).reshape(b, t, 64)
+            return a - a.mean(-1, keepdim=True) + t
+
+    m, backend = M().eval(), vfuse.backend()
+    c = torch.compile(m, backend=backend, dynamic=True)
+    with torch.no_grad():
+        for t in (37, 50, 128, 12, 4):
+            x = torch.randn(2, t, 64)
+            torch.testing.assert_close(c(x), m(x), rtol=1e-4, atol=1e-4)
+    assert backend.stats["graphs"] == 1 and backend.stats["fallbacks"] == {}

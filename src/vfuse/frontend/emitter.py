@@ -19,7 +19,7 @@ from vfuse.context import Context
 from vfuse.frontend.errors import Fallback, LoweringError
 from vfuse.frontend.symbols import shape, to_size
 from vfuse.ir import Attrs, DType, Graph, GraphBuilder, Node, Op, TensorType, Type, opdef
-from vfuse.ir.sym import SymEnv
+from vfuse.ir.sym import SymEnv, is_sym
 
 Lowered = str | tuple[str | None, ...]
 """What a lowering returns: one IR value, or one per tuple element (None: not produced)."""
@@ -34,12 +34,16 @@ class OpaqueTuple:
 
 
 Scalar = bool | int | float
+# Element types a symbolic size converts to exactly as torch.full does (fp16/bf16 would round).
+SIZED_SCALARS = (DType.F32, DType.F64, DType.I32, DType.I64)
 
 
 def python_scalar(v: Any, dtype: DType) -> Scalar:
     """`v` converted the way torch converts a fill value to `dtype` (int truncates toward zero)."""
     if isinstance(v, torch.SymInt | torch.SymFloat | torch.SymBool):
         raise LoweringError(None, f"symbolic scalar {v} (shapes must be specialized before lowering)")
+    if is_sym(v) and dtype in SIZED_SCALARS:
+        return v  # a size as a value (a mean's count): read at run time like every size
     if not isinstance(v, bool | int | float):
         raise Fallback(f"scalar {v!r} of type {type(v).__name__}")
     if dtype is DType.BOOL:

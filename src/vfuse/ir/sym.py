@@ -231,8 +231,10 @@ class SymSize:
 
     # -- decisions: proved, or guarded at the hint ------------------------------------------
     def _cmp(self, other: Any, rel: Callable[[Any, Any], sympy.Basic]) -> Any:
+        if isinstance(other, float) and other.is_integer():
+            other = int(other)  # a size against 2.0: compared as sizes are (proved or guarded)
         if isinstance(other, float):
-            return rel(float(int(self)), other)
+            return bool(rel(float(int(self)), other))
         if not isinstance(other, SymSize | int):
             return NotImplemented
         return self.env.decide(rel(self.expr, _expr(other)))
@@ -240,6 +242,8 @@ class SymSize:
     def __eq__(self, o: object) -> Any:
         if isinstance(o, SymSize) and o.expr == self.expr:
             return True
+        if isinstance(o, float) and not o.is_integer():
+            return False  # a size is an integer
         if not isinstance(o, SymSize | int | float):
             return False
         return self._cmp(o, sympy.Eq)

@@ -16,7 +16,7 @@ from vfuse.ir import DType, Graph, Kind, Node, Op, TensorType
 from vfuse.ir.defs.layout import IndexBounds, index_bounds
 from vfuse.ir.shapes import numel
 from vfuse.ir.shapes import reduce as reduced_shape
-from vfuse.ir.sym import env_of
+from vfuse.ir.sym import env_of, same
 from vfuse.schedule import expr
 from vfuse.schedule.contraction import FP32_ONLY, GPU_DTYPES, Caches, library_choice, plan_contraction
 from vfuse.schedule.expr import Lin, Var
@@ -106,10 +106,11 @@ def _row_coords(row: RowSpace, shape: tuple[int, ...], sizes: dict[int, int]) ->
     """Where a row kernel stores an output of `shape`: the row space, its reduction, or a
     reshape of either (e.g. LayerNorm's output viewed as a matrix for the next matmul)."""
     src, axes = row.shape, row.axes
-    if shape == src:
+    # Shapes match structurally (symbolic sizes: ir/sym.py `same`); a "no" tries the other forms.
+    if same(shape, src):
         return row.full_coords()
     for keep in (True, False):
-        if shape == reduced_shape(src, axes, keep):
+        if same(shape, reduced_shape(src, axes, keep)):
             return row.reduced_coords(keep)
     red = reduced_shape(src, axes, False)
     if numel(shape) == numel(src):

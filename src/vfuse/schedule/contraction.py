@@ -34,7 +34,7 @@ from vfuse.fusion.plan import Cost
 from vfuse.ir import DType, Graph, Kind, Op
 from vfuse.ir.defs.contraction import sdpa_dropout, sdpa_has_mask
 from vfuse.ir.shapes import numel
-from vfuse.ir.sym import hint, is_sym
+from vfuse.ir.sym import hint, is_sym, same
 from vfuse.schedule import expr
 from vfuse.schedule.expr import Lin, Var
 from vfuse.schedule.kernel import ContractionKernel, Load, OperandPrologue, Rand, RandKey, Stmt
@@ -244,7 +244,7 @@ def _lower_epilogue(graph: Graph, node: str, rest: frozenset[str], out: str) -> 
     sizes = dict(enumerate(out_t.shape))
     lw = _EpilogueLowerer(graph, set(rest), sizes, None)
     oc = tuple(Lin() if s == 1 else Lin.var(Var(d)) for d, s in enumerate(out_t.shape))
-    cc = oc if out_t.shape == shape else expr.unflatten(expr.row_major(oc, out_t.shape), shape, sizes)
+    cc = oc if same(out_t.shape, shape) else expr.unflatten(expr.row_major(oc, out_t.shape), shape, sizes)
     cc = tuple(Lin() if s == 1 else c for c, s in zip(cc, shape, strict=True))
     lw._memo[(node, cc)] = "v"  # the accumulator: what the template holds at this element
     try:

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from vfuse.ir import Attrs, DType, Graph, Kind, Node, Op
 from vfuse.ir.defs.layout import IndexBounds, index_bounds
 from vfuse.ir.defs.pointwise import INT_DIVISION
+from vfuse.ir.sym import same
 from vfuse.schedule import expr
 from vfuse.schedule.expr import Lin, Var
 from vfuse.schedule.kernel import Compute, Const, IndexCheck, Iota, Load, Rand, RandKey, Reduce, Select, Stmt
@@ -125,7 +126,7 @@ class Lowerer:
     def _reduce(self, node: Node, coords: Coords) -> str:
         axes, keepdim = tuple(node.attrs["axes"]), node.attrs["keepdim"]
         src = self.graph[node.inputs[0]].tensor_type
-        if self.row is None or self.row.shape != src.shape or self.row.axes != axes:
+        if self.row is None or not same(self.row.shape, src.shape) or self.row.axes != axes:
             raise Unsupported(f"reductions of different spaces in one kernel ({node.name})")
         want = tuple(
             Lin() if n == 1 else c

@@ -31,7 +31,7 @@ from vfuse.codegen.cpp.gemm.prologue import Prologue
 from vfuse.codegen.cpp.rules import STORAGE_TYPE, STORE_CONVERT
 from vfuse.codegen.cpp.writer import StatementWriter, pointer, pointer_line
 from vfuse.ir import DType, Op
-from vfuse.ir.sym import hint
+from vfuse.ir.sym import hint, same
 from vfuse.schedule.kernel import ContractionKernel, Program
 from vfuse.schedule.microtile import VectorUnit
 
@@ -77,7 +77,7 @@ def _space_names(k: ContractionKernel, names: list[str]) -> Names:
     contraction's output: dims of a common suffix keep their names; the leading dims of the
     space are div/mod of the flattened leading index (hoisted out of the SIMD column loop)."""
     shape, space = k.out_shape, k.space
-    if shape == space:
+    if same(shape, space):
         return dict(enumerate(names))
     common = 0
     while common < min(len(shape), len(space)) and shape[-1 - common] == space[-1 - common]:

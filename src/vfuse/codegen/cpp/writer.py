@@ -20,6 +20,7 @@ import torch
 from vfuse.codegen.cpp.faults import FAULT_VAR, NO_FAULT, fault_compute, is_fault_site
 from vfuse.codegen.cpp.rules import COMPUTE_TYPE, CPP_RULES, LOAD_CONVERT, REDUCE_RULES, STORAGE_TYPE, STORE_CONVERT
 from vfuse.ir import DType, Op, opdef
+from vfuse.ir.sym import is_sym
 from vfuse.schedule import expr
 from vfuse.schedule.kernel import (
     Buffer,
@@ -53,6 +54,8 @@ def literal(value: object, dtype: DType) -> str:
     """A C++ literal equal to torch.full((), value, dtype) (fp16/bf16 rounded like torch)."""
     if dtype is DType.BOOL:
         return "true" if value else "false"
+    if is_sym(value):  # a symbolic size (ir/sym.py), converted as torch.full converts an int
+        return f"(({COMPUTE_TYPE[dtype]})({value}))"
     if not dtype.is_float:
         return f"(({COMPUTE_TYPE[dtype]}){int(value)}LL)"  # type: ignore[call-overload]
     v = float(torch.tensor(value, dtype=dtype.torch).item())
