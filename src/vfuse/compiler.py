@@ -38,7 +38,7 @@ from vfuse.frontend.lower import lower
 from vfuse.fusion import FusionPlan, format_plan, plan_fusion
 from vfuse.fusion.onchip import OnChip, fit_on_chip
 from vfuse.ir import Graph, IRError, Op, format_graph, verify
-from vfuse.ir.sym import SymEnv, hint
+from vfuse.ir.sym import SymEnv, hint, is_sym
 from vfuse.passes import PIPELINE, fuse_attention
 from vfuse.passes.freeze import freeze_inputs
 from vfuse.runtime.compiled import CompiledGraph, ExecStats, Executor, InterpExecutor
@@ -50,7 +50,7 @@ from vfuse.schedule import Kernel, Program, TorchStep
 from vfuse.schedule import build as build_schedule
 from vfuse.schedule.gpu import candidates as gpu_candidates
 from vfuse.schedule.inplace import write_in_place
-from vfuse.schedule.kernel import ContractionKernel, Walk
+from vfuse.schedule.kernel import Const, ContractionKernel, Walk
 from vfuse.schedule.printer import format_program
 from vfuse.targets import Target, get_target
 
@@ -315,18 +315,22 @@ def compile_symbolic(graph: Graph, fusion_plan: FusionPlan, target: Target, ctx:
         arena_bytes=hint(program.memory.size),
         fallbacks=fallback_counts(program, fusion_plan),
     )
-    return SymbolicExecutor(graph, env, make, stats)
+    return SymbolicExecutor(graph, env, make, stats, program)
 
 
 # Walks whose renderers read symbolic sizes at run time (`vf_s0`); the contraction templates,
 # tables, transposes and horizontal kernels are written for constant sizes.
-SIZED_WALKS = (Walk.SINGLE_ROW, Walk.ROWS, Walk.ROW_GROUPS, Walk.TILED_COLUMNS)
+SIZED_WALKS = (Walk.SINGLE_ROW, Walk.ROWS, Walk.ROW_GROUPS, Walk.TILED_COLUMNS, Walk.TILED_TRANSPOSE)
 
 
 def takes_sizes(k: Any) -> bool:
     """Whether kernel `k` can run at sizes known only at run time: a sized walk, the fp32 GEMM
     template (its driver blocks at run time), or no symbolic size anywhere in it (its repr
     names every field, SymSizes included)."""
+    if isinstance(k, Kernel) and k.walk is Walk.LOOKUP_TABLE:
+        # The table is computed once per process (a static): no size may enter its entries.
+        consts = [s for p in k.passes for s in (*p.before, *p.body) if isinstance(s, Const)]
+        return not any(is_sym(s.value) for s in consts)
     if isinstance(k, Kernel):
         return k.walk in SIZED_WALKS or "SymSize(" not in repr(k)
     if isinstance(k, ContractionKernel) and k.op is Op.MATMUL and k.int8 is None:

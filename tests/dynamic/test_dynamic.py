@@ -23,6 +23,7 @@ from vfuse.context import Context, Options
 from vfuse.errors import VfuseInputError
 from vfuse.frontend.symbols import sym_env
 from vfuse.runtime.symbolic import SymbolicExecutor
+from vfuse.schedule.kernel import Walk
 
 
 class Block(torch.nn.Module):
@@ -274,3 +275,44 @@ def test_sizes_as_values_and_slices_of_buffers_take_no_guard() -> None:
             x = torch.randn(2, t, 64)
             torch.testing.assert_close(c(x), m(x), rtol=1e-4, atol=1e-4)
     assert backend.stats["graphs"] == 1 and backend.stats["fallbacks"] == {}
+
+
+def test_tiled_transpose_at_run_time_sizes() -> None:
+    """The tiled walk (tiles chosen at the hint, clamped at run time) at sizes with tails."""
+    torch._dynamo.reset()
+    backend = vfuse.backend()
+
+    def f(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        return torch.relu(x.t() + y) * torch.sigmoid(y)
+
+    c = torch.compile(f, backend=backend, dynamic=True)
+    for a, b in ((200, 300), (257, 129), (64, 64), (1000, 77), (3, 5000)):
+        x, y = torch.randn(a, b), torch.randn(b, a)
+        torch.testing.assert_close(c(x, y), f(x, y))
+    assert backend.stats["graphs"] == 1
+    (graph,) = backend.compiled
+    assert [k.walk for k in graph.executor.program.kernels] == [Walk.TILED_TRANSPOSE]
+
+
+def test_lookup_table_over_a_run_time_length() -> None:
+    """dequantize -> GELU -> quantize as a 256-entry table read over a symbolic length; a table
+    whose entries would depend on a size is left to per-shape compilation (it is a static)."""
+    torch._dynamo.reset()
+    backend = vfuse.backend()
+
+    def f(q: torch.Tensor) -> torch.Tensor:
+        y = torch.nn.functional.gelu((q.float() - 3.0) * 0.05)
+        return torch.clamp(torch.round(y / 0.04) + 5, -128, 127).to(torch.int8)
+
+    c = torch.compile(f, backend=backend, dynamic=True)
+    for n in (1000, 4099, 77, 100_003):
+        q = torch.randint(-128, 127, (n,), dtype=torch.int8)
+        torch.testing.assert_close(c(q), f(q), rtol=0, atol=0)
+    (graph,) = backend.compiled
+    assert [k.walk for k in graph.executor.program.kernels] == [Walk.LOOKUP_TABLE]
+    torch._dynamo.reset()
+    backend = vfuse.backend()
+    c = torch.compile(lambda q: ((q.float() * q.shape[0]) > 10).to(torch.uint8), backend=backend, dynamic=True)
+    for n in (9, 13):
+        q = torch.randint(-128, 127, (n,), dtype=torch.int8)
+        torch.testing.assert_close(c(q), ((q.float() * n) > 10).to(torch.uint8))

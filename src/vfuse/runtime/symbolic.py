@@ -144,8 +144,10 @@ class SymbolicExecutor:
         env: SymEnv,
         make: Callable[[dict[sympy.Symbol, int]], Any],
         stats: Any,
+        program: Any = None,
     ) -> None:
         self.env = env
+        self.program = program  # the symbolic Program (None for the reference executor)
         self.bindings = bindings_of(graph, env)
         self.names = [b.name for b in self.bindings]
         self.guards = guard_function(env, self.names)

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import math
 
-from vfuse.ir.sym import is_sym
+from vfuse.ir.sym import hint
 from vfuse.schedule.expr import Clamp, Div, Dyn, Lin, Mod, Var, walk
 from vfuse.schedule.kernel import Kernel, Load, Store, TransposeTiles
 
@@ -33,10 +33,10 @@ def plan_transpose(k: Kernel, vector: int, l1: int) -> TransposeTiles | None:
     cache per core), when a load or store is contiguous along another loop than the SIMD loop."""
     if k.outer or len(k.inner) < 2 or len(k.passes) != 1 or k.after or k.table or k.tile:
         return None
-    if any(is_sym(lp.size) for lp in k.inner):
-        return None  # tiles are rendered for constant sizes: a symbolic nest keeps the plain walk
     (p,) = k.passes
-    if p.reduces or p.buffered or p.reloaded or math.prod(lp.size for lp in k.inner) < MIN_ELEMENTS:
+    # Sizes are a performance matter here (the renderer clamps every tile at run time): symbolic
+    # ones are taken at their hints (ir/sym.py).
+    if p.reduces or p.buffered or p.reloaded or hint(math.prod(lp.size for lp in k.inner)) < MIN_ELEMENTS:
         return None
     v = k.inner[-1].var
     access = [s for s in p.body if isinstance(s, Load | Store)]
@@ -53,8 +53,8 @@ def plan_transpose(k: Kernel, vector: int, l1: int) -> TransposeTiles | None:
     block = 8 if vector >= 8 else 4
     edge = _edge([s for s in loads if s.var in staged], l1)
     # A short v (NCHW -> NHWC with 3 channels) keeps the tile's area with more rows.
-    cols = min(edge, k.inner[-1].size)
-    rows = min(-(-edge * edge // cols // block) * block, _size(k, u))
+    cols = min(edge, hint(k.inner[-1].size))
+    rows = min(-(-edge * edge // cols // block) * block, hint(_size(k, u)))
     return TransposeTiles(u=u, rows=rows, cols=cols, block=block, staged=staged, prefetch=True)
 
 
