@@ -60,6 +60,8 @@ def lower_as_strided(em: Emitter, node: torch.fx.Node) -> str:
     """
     a = bind(node)
     v: Any = a["self"].meta["val"]
+    if em.symbols is not None and any(isinstance(d, torch.SymInt) for d in v.shape):
+        raise Fallback("as_strided of a tensor with symbolic sizes (its storage size is unknown here)")
     if not (v.is_contiguous() and v.storage_offset() == 0 and v.untyped_storage().nbytes() == v.nbytes):
         raise LoweringError(node, "as_strided of a non-dense view cannot be expressed on logical tensors")
     size, stride, offset = list(a["size"]), list(a["stride"]), a["storage_offset"] or 0
