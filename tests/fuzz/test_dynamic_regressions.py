@@ -10,7 +10,7 @@ import pytest
 import torch
 from tests.fuzz.check_dynamic import check_dynamic
 from tests.fuzz.graphs_dynamic import SV, DynKind
-from tests.fuzz.ops import R, U
+from tests.fuzz.ops import B, N, R, U
 from tests.fuzz.program import Input, Kind, Program, Step
 
 X = Step(kind=Kind.INPUT, params=(0,))
@@ -81,3 +81,20 @@ def test_backward_whose_symbols_no_tensor_input_carries() -> None:
     program = Program((Input((3, 7, 11), torch.float64),), steps, (1,), seed=0)
     stats = check_dynamic(program, [(5, 37), (64, 2)], "dynamic", grad=True)
     assert stats["symbolic"] == 2 and stats["recompiles"] == []
+
+
+# The int8-dot check compared K with its limit before looking for int8 operands: every fp32
+# GEMM with a symbolic K (here the weight gradient's, K = batch) took the guard K <= 65536 and
+# compiled again past it.
+def test_fp32_gemm_takes_no_int8_guard() -> None:
+    inputs = (Input((11, 2), torch.float32), Input((2,), torch.float32), Input((2, 2), torch.float32))
+    steps = (
+        X,
+        Step(Kind.INPUT, params=(1,)),
+        Step(Kind.NORM, N.LAYER, (0, 1), (1, 1e-05, True, False)),
+        Step(Kind.INPUT, params=(2,)),
+        Step(Kind.LINEAR, None, (2, 3), (False,)),
+        Step(Kind.BINARY, B.ADD, (0, 4)),
+    )
+    stats = check_dynamic(Program(inputs, steps, (5,), seed=2), [(262147, 37)], "dynamic", grad=True)
+    assert stats["recompiles"] == [] and stats["graphs"] == 2  # forward, backward
