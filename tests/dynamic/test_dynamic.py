@@ -316,3 +316,30 @@ def test_lookup_table_over_a_run_time_length() -> None:
     for n in (9, 13):
         q = torch.randint(-128, 127, (n,), dtype=torch.int8)
         torch.testing.assert_close(c(q), ((q.float() * n) > 10).to(torch.uint8))
+
+
+def test_outputs_that_view_inputs_are_views_at_every_size() -> None:
+    """x[a:b:c] with closure ints Dynamo lifts to SymInts, and x.expand_as(y) of a transposed x:
+    AOTAutograd rebuilds such outputs from the compiled output's strides and offset when the view
+    has symbolic arguments, so they must be real views of the call's input (row 0 came back, or
+    a storage error, before)."""
+    torch._dynamo.reset()
+
+    def make(a: int, b: int, c: int) -> object:
+        return lambda x: (x[a:b:c], x.sum(0))
+
+    f = make(1, 3, 2)
+    backend = vfuse.backend()
+    c = torch.compile(f, backend=backend, dynamic=True)
+    for n in (11, 17, 5):
+        x = torch.arange(n * 16, dtype=torch.float32).reshape(n, 16)
+        for got, want in zip(c(x), f(x), strict=True):
+            torch.testing.assert_close(got, want)
+    g = lambda x, y: (x.expand_as(y), y * 2)  # noqa: E731
+    c = torch.compile(g, backend=vfuse.backend(), dynamic=True)
+    for xs, ys in (((4, 37), (1, 37, 4)), ((5, 11), (1, 11, 5)), ((7, 3), (1, 3, 7))):
+        x, y = torch.randn(*xs).t(), torch.randn(*ys)
+        got = c(x, y)
+        for a, b in zip(got, g(x, y), strict=True):
+            torch.testing.assert_close(a, b)
+        assert got[0].data_ptr() == x.data_ptr()  # a view, as eager's

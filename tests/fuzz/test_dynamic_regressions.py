@@ -1,7 +1,8 @@
 """Dynamic-shape fuzz counterexamples (tests/fuzz/test_fuzz_dynamic.py), kept as regression tests.
 
 Int params that torch.compile(dynamic=True) makes SymInt graph inputs (Dynamo lifts the ints a
-closure holds unless specialize_int) give wrong values or a crash: strict xfails until fixed.
+closure holds unless specialize_int) gave wrong values or a crash: an output that is a view of an
+input was rebuilt by AOTAutograd from the kernel's fresh output (entry/dynamic.py AliasOutput).
 """
 
 from __future__ import annotations
@@ -20,15 +21,14 @@ def _program(step: Step, shape: tuple[int, ...], dtype: torch.dtype = torch.floa
     return Program(inputs=(Input(shape=shape, dtype=dtype),), steps=(X, step), outputs=(1,), seed=10376)
 
 
-# x[1:3:2] gave row 0 (the symbolic start read as 0), x.unsqueeze(0).expand(5, ...) raised
-# "setStorage: ... out of bounds" in the compiled graph's output view.
+# x[1:3:2] gave row 0 (AOTAutograd rebuilt the view from the kernel's output: offset 0),
+# x.unsqueeze(0).expand(5, ...) raised "setStorage: ... out of bounds" for the same reason.
 LIFTED = [
     pytest.param(_program(Step(DynKind.SYMVIEW, SV.SLICE, (0,), (0, 1, 3, 2)), (11, 16), torch.int32), id="slice"),
     pytest.param(_program(Step(DynKind.SYMVIEW, SV.EXPAND_NEW, (0,), (0, 5)), (11,)), id="expand"),
 ]
 
 
-@pytest.mark.xfail(strict=True, reason="SymInt int params of a dynamic graph: wrong values (reported, issue 15)")
 @pytest.mark.parametrize("program", LIFTED)
 def test_int_params_lifted_to_symints(program: Program) -> None:
     check_dynamic(program, [(5, 37)], "ints", grad=False)

@@ -41,13 +41,65 @@ class SizeOutput:
         return f"SIZE({self.expr})"
 
 
-def size_slots(gm: torch.fx.GraphModule) -> tuple[torch.fx.GraphModule, tuple[Any, ...]]:
-    """`gm` without its non-tensor outputs, and the slots (COMPUTED, a constant, or a SymInt's
-    value node) to put them back."""
+class AliasOutput:
+    """An output slot holding a view of an input (`x[a:b]`, `x.expand_as(y)`): made per call by
+    torch on the call's own input, so it aliases it as the graph says. AOTAutograd rebuilds
+    such an output from the compiled one's strides and offset when the view has symbolic
+    arguments, and a kernel's fresh output has neither (it read row 0 for `x[1:3:2]`)."""
+
+    def __init__(self, index: int) -> None:
+        self.index = index  # position in the alias module's outputs
+
+    def __repr__(self) -> str:
+        return f"ALIAS({self.index})"
+
+
+def _aliases_input(node: Any) -> bool:
+    """Whether a graph output is an input or a chain of view ops over one."""
+    while isinstance(node, torch.fx.Node) and node.op == "call_function":
+        target = node.target
+        if not (isinstance(target, torch._ops.OpOverload) and target.is_view) or not node.args:
+            return False
+        node = node.args[0]
+    return (
+        isinstance(node, torch.fx.Node) and node.op == "placeholder" and isinstance(node.meta.get("val"), torch.Tensor)
+    )
+
+
+def alias_module(gm: torch.fx.GraphModule, outputs: list[Any]) -> torch.fx.GraphModule:
+    """A module computing `outputs` (views of inputs, and the sizes they use) from all of `gm`'s arguments."""
+    graph = torch.fx.Graph()
+    env: dict[torch.fx.Node, torch.fx.Node] = {}
+    needed: set[torch.fx.Node] = set()
+    stack = list(outputs)
+    while stack:
+        n = stack.pop()
+        if isinstance(n, torch.fx.Node) and n not in needed:
+            needed.add(n)
+            stack.extend(n.all_input_nodes)
+    for n in gm.graph.nodes:
+        if n.op == "placeholder" or n in needed:
+            env[n] = graph.node_copy(n, lambda x: env[x])
+    graph.output(tuple(env[o] for o in outputs))
+    return torch.fx.GraphModule(gm, graph)
+
+
+def size_slots(gm: torch.fx.GraphModule) -> tuple[torch.fx.GraphModule, tuple[Any, ...], Any]:
+    """`gm` without its non-tensor outputs and views of inputs, the slots (COMPUTED, a constant,
+    a SymInt's value, an AliasOutput) to put them back, and the module making the views (or None)."""
     out = next(n for n in gm.graph.nodes if n.op == "output")
     values = out.args[0]
+    aliases: list[Any] = []
     if isinstance(values, list | tuple):
-        sym = [_symint(v) for v in values]
+        sym: list[Any] = []
+        for v in values:
+            if _symint(v) is not None:
+                sym.append(_symint(v))
+            elif isinstance(v, torch.fx.Node) and _aliases_input(v):
+                sym.append(AliasOutput(len(aliases)))
+                aliases.append(v)
+            else:
+                sym.append(None)
         if any(s is not None for s in sym):
             # A SymInt output is no tensor: replace it by None for without_none_outputs to drop.
             import copy
@@ -55,10 +107,11 @@ def size_slots(gm: torch.fx.GraphModule) -> tuple[torch.fx.GraphModule, tuple[An
             graph = copy.deepcopy(gm.graph)
             new_out = next(n for n in graph.nodes if n.op == "output")
             new_out.args = (type(values)(None if s is not None else v for v, s in zip(new_out.args[0], sym)),)
+            views = alias_module(gm, aliases) if aliases else None
             gm = torch.fx.GraphModule(gm, graph)
             stripped, slots = without_none_outputs(gm)
-            return stripped, tuple(s if s is not None else slot for slot, s in zip(slots, sym))
-    return without_none_outputs(gm)
+            return stripped, tuple(s if s is not None else slot for slot, s in zip(slots, sym)), views
+    return (*without_none_outputs(gm), None)
 
 
 def _symint(v: Any) -> Any:
@@ -96,7 +149,7 @@ class Dynamic:
         if len(self.variants) >= MAX_VARIANTS:
             self.fallback = self._per_shape()
             return None
-        stripped, slots = size_slots(self.gm)
+        stripped, slots, views = size_slots(self.gm)
         try:
             env = sym_env(stripped, args)
             compiled = self._compile_variant(stripped, env)
@@ -113,7 +166,7 @@ class Dynamic:
             return None
         names = executor.names
         outputs = tuple(SizeOutput(s.node.expr, names) if isinstance(s, torch.SymInt) else s for s in slots)
-        run = _runner(compiled, outputs)
+        run = _runner(compiled, outputs, views)
         self.variants.append((executor, run))
         values = executor.values(args)
         if not executor.serves(values):
@@ -121,7 +174,7 @@ class Dynamic:
         return lambda a: run(a, executor.values(a))  # the first call (then the loop in __call__)
 
 
-def _runner(compiled: Any, slots: tuple[Any, ...]) -> Callable[[list, tuple[int, ...]], list]:
+def _runner(compiled: Any, slots: tuple[Any, ...], views: Any = None) -> Callable[[list, tuple[int, ...]], list]:
     if compiled.unchecked_runner is compiled.executor:  # no output can alias: sizes read once
         execute = compiled.executor.run
     else:
@@ -131,7 +184,17 @@ def _runner(compiled: Any, slots: tuple[Any, ...]) -> Callable[[list, tuple[int,
         return lambda args, values: execute(values, args)
 
     def run(args: list, values: tuple[int, ...]) -> list:
+        made = views(*args) if views is not None else ()  # before the kernels: they may write outputs in place
         it = iter(execute(values, args))
-        return [next(it) if s is COMPUTED else s.fn(*values) if isinstance(s, SizeOutput) else s for s in slots]
+        return [
+            next(it)
+            if s is COMPUTED
+            else s.fn(*values)
+            if isinstance(s, SizeOutput)
+            else made[s.index]
+            if isinstance(s, AliasOutput)
+            else s
+            for s in slots
+        ]
 
     return run
