@@ -132,18 +132,31 @@ class Dynamic:
         self._per_shape = per_shape
         self.variants: list[tuple[SymbolicExecutor, Callable[[list], list]]] = []
         self.fallback: Callable | None = None
+        self._slots: tuple[Any, ...] | None = None  # size_slots(gm), once the per-shape path needs it
 
     def __call__(self, args: list) -> Any:
         if self.fallback is not None:
-            return self.fallback(*args)
+            return self._per_shape_call(args)
         for ex, run in self.variants:
             values = ex.values(args)
             if ex.serves(values):
                 return run(args, values)
         run_new = self._new_variant(args)
         if run_new is None:
-            return self.fallback(*args)  # type: ignore[misc]
+            return self._per_shape_call(args)
         return run_new(args)
+
+    def _per_shape_call(self, args: list) -> Any:
+        """The per-shape program's outputs, views of inputs made by torch as in `_runner` (the
+        per-shape program's copies would be rebuilt by AOTAutograd from the wrong offsets too)."""
+        _, slots, views = size_slots(self.gm) if self._slots is None else self._slots
+        self._slots = (None, slots, views)
+        made = views(*args) if views is not None else ()
+        out = list(self.fallback(*args))  # type: ignore[misc]
+        for i, s in enumerate(slots):
+            if isinstance(s, AliasOutput):
+                out[i] = made[s.index]
+        return out
 
     def _new_variant(self, args: list) -> Callable | None:
         if len(self.variants) >= MAX_VARIANTS:
