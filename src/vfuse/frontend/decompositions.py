@@ -40,7 +40,7 @@ DECOMPOSE: tuple[Any, ...] = (
     aten._log_softmax_backward_data, aten.native_layer_norm_backward, aten.native_batch_norm_backward,
     aten.native_dropout_backward, aten.binary_cross_entropy_backward, aten.mse_loss_backward,
     aten.smooth_l1_loss_backward, aten.huber_loss_backward, aten.logit_backward, aten.log_sigmoid_backward,
-    aten.glu_backward, aten._prelu_kernel_backward,
+    aten.glu_backward, aten._prelu_kernel_backward, aten.native_group_norm_backward,
 )  # fmt: skip
 
 
