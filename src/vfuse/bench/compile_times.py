@@ -192,8 +192,13 @@ def _probe(
 
 
 def _run_child(argv: list[str], env: dict[str, str]) -> dict[str, Any]:
-    cmd = [sys.executable, "-m", "vfuse.bench.compile_times", *argv]
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=_PROBE_TIMEOUT_S, check=False)
+    return run_probe("vfuse.bench.compile_times", argv, env, _PROBE_TIMEOUT_S)
+
+
+def run_probe(module: str, argv: list[str], env: dict[str, str], timeout_s: float) -> dict[str, Any]:
+    """Run `python -m module argv` in a fresh process; its last stdout line is the JSON result."""
+    cmd = [sys.executable, "-m", module, *argv]
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout_s, check=False)
     if proc.returncode != 0:
         tail = (proc.stderr.strip().splitlines() or ["(no stderr)"])[-1]
         raise RuntimeError(f"probe exited {proc.returncode}: {tail}")

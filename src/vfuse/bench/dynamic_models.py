@@ -25,7 +25,6 @@ import json
 import os
 import statistics
 import subprocess
-import sys
 import tempfile
 import time
 from collections.abc import Callable, Sequence
@@ -36,7 +35,7 @@ from torch import Tensor
 
 from vfuse.bench import models as model_registry
 from vfuse.bench.checks import compare
-from vfuse.bench.compile_times import _preimport
+from vfuse.bench.compile_times import _preimport, run_probe
 
 TEXT_MODELS = ("hf_gpt2", "hf_llama", "hf_bert")
 MODES = ("dynamic", "auto")
@@ -129,12 +128,7 @@ def probe(contender: str, model: str, mode: str, quick: bool, strict: bool = Tru
 
 
 def _run_child(argv: list[str], env: dict[str, str]) -> dict[str, Any]:
-    cmd = [sys.executable, "-m", "vfuse.bench.dynamic_models", *argv]
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=_PROBE_TIMEOUT_S, check=False)
-    if proc.returncode != 0:
-        tail = (proc.stderr.strip().splitlines() or ["(no stderr)"])[-1]
-        raise RuntimeError(f"probe exited {proc.returncode}: {tail}")
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    return run_probe("vfuse.bench.dynamic_models", argv, env, _PROBE_TIMEOUT_S)
 
 
 def measure(contender: str, model: str, mode: str, quick: bool, threads: int, strict: bool) -> list[dict[str, Any]]:
