@@ -256,7 +256,7 @@ def _row_form(s: Summary, p: Summary, c: Summary) -> Form | Illegal:
     full = numel(full_shape)
     for shape in s.pe:
         n = numel(shape)
-        if n not in (full, rows) and not _fits(shape, full_shape):
+        if not same(n, full) and not same(n, rows) and not _fits(shape, full_shape):  # structural: "no" is safe
             why = f"a {shape} value is neither in the row space {full_shape} nor reduced"
             return Illegal(Rule.ROW_SPACE_MISMATCH, why)
     label = "row" if s.pe else "reduction"

@@ -371,6 +371,16 @@ def proved(a: Any, op: str, b: Any) -> bool:
     return env._prove(rel) is True
 
 
+def smax(a: Any, b: Any) -> Any:
+    """max(a, b) without a guard: the larger where proved, else the expression Max(a, b)."""
+    if proved(b, "<=", a):
+        return a
+    if proved(a, "<=", b):
+        return b
+    env = a.env if isinstance(a, SymSize) else b.env
+    return env.size(sympy.Max(_expr(a), _expr(b)))
+
+
 def known_multiple(x: Any, m: int) -> bool:
     """Whether `x % m == 0` holds for every size (proved, no guard): False when it may not."""
     if not isinstance(x, SymSize) and not isinstance(m, SymSize):

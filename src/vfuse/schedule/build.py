@@ -113,9 +113,9 @@ def _row_coords(row: RowSpace, shape: tuple[int, ...], sizes: dict[int, int]) ->
         if same(shape, reduced_shape(src, axes, keep)):
             return row.reduced_coords(keep)
     red = reduced_shape(src, axes, False)
-    if numel(shape) == numel(src):
+    if same(numel(shape), numel(src)):
         return expr.unflatten(expr.row_major(row.full_coords(), src), shape, sizes)
-    if numel(shape) == numel(red):
+    if same(numel(shape), numel(red)):
         return expr.unflatten(expr.row_major(row.reduced_coords(False), red), shape, sizes)
     return None
 

@@ -9,7 +9,7 @@ The arena is allocated once per compiled graph and reused by every call.
 from __future__ import annotations
 
 from vfuse.ir import Graph
-from vfuse.ir.sym import hint
+from vfuse.ir.sym import hint, proved, smax
 from vfuse.schedule.kernel import MemoryPlan, Segment, Step
 
 ALIGN = 64
@@ -51,12 +51,16 @@ def plan_memory(graph: Graph, steps: list[Step], values: set[str]) -> MemoryPlan
         lo, hi = live[v]
         clashes = sorted((o, s) for o, s, (a, b) in placed if a <= hi and lo <= b)
         offset = 0
+        # Symbolic sizes (ir/sym.py): a gap is taken only where it is proved large enough at every
+        # size, and offsets past several buffers are Max expressions: the plan takes no guard.
         for o, s in clashes:
-            if offset + size <= o:
+            if proved(offset + size, "<=", o):
                 break
-            offset = max(offset, o + s)
+            offset = smax(offset, o + s)
         offsets[v] = offset
         placed.append((offset, size, (lo, hi)))
-    total = max((o + s for o, s, _ in placed), default=0)
+    total = 0
+    for o, s, _ in placed:
+        total = smax(total, o + s)
     naive = sum(_align(max(graph[v].tensor_type.nbytes, 1)) for v in live)
     return MemoryPlan(offsets, total, naive)
