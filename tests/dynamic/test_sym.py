@@ -112,3 +112,15 @@ def test_concretize_substitutes_everywhere_and_shares_what_has_no_size() -> None
     out = concretize(box, {S0: 9, S1: 2})
     assert out == _Box((9, 36), {"k": [10, "v"], "s": static}) and out.items["s"] is static
     assert concretize(static, {S0: 1}) is static
+
+
+def test_smax_and_proved_take_no_guard() -> None:
+    from vfuse.ir.sym import proved, smax
+
+    env = _env(h0=12, h1=5)
+    a, b = env.size(S0), env.size(S1)
+    assert smax(a * 2, a) == a * 2 and smax(3, a * b) == a * b  # proved (s >= 2)
+    m = smax(a, b)
+    assert isinstance(m, SymSize) and m.hint == 12 and f"{m}" == "std::max<int64_t>(vf_s0, vf_s1)"
+    assert proved(a, "<=", a * b) and not proved(a, "<", b) and not proved(b, "<", a)
+    assert env.guards == []
