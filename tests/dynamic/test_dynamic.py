@@ -343,3 +343,20 @@ def test_outputs_that_view_inputs_are_views_at_every_size() -> None:
         for a, b in zip(got, g(x, y), strict=True):
             torch.testing.assert_close(a, b)
         assert got[0].data_ptr() == x.data_ptr()  # a view, as eager's
+
+
+def test_variance_count_stays_symbolic() -> None:
+    """var/std/layer_norm over a symbolic dim divide by a run-time count (N - correction): no
+    guard on N (it specialized every size before), and x / (N - 1) is never taken for x / 1."""
+    torch._dynamo.reset()
+    backend = vfuse.backend()
+
+    def f(x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        return x.var(-1), x.std(0, unbiased=False), torch.nn.functional.layer_norm(x, x.shape[-1:])
+
+    c = torch.compile(f, backend=backend, dynamic=True)
+    for shape in ((11, 37), (5, 16), (64, 3), (2, 2)):
+        x = torch.randn(*shape)
+        for got, want in zip(c(x), f(x), strict=True):
+            torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    assert backend.stats["graphs"] == 1 and backend.stats["fallbacks"] == {}

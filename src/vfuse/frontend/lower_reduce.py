@@ -19,6 +19,7 @@ from vfuse.frontend.errors import Fallback
 from vfuse.frontend.registry import lowers
 from vfuse.ir import DType, Op
 from vfuse.ir.shapes import normalize_dims
+from vfuse.ir.sym import is_sym, smax
 
 aten = torch.ops.aten
 
@@ -68,7 +69,12 @@ def variance(em: Emitter, x: str, axes: tuple[int, ...], correction: float, keep
     d = em.emit(Op.SUB, (x, mu))
     sq = em.emit(Op.SUM, (em.emit(Op.MUL, (d, d)),), axes=axes, keepdim=keepdim)
     dtype = em.ttype(x).dtype
-    var = em.emit(Op.DIV, (sq, em.scalar(max(0.0, count(em, x, axes) - correction), dtype)))
+    n = count(em, x, axes)
+    if is_sym(n) and float(correction).is_integer():  # a symbolic count stays symbolic (no guard on N)
+        denominator: Any = smax(0, n - int(correction))
+    else:
+        denominator = max(0.0, n - correction)
+    var = em.emit(Op.DIV, (sq, em.scalar(denominator, dtype)))
     return Moments(var, mu, d)
 
 

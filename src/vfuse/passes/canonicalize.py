@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from vfuse.ir import Graph, Node, Op
+from vfuse.ir.sym import is_sym
 from vfuse.passes.rebuild import rebuild
 
 _IDENTITY_ELEMENT = {Op.ADD: (0, True), Op.SUB: (0, False), Op.MUL: (1, True), Op.DIV: (1, False)}
@@ -17,7 +18,8 @@ _IDENTITY_ELEMENT = {Op.ADD: (0, True), Op.SUB: (0, False), Op.MUL: (1, True), O
 
 def _is_full(graph: Graph, name: str, value: float) -> bool:
     node = graph[name]
-    return node.op is Op.FULL and node.attrs["value"] == value
+    # A symbolic size as the value is never taken for a constant: x / (n - 1) stays a division.
+    return node.op is Op.FULL and not is_sym(node.attrs["value"]) and node.attrs["value"] == value
 
 
 def _identity_of(graph: Graph, node: Node) -> str | None:
