@@ -298,12 +298,15 @@ def compile_symbolic(graph: Graph, fusion_plan: FusionPlan, target: Target, ctx:
 
     # What the executor reads at these sizes: buffers and arena (the kernels read the sizes
     # themselves); the graph's nodes only where torch runs some of them (a few ms otherwise).
-    torch_steps = any(isinstance(s, TorchStep) for s in program.steps)
+    torch_run = {n for s in program.steps if isinstance(s, TorchStep) for n in s.nodes}
 
     def make(values: dict) -> NativeExecutor:
         buffers, memory = concretize((program.buffers, program.memory), values)
         program_c = dataclasses.replace(program, buffers=buffers, memory=memory)
-        plan_c = dataclasses.replace(fusion_plan, graph=concretize(graph, values)) if torch_steps else fusion_plan
+        plan_c = fusion_plan
+        if torch_run:  # only the nodes torch runs (the whole graph took milliseconds per size)
+            nodes = tuple(concretize(n, values) if n.name in torch_run else n for n in graph.nodes)
+            plan_c = dataclasses.replace(fusion_plan, graph=Graph(nodes, graph.outputs))
         sizes = [values[s] for s in env.symbols]
         return NativeExecutor(plan_c, program_c, source, library, opts.static_outputs, opts.cache_dir, sizes)
 
