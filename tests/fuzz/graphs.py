@@ -253,6 +253,22 @@ def broadcastable(a: Sequence[int], b: Sequence[int]) -> bool:
     return True
 
 
+def grow(g: Any, cfg: Any, builders: list[Any], motifs: Sequence[Any]) -> None:
+    """Append between cfg.min_steps and cfg.max_steps steps: `motifs` or `builders` (an equal-weight
+    list: repeats are weights), each rolled back when it draws nothing buildable."""
+    wanted, tries = g.draw(st.integers(cfg.min_steps, cfg.max_steps)), 0
+    while len(g.steps) - len(g.inputs) < wanted and tries < 3 * wanted:
+        tries += 1
+        build = g.choice(motifs) if g.draw(st.integers(0, 9)) < cfg.motifs else g.choice(builders)
+        mark = g.mark()
+        try:
+            built = build(g)
+        except TooLarge:
+            built = None
+        if built is None:
+            g.rollback(mark)
+
+
 @st.composite
 def programs(draw: Callable[[Any], Any], cfg: Config = Config()) -> Program:
     """A random program per `cfg`: 1-3 main inputs, up to cfg.max_steps ops, 1-3 outputs."""
@@ -265,17 +281,7 @@ def programs(draw: Callable[[Any], Any], cfg: Config = Config()) -> Program:
     for _ in range(draw(st.integers(1, 3))):
         draw_main_input(g, base, dtype if g.flag(4) or len(g.inputs) == 0 else draw_dtype(g))
     kinds = [k for k in cfg.kinds if k in BUILDERS]  # repeats kept: they are weights
-    wanted, tries = draw(st.integers(cfg.min_steps, cfg.max_steps)), 0
-    while len(g.steps) - len(g.inputs) < wanted and tries < 3 * wanted:
-        tries += 1
-        build = g.choice(MOTIFS) if g.draw(st.integers(0, 9)) < cfg.motifs else BUILDERS[g.choice(kinds)]
-        mark = g.mark()
-        try:
-            built = build(g)
-        except TooLarge:
-            built = None
-        if built is None:
-            g.rollback(mark)
+    grow(g, cfg, [BUILDERS[k] for k in kinds], MOTIFS)
     outputs = [len(g.vals) - 1]
     for _ in range(draw(st.integers(0, 2))):
         outputs.append(draw(st.integers(0, len(g.vals) - 1)))

@@ -22,7 +22,7 @@ import torch
 from hypothesis import reject
 from hypothesis import strategies as st
 from tests.fuzz import graphs_layout
-from tests.fuzz.graphs import KINDS, SIZES, Config, Gen, TooLarge, Val, _probe, draw_dtype, draw_main_input
+from tests.fuzz.graphs import KINDS, SIZES, Config, Gen, Val, _probe, draw_dtype, draw_main_input, grow
 from tests.fuzz.graphs_motifs import conv_norm, norm_block, permuted_softmax
 from tests.fuzz.ops import V
 from tests.fuzz.ops import apply as plain_apply
@@ -257,18 +257,7 @@ def dyn_programs(draw: Callable[[Any], Any], cfg: Config) -> Program:
     dtype = draw_dtype(g)
     for _ in range(draw(st.integers(1, 3))):
         draw_main_input(g, base, dtype if g.flag(4) or len(g.inputs) == 0 else draw_dtype(g))
-    builders = _builders(cfg)
-    wanted, tries = draw(st.integers(cfg.min_steps, cfg.max_steps)), 0
-    while len(g.steps) - len(g.inputs) < wanted and tries < 3 * wanted:
-        tries += 1
-        build = g.choice(MOTIFS) if g.draw(st.integers(0, 9)) < cfg.motifs else g.choice(builders)
-        mark = g.mark()
-        try:
-            built = build(g)
-        except TooLarge:
-            built = None
-        if built is None:
-            g.rollback(mark)
+    grow(g, cfg, _builders(cfg), MOTIFS)
     dynamic = [i for i, v in enumerate(g.vals) if any(n in MARKERS for n in v.shape)]
     if not any(marker_dims(s) for s in g.inputs) or not dynamic:
         reject()
