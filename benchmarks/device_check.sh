@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # The GPU checks of issue 13, prepared for a lent GPU machine (no network, nothing installed):
 #   1. tests/triton/test_cuda.py: the Triton backend on CUDA tensors, CUDA Graphs, the lean launcher,
-#      offline registers against the driver's (about 2 minutes, capped at 150 s);
+#      offline registers against the driver's (about 2 minutes, capped at 170 s);
 #   2. vfuse bench --device cuda: JSON with copy bandwidth, every workload for eager / Inductor /
-#      vfuse / vfuse + CUDA Graphs, % of copy bandwidth, replay vs launch overhead (budget 240 s).
-# About 7 minutes in all. Writes env.txt, gpu_tests.txt, bench.txt and bench.json under $OUT
+#      vfuse / vfuse + CUDA Graphs, % of copy bandwidth, replay vs launch overhead (budget 260 s).
+# About 8 minutes in all. Writes env.txt, gpu_tests.txt, bench.txt and bench.json under $OUT
 # (default /tmp/vfuse-device). Runs the repository's sources (PYTHONPATH=src) under the machine's
 # python3 (its torch and triton), or under VFUSE_PY. Exit status: the tests' (the bench's JSON
 # says per contender what failed).
@@ -20,8 +20,9 @@ export VFUSE_CACHE_DIR=${VFUSE_CACHE_DIR:-/tmp/vfuse-cache}
     "$PY" -c 'import torch, triton; print("torch", torch.__version__, "cuda", torch.version.cuda, "triton", triton.__version__, torch.cuda.get_device_name())'
 } >"$OUT/env.txt" 2>&1
 echo "== GPU tests" && tail -n 1 "$OUT/env.txt"
-timeout 150 "$PY" -m pytest -p no:cacheprovider -q tests/triton/test_cuda.py 2>&1 | tee "$OUT/gpu_tests.txt" | tail -n 25
+timeout 170 "$PY" -m pytest -p no:cacheprovider -q -rfE --tb=short --timeout=60 --durations=8 tests/triton/test_cuda.py 2>&1 | tee "$OUT/gpu_tests.txt" | tail -n 40
 tests=$?
 echo "== vfuse bench --device cuda"
-timeout 300 "$PY" -m vfuse.bench --device cuda --budget-s 240 --json "$OUT/bench.json" 2>&1 | tee "$OUT/bench.txt" | tail -n 30
+timeout 330 "$PY" -m vfuse.bench --device cuda --budget-s 260 --json "$OUT/bench.json" 2>&1 | tee "$OUT/bench.txt" | tail -n 30
+nvidia-smi --query-gpu=clocks.sm,clocks.mem,temperature.gpu,power.draw --format=csv >>"$OUT/env.txt" 2>&1
 exit "$tests"
