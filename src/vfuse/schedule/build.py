@@ -182,11 +182,9 @@ def group_steps(
     if not outs:
         return out
     try:
-        # Computed gather indices are stored first: the gather's kernel checks a buffer's values.
-        if idx := _computed_indices(graph, [n for n in g.nodes if n in nodes]):
-            pre = _pointwise_kernels(graph, g.id, g.label, nodes, f"{name}_ix", idx)
-            nodes, outs = nodes - set(idx), [o for o in outs if o not in idx]
-            out += pre
+        pre, nodes = _index_kernels(graph, g, nodes, name)
+        outs = [o for o in outs if o in nodes]
+        out += pre
         if any(graph[n].kind is Kind.REDUCE for n in nodes):
             out += _reduction_kernels(graph, g, nodes, name, outs)
         elif g.label == HORIZONTAL:
@@ -212,6 +210,26 @@ def _horizontal_kernels(graph: Graph, g: Group, nodes: set[str], name: str, outs
             need = computed_by(graph, nodes, part)
             torch_steps.append(TorchStep(g.id, g.label, tuple(n for n in g.nodes if n in need), f"fallback: {e}"))
     return torch_steps + kernels
+
+
+def _index_kernels(graph: Graph, g: Group, nodes: set[str], name: str) -> tuple[list[Kernel], set[str]]:
+    """Computed gather indices are stored first: the gather's kernel checks a buffer's values.
+    In stages: an index computed by a checked gather of a computed index (BERT's token types
+    gathered at `position_ids[:, :t]`) is stored after that index. Returns the kernels and
+    the nodes left to the group's own kernels."""
+    kernels: list[Kernel] = []
+    while idx := _computed_indices(graph, [n for n in g.nodes if n in nodes]):
+        ready = [i for i in idx if not _computed_indices(graph, _ordered(g, computed_by(graph, nodes, [i])))]
+        if not ready:
+            raise Unsupported(f"gather indices {idx} depend on each other")
+        stage = f"{name}_ix{len(kernels)}" if kernels else f"{name}_ix"
+        kernels += _pointwise_kernels(graph, g.id, g.label, nodes, stage, ready)
+        nodes = nodes - set(ready)
+    return kernels, nodes
+
+
+def _ordered(g: Group, nodes: set[str]) -> list[str]:
+    return [n for n in g.nodes if n in nodes]
 
 
 def _computed_indices(graph: Graph, nodes: list[str]) -> list[str]:
