@@ -73,13 +73,9 @@ def test_aot_inference_graph_lowers_completely() -> None:
     assert_matches(run(graph, args), gm(*args), rtol=1e-4, atol=1e-5)
 
 
-# In training, attention's logsumexp is saved for the backward pass, so the fused forward
-# kernel runs through torch; so do the attention and convolution backward kernels.
-TRAINING_FALLBACKS = {
-    "aten._scaled_dot_product_flash_attention_for_cpu.default",
-    "aten._scaled_dot_product_flash_attention_for_cpu_backward.default",
-    "aten.convolution_backward.default",
-}
+# In training the convolution backward runs through torch (attention's forward with its
+# logsumexp and its backward are lowered: SDPA_LSE, SDPA_BACKWARD).
+TRAINING_FALLBACKS = {"aten.convolution_backward.default"}
 
 
 def test_aot_training_forward_and_backward_graphs_match_torch() -> None:

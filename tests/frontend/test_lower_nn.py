@@ -186,11 +186,18 @@ def test_sdpa_lowers_from_every_aten_spelling() -> None:
     check(lambda q, k, v: aten._scaled_dot_product_flash_attention_for_cpu(q, k, v)[0], q, k, v, atol=1e-5)
 
 
-def test_sdpa_with_used_logsumexp_runs_through_torch() -> None:
+def test_sdpa_with_used_logsumexp_lowers_to_sdpa_lse() -> None:
+    """Training saves the CPU kernel's logsumexp for the backward: SDPA_LSE gives both (fp32)."""
     q, k, v = _qkv()
+    graph = check(lambda q, k, v: aten._scaled_dot_product_flash_attention_for_cpu(q, k, v), q, k, v, atol=1e-5)
+    assert ops_of(graph)[Op.SDPA_LSE] == 1 and ops_of(graph)[Op.SDPA] == 0 and not fallbacks(graph)
+
+
+def test_sdpa_with_used_logsumexp_in_float64_runs_through_torch() -> None:
+    q, k, v = (t.double() for t in _qkv())
     graph = check(lambda q, k, v: aten._scaled_dot_product_flash_attention_for_cpu(q, k, v), q, k, v,
                   allow=("flash_attention",), atol=1e-5)  # fmt: skip
-    assert ops_of(graph)[Op.SDPA] == 0 and ops_of(graph)[Op.GET_ITEM] == 2
+    assert ops_of(graph)[Op.SDPA_LSE] == 0 and ops_of(graph)[Op.GET_ITEM] == 2
 
 
 def test_sdpa_math_path_lowers_without_fallback() -> None:

@@ -3,7 +3,8 @@ convolution -> CONV2D (+ bias ADD), and every spelling of scaled-dot-product att
 
 MATMUL takes rank >= 2 operands, so 1-D operands are reshaped to matrices and the result is
 reshaped back, as torch.matmul defines. Transposed or non-2-D convolutions, attention with
-dropout, and attention whose logsumexp is read go to torch.
+dropout, and attention whose logsumexp is read (other than the CPU kernel's, which training
+graphs save: lower_attention.py) go to torch.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import torch.fx
 
 from vfuse.frontend.emitter import Emitter, bind
 from vfuse.frontend.errors import Fallback
+from vfuse.frontend.lower_attention import sdpa_with_lse
 from vfuse.frontend.lower_layout import permute, reshape
 from vfuse.frontend.registry import lowers
 from vfuse.ir import DType, Op
@@ -134,8 +136,11 @@ def lower_sdpa(em: Emitter, node: torch.fx.Node) -> str:
     aten._scaled_dot_product_cudnn_attention.default,
 )
 def lower_sdpa_internal(em: Emitter, node: torch.fx.Node) -> tuple[str | None, ...]:
-    """The fused kernels return (out, logsumexp, ...); only `out` has an IR equivalent."""
+    """The fused kernels return (out, logsumexp, ...): only `out`, or for the CPU kernel in training
+    out and logsumexp (SDPA_LSE, frontend/lower_attention.py), have IR equivalents."""
     if not _only_output_used(node):
+        if node.target is aten._scaled_dot_product_flash_attention_for_cpu.default:
+            return sdpa_with_lse(em, node)
         raise Fallback("attention's logsumexp (or another auxiliary result) is used")
     a = bind(node)
     out = sdpa(em, a, a.get("attn_mask", a.get("attn_bias")), None)

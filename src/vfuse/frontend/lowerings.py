@@ -9,6 +9,7 @@ from typing import Any
 import torch
 
 from vfuse.frontend import (  # noqa: F401  (imported for their table entries)
+    lower_attention,
     lower_backward,
     lower_foreach,
     lower_gather,

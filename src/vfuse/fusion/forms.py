@@ -21,7 +21,13 @@ from vfuse.ir.shapes import ShapeError, broadcast, numel
 from vfuse.ir.sym import hint
 
 POINTWISE_KINDS = frozenset({Kind.ELEMENTWISE, Kind.BROADCAST, Kind.INJECTIVE})
-CONTRACTION_LABELS = {Op.MATMUL: "gemm", Op.CONV2D: "conv", Op.SDPA: "attention"}
+CONTRACTION_LABELS = {
+    Op.MATMUL: "gemm",
+    Op.CONV2D: "conv",
+    Op.SDPA: "attention",
+    Op.SDPA_LSE: "attention",
+    Op.SDPA_BACKWARD: "attention-backward",
+}
 # A contraction re-reads operand tiles many times, so a prologue is only worth it when it is a
 # few instructions per element (cast, zero-point subtract, scale multiply).
 PROLOGUE_MAX_FLOPS_PER_ELEMENT = 4

@@ -131,6 +131,8 @@ class Op(enum.Enum):
     MATMUL = "matmul"
     CONV2D = "conv2d"
     SDPA = "sdpa"
+    SDPA_LSE = "sdpa_lse"  # training forward: output and logsumexp, one flat tensor
+    SDPA_BACKWARD = "sdpa_backward"  # dq, dk, dv as one flat tensor
     # torch fallback
     OPAQUE = "opaque"
     GET_ITEM = "get_item"

@@ -21,7 +21,13 @@ ACTIVATIONS = {
     Op.TANH: "Tanh",
     Op.ERF: "erf",
 }
-CONTRACTIONS = {Op.MATMUL: "GEMM", Op.CONV2D: "conv", Op.SDPA: "attention"}
+CONTRACTIONS = {
+    Op.MATMUL: "GEMM",
+    Op.CONV2D: "conv",
+    Op.SDPA: "attention",
+    Op.SDPA_LSE: "attention (with logsumexp)",
+    Op.SDPA_BACKWARD: "attention backward",
+}
 CHAIN_LIMIT = 4  # ops named in a pointwise chain before "…"
 
 
@@ -45,7 +51,7 @@ def pattern_of(graph: Graph, nodes: Sequence[str], sources: Mapping[str, Source]
 
 def _contraction(graph: Graph, node: Node, ns: list[Node], sources: Mapping[str, Source]) -> str:
     word = CONTRACTIONS[node.op]
-    if node.op is Op.SDPA:
+    if node.op in (Op.SDPA, Op.SDPA_LSE, Op.SDPA_BACKWARD):
         return word
     owner = sources.get(node.name)
     head = owner.cls if owner is not None and owner.cls in ("Linear", "Conv1d", "Conv2d") else node.op.value

@@ -39,9 +39,12 @@ from vfuse.schedule import expr
 from vfuse.schedule.expr import Lin, Var
 from vfuse.schedule.kernel import ContractionKernel, Load, OperandPrologue, Rand, RandKey, Stmt
 from vfuse.schedule.lower import Lowerer, Unsupported
-from vfuse.schedule.microtile import AVX512, Tile, VectorUnit, attention_tile, pick_micro_tile
+from vfuse.schedule.microtile import AVX512, Tile, VectorUnit, attention_blocks, attention_tile, pick_micro_tile
 
 Caches = tuple[int, int, int]
+ATTENTION = frozenset({Op.SDPA, Op.SDPA_LSE, Op.SDPA_BACKWARD})
+# Training attention returns one flat tensor of several values: the template stores it, no epilogue.
+FLAT_OUTPUT = frozenset({Op.SDPA_LSE, Op.SDPA_BACKWARD})
 
 
 @dataclass(frozen=True)
@@ -216,7 +219,10 @@ def _sdpa_operands(graph: Graph, node: str, ops: _Operands, dtypes: frozenset[DT
     n = graph[node]
     if sdpa_dropout(n.attrs) and dtypes is not GPU_DTYPES:
         raise Unsupported(f"%{node}: attention dropout (only the Triton template draws its mask)")
-    q, k, v = (graph[i].tensor_type.shape for i in n.inputs[:3])
+    if n.op in FLAT_OUTPUT and dtypes is GPU_DTYPES:
+        raise Unsupported(f"%{node}: no Triton template for {n.op.value}")  # runs in torch there
+    first = 1 if n.op is Op.SDPA_BACKWARD else 0  # its inputs start with grad_out
+    q, k, v = (graph[i].tensor_type.shape for i in n.inputs[first : first + 3])
     rank = len(q)
     if rank not in (3, 4) or len(k) != rank or len(v) != rank or k[:-1] != v[:-1] or q[:-3] != k[:-3]:
         raise Unsupported(f"%{node}: attention operands {q}, {k}, {v} are not [B,]H,L,D with shared batch")
@@ -260,7 +266,7 @@ def _register_tile(graph: Graph, node: str, unit: VectorUnit) -> Tile:
     """The micro-kernel's mr x nr for the contraction's output matrix (conv: channels of a group x pixels)."""
     n = graph[node]
     shape = n.tensor_type.shape
-    if n.op is Op.SDPA:
+    if n.op in ATTENTION:
         return attention_tile(unit)
     if n.op is Op.CONV2D:
         return pick_micro_tile(shape[1] // n.attrs["groups"], shape[2] * shape[3], unit)
@@ -282,11 +288,11 @@ def plan_contraction(graph: Graph, nodes: tuple[str, ...], outputs: tuple[str, .
         trans_b = _gemm_operands(graph, node, ops)
     elif op is Op.CONV2D:
         _conv_operands(graph, node, ops)
-    elif op is Op.SDPA:
+    elif op in ATTENTION:
         _sdpa_operands(graph, node, ops, dtypes)
     else:
         raise Unsupported(f"no template for {op.value}")
-    fused = _fuse(graph, node, rest, outputs, prologue, dtypes is GPU_DTYPES)
+    fused = None if op in FLAT_OUTPUT else _fuse(graph, node, rest, outputs, prologue, dtypes is GPU_DTYPES)
     out, stmts, result, extras = fused if fused else (node, [], "v", set())
     kernel = ContractionKernel(
         f"k{gid}_c", gid, label, op, node, tuple(ops.names), tuple(ops.shapes), graph[node].tensor_type.shape,
@@ -296,11 +302,19 @@ def plan_contraction(graph: Graph, nodes: tuple[str, ...], outputs: tuple[str, .
         # it would move with the size (ir/sym.py; the runtime shares one arena across sizes).
         prepacked_b=op is Op.MATMUL and dtypes is not GPU_DTYPES and _constant_b(graph, ops)
         and not any(is_sym(d) for s in ops.shapes for d in s),
+        blocks=_attention_blocks(graph, node, unit, caches) if op in ATTENTION else (64, 64),
     )  # fmt: skip
     # Split: the leftover kernels recompute the (cheap) prologue values they read, and store
     # those other groups read, as torch used to leave them in its env.
     rest_nodes = frozenset() if fused else rest | prologue
     return ContractionPlan(tuple(dict.fromkeys(ops.copies)), prologue, kernel, rest_nodes)
+
+
+def _attention_blocks(graph: Graph, node: str, unit: VectorUnit, caches: Caches) -> tuple[int, int]:
+    n = graph[node]
+    first = 1 if n.op is Op.SDPA_BACKWARD else 0
+    q, v = graph[n.inputs[first]].tensor_type.shape, graph[n.inputs[first + 2]].tensor_type.shape
+    return attention_blocks(unit, q[-1], v[-1], caches[1])
 
 
 def _fuse(
@@ -330,7 +344,7 @@ def library_choice(graph: Graph, cost: Cost, cp: ContractionPlan) -> Contraction
     cost `cost` (`fusion/library.py`). Attention always stays a template: torch's math path
     would materialize the scores."""
     k = cp.kernel
-    if k.op is Op.SDPA:
+    if k.op in ATTENTION:
         return ContractionChoice(0.0, math.inf)
     shape = k.out_shape
     if k.op is Op.CONV2D:

@@ -404,7 +404,7 @@ class ContractionKernel:
     label: str
     op: Op
     node: str  # the contraction IR node
-    operands: tuple[str, ...]  # MATMUL: A, B; CONV2D: x, w; SDPA: q, k, v[, mask]
+    operands: tuple[str, ...]  # MATMUL: A, B; CONV2D: x, w; SDPA(_LSE): q, k, v[, mask]; SDPA_BACKWARD: ir/defs
     shapes: tuple[tuple[int, ...], ...]  # the shape each operand is read as
     out_shape: tuple[int, ...]  # the contraction node's shape
     space: tuple[int, ...]  # the epilogue's index space: `out`'s shape (a reshape of out_shape)
@@ -427,6 +427,7 @@ class ContractionKernel:
     # prologue), packed into the micro-kernel's layout once, on the first call, into the arena's
     # persistent region (codegen/cpp/gemm/prepack.py) instead of on every call.
     prepacked_b: bool = False
+    blocks: tuple[int, int] = (64, 64)  # attention: query rows x keys per tile (`microtile.attention_blocks`)
 
     def prologue(self, i: int) -> OperandPrologue | None:
         return self.prologues[i] if i < len(self.prologues) else None

@@ -89,3 +89,19 @@ def attention_tile(unit: VectorUnit) -> Tile:
     nv = max((v for v in range(1, per_block + 1) if per_block % v == 0 and _fits(ATTENTION_ROWS, v, unit.registers)),
              default=1)  # fmt: skip
     return ATTENTION_ROWS, nv * unit.lanes
+ATTENTION_BLOCK_K = 64  # keys per K/V tile
+
+
+def attention_blocks(unit: VectorUnit, head_dim: int, value_dim: int, l2_bytes: int) -> tuple[int, int]:
+    """(query rows, keys) per tile of the attention kernels. The backward's per-thread tiles (Q and dO
+    transposed, scores and their gradients, dQ / dK / dV accumulators) should stay in half of L2:
+    large head sizes halve the key tile, down to 16 keys."""
+    bq, bk = ATTENTION_BLOCK_Q, ATTENTION_BLOCK_K
+    d, dv = (_round_up(hint(x), unit.lanes) for x in (head_dim, value_dim))
+
+    def floats(bk: int) -> int:
+        return bq * (2 * d + dv) + bk * (2 * bq + d + dv)
+
+    while bk > 16 and floats(bk) * 4 > l2_bytes // 2:
+        bk //= 2
+    return bq, bk

@@ -3,6 +3,7 @@ and passes, and every decision a renderer acts on (`strategy.py`)."""
 
 from __future__ import annotations
 
+from vfuse.ir import Op
 from vfuse.ir.sym import hint
 from vfuse.schedule.kernel import (
     Accumulate,
@@ -118,6 +119,8 @@ def format_kernel(k: AnyKernel) -> str:
         ins = ", ".join(f"%{v}{list(s)}" for v, s in zip(k.operands, k.shapes, strict=True))
         epi = f"epilogue {len(k.epilogue)} stmt(s)" + (f" reading {', '.join(k.extras)}" if k.extras else "")
         tile = f"register tile {k.mr}x{k.nr} of {k.vector}-lane vectors"
+        if k.op in (Op.SDPA, Op.SDPA_LSE, Op.SDPA_BACKWARD):
+            tile += f", tiles of {k.blocks[0]} query rows x {k.blocks[1]} keys"
         if (q := k.int8) is not None:
             scale = f"%{q.w_scales} per channel" if q.w_scales else f"{q.w_scale!r}"
             tile = (

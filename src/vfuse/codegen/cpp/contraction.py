@@ -14,7 +14,12 @@ from __future__ import annotations
 import dataclasses
 import math
 
-from vfuse.codegen.cpp.attention import AttentionSpec, MaskKind, render_flash_attention
+from vfuse.codegen.cpp.attention import (
+    AttentionSpec,
+    MaskKind,
+    render_flash_attention,
+    render_flash_attention_backward,
+)
 from vfuse.codegen.cpp.gemm import (
     Blocking,
     ConvSpec,
@@ -182,29 +187,51 @@ def _mask_strides(mask: tuple[int, ...]) -> list[int]:
     return list(reversed(strides))
 
 
-def _attention(k: ContractionKernel, program: Program) -> tuple[str, str]:
-    q, kk, v = k.shapes[:3]
-    has_mask = len(k.operands) == 4
-    mask = MaskKind.NONE
-    if has_mask:
-        mask = MaskKind.BOOL if program.buffers[k.operands[3]].type.dtype is DType.BOOL else MaskKind.ADDITIVE
-    body = " ".join(["float v = o;", *_statements(k, _attention_names(k)), "o = v;"])
+def _mask(k: ContractionKernel, program: Program, at: int) -> tuple[MaskKind, str, list[int]]:
+    """(kind, pointer, element strides over [B, H, LQ, LK]) of the attention mask, operand `at` if any."""
+    if len(k.operands) <= at:
+        return MaskKind.NONE, "nullptr", [0, 0, 0, 0]
+    kind = MaskKind.BOOL if program.buffers[k.operands[at]].type.dtype is DType.BOOL else MaskKind.ADDITIVE
+    return kind, pointer(k.operands[at]), _mask_strides(k.shapes[at])
+
+
+def _attention_spec(k: ContractionKernel, q: tuple[int, ...], v: tuple[int, ...], mask: MaskKind,
+                    epilogue: str = "") -> AttentionSpec:  # fmt: skip
     # Head sizes: constants of the template, specialized by the schedule (_sdpa_operands).
-    d, dv = int(q[-1]), int(v[-1])
-    spec = AttentionSpec(
-        f"{k.name}_attn", d, dv, bool(k.attrs["causal"]), mask, epilogue=body, lanes=k.vector, tile=k.nr
-    )
-    batch, heads, kv_heads = (q[0] if len(q) == 4 else 1), q[-3], kk[-3]
-    scale = k.attrs["scale"] if k.attrs["scale"] is not None else 1.0 / math.sqrt(d)
+    return AttentionSpec(
+        f"{k.name}_attn", int(q[-1]), int(v[-1]), bool(k.attrs["causal"]), mask, *k.blocks, epilogue=epilogue,
+        lanes=k.vector, tile=k.nr, lse=k.op is Op.SDPA_LSE,
+    )  # fmt: skip
+
+
+def _sizes(k: ContractionKernel, q: tuple[int, ...], kk: tuple[int, ...]) -> str:
+    """B, H, HKV, LQ, LK and the scale, as the templates take them."""
+    batch = q[0] if len(q) == 4 else 1
+    scale = k.attrs["scale"] if k.attrs["scale"] is not None else 1.0 / math.sqrt(int(q[-1]))
+    return f"{', '.join(map(str, [batch, q[-3], kk[-3], q[-2], kk[-2]]))}, {float(scale)!r}f"
+
+
+def _attention(k: ContractionKernel, program: Program) -> tuple[str, str]:
+    """SDPA, or SDPA_LSE (no epilogue; the logsumexp follows the output in its buffer)."""
+    q, kk, v = k.shapes[:3]
+    mask, mptr, strides = _mask(k, program, 3)
+    body = " ".join(["float v = o;", *_statements(k, _attention_names(k)), "o = v;"])
+    spec = _attention_spec(k, q, v, mask, body if k.op is Op.SDPA else "")
     ptrs = [pointer(x) for x in k.operands[:3]]
-    mptr = pointer(k.operands[3]) if has_mask else "nullptr"
-    strides = _mask_strides(k.shapes[3]) if has_mask else [0, 0, 0, 0]
-    nums = [batch, heads, kv_heads, q[-2], kk[-2]]
-    call = (
-        f"{spec.name}({', '.join(ptrs)}, {mptr}, {_out(k)}, {', '.join(map(str, nums))}, {float(scale)!r}f, "
-        f"{', '.join(map(str, strides))}, nt);"
-    )
+    call = f"{spec.name}({', '.join(ptrs)}, {mptr}, {_out(k)}, {_sizes(k, q, kk)}, {', '.join(map(str, strides))}, nt);"
     return render_flash_attention(spec), call
+
+
+def _attention_backward(k: ContractionKernel, program: Program) -> tuple[str, str]:
+    """SDPA_BACKWARD: dq, dk, dv written at their offsets in the one flat output."""
+    _, q, kk, v = k.shapes[:4]
+    mask, mptr, strides = _mask(k, program, 6)
+    spec = _attention_spec(k, q, v, mask)
+    ins = ", ".join(pointer(x) for x in k.operands[:6])
+    out, nq, nk = _out(k), math.prod(q), math.prod(kk)
+    grads = f"{out}, {out} + {nq}, {out} + {nq + nk}"
+    call = f"{spec.name}({ins}, {mptr}, {grads}, {_sizes(k, q, kk)}, {', '.join(map(str, strides))}, nt);"
+    return render_flash_attention_backward(spec), call
 
 
 def _args(k: ContractionKernel) -> str:
@@ -216,7 +243,13 @@ def _out(k: ContractionKernel) -> str:
     return pointer(k.out)
 
 
-_TEMPLATES = {Op.MATMUL: _gemm, Op.CONV2D: _conv, Op.SDPA: _attention}
+_TEMPLATES = {
+    Op.MATMUL: _gemm,
+    Op.CONV2D: _conv,
+    Op.SDPA: _attention,
+    Op.SDPA_LSE: _attention,
+    Op.SDPA_BACKWARD: _attention_backward,
+}
 
 
 def render_contraction(k: ContractionKernel, program: Program) -> tuple[str, str]:

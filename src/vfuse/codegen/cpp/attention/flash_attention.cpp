@@ -2,7 +2,7 @@
 //
 // vfuse.codegen.cpp.attention.render prepends the configuration: VF_NAME, VF_WORKSPACE_NAME, VF_D (q/k head size),
 // VF_DV (v head size), VF_BQ / VF_BK (tile rows of Q / K), VF_CAUSAL (0/1), VF_MASK (0 none,
-// 1 additive float, 2 boolean keep-mask), VF_VEC / VF_LANES (the fp32 vector type of codegen/cpp/simd.py
+// 1 additive float, 2 boolean keep-mask), VF_LSE (1: each row's logsumexp, [B, H, LQ], follows the output), VF_VEC / VF_LANES (the fp32 vector type of codegen/cpp/simd.py
 // and its lanes), VF_TILE (register tile width: 4 keys x VF_TILE rows of scores, 4 rows x VF_TILE
 // columns of P @ V) and VF_EPILOGUE(o, b, h, i, c), a statement applied
 // to each output element `o` (a float lvalue) at batch b, head h, row i, column c.
@@ -44,66 +44,19 @@ struct alignas(64) Work {
   float alpha[BQ];     // this tile's rescale factor exp(m_old - m_new)
 };
 
-struct Mask {  // element (b, h, i, j) at p + b*sb + h*sh + i*sq + j*sk; strides 0 broadcast
-  const void* p;
-  int64_t sb, sh, sq, sk;
-};
+using vf_attn::Mask;
 
 struct Task {  // one (batch, head, Q tile)
   const float* q;  // first row of the tile
   const float* k;  // first row of this head's K
   const float* v;
   float* out;
+  float* lse;  // VF_LSE: this tile's rows of the logsumexp output, else unused
   int64_t b, h, q0, nq, lk;
   float scale;
 };
 
 template <class T> static inline T& at(float* p) { return *reinterpret_cast<T*>(p); }
-
-// st[j][:] = k[j] . qt for keys [0, nk) in blocks of 4; a block's rows past nk repeat the
-// last key (they are never read). Per block, the Q rows go by register tiles of TILE.
-void scores(Work& w, const float* k, int64_t nk) {
-  for (int64_t j = 0; j < nk; j += 4) {
-    const float* kr[4];
-    for (int r = 0; r < 4; ++r) kr[r] = k + std::min(j + r, nk - 1) * D;
-    for (int64_t c0 = 0; c0 < BQ; c0 += TILE) {
-      V acc[4][NT] = {};
-      for (int64_t d = 0; d < D; ++d) {
-        V qv[NT];
-#pragma GCC unroll 16
-        for (int c = 0; c < NT; ++c) {
-          qv[c] = at<V>(&w.qt[d][c0 + W * c]);
-          vs_keep(qv[c]);
-        }
-#pragma GCC unroll 4
-        for (int r = 0; r < 4; ++r) {
-          const V kb = vs_splat<V>(kr[r][d]);
-#pragma GCC unroll 16
-          for (int c = 0; c < NT; ++c) acc[r][c] += kb * qv[c];
-        }
-      }
-      for (int r = 0; r < 4; ++r)
-        for (int c = 0; c < NT; ++c) at<V>(&w.st[j + r][c0 + W * c]) = acc[r][c];
-    }
-  }
-}
-
-// Apply the mask and the causal cut to the scores of keys [k0, k0 + nk).
-void mask_tile(Work& w, const Mask& m, const Task& t, int64_t k0, int64_t nk) {
-  for (int64_t j = 0; j < nk; ++j) {
-    float* s = w.st[j];
-    const int64_t at = t.b * m.sb + t.h * m.sh + t.q0 * m.sq + (k0 + j) * m.sk;
-    if constexpr (VF_MASK == 1) {
-      const float* col = static_cast<const float*>(m.p) + at;
-      for (int64_t i = 0; i < t.nq; ++i) s[i] += col[i * m.sq];
-    } else if constexpr (VF_MASK == 2) {
-      const uint8_t* col = static_cast<const uint8_t*>(m.p) + at;
-      for (int64_t i = 0; i < t.nq; ++i) s[i] = col[i * m.sq] ? s[i] : NEG_INF;
-    }
-    if constexpr (VF_CAUSAL)  // key k0 + j is visible from rows q0 + i >= k0 + j only
-      for (int64_t i = 0; i < std::min(t.nq, k0 + j - t.q0); ++i) s[i] = NEG_INF;
-  }
-}
 
 // Online softmax over one K tile, W rows per step: st -> probabilities, update m, l, alpha.
 // A row that has kept no key yet uses 0 as its max, so exp gives 0 instead of NaN.
@@ -127,13 +80,6 @@ void softmax_tile(Work& w, int64_t nk) {
   }
 }
 
-// n < W floats of a V row's end (only when DV is not whole vectors), zeros after them.
-static inline V load_part(const float* p, int64_t n) {
-  V r = {};
-  for (int64_t q = 0; q < n; ++q) r[q] = p[q];
-  return r;
-}
-
 // acc[i][c0 : c0 + W NC] = alpha[i] acc[i][...] + sum_j p[j][i] v[j][...] for rows [0, nq)
 // in blocks of 4 (padded rows have p = 0).
 template <int NC>
@@ -151,7 +97,7 @@ void pv_chunk(Work& w, const float* v, int64_t nq, int64_t nk, int64_t c0) {
 #pragma GCC unroll 16
       for (int c = 0; c < NC; ++c) {
         const float* p = v + j * DV + c0 + W * c;
-        vv[c] = DV % W == 0 || c0 + W * (c + 1) <= DV ? vs_loadu<V>(p) : load_part(p, DV - c0 - W * c);
+        vv[c] = DV % W == 0 || c0 + W * (c + 1) <= DV ? vs_loadu<V>(p) : vf_attn::load_part<V>(p, DV - c0 - W * c);
         vs_keep(vv[c]);
       }
 #pragma GCC unroll 4
@@ -185,11 +131,13 @@ void attend(Work& w, const Mask& mask, const Task& t) {
   const int64_t kend = VF_CAUSAL ? std::min(t.lk, t.q0 + t.nq) : t.lk;  // later tiles are all masked
   for (int64_t k0 = 0; k0 < kend; k0 += BK) {
     const int64_t nk = std::min(BK, kend - k0);
-    scores(w, t.k + k0 * D, nk);
-    mask_tile(w, mask, t, k0, nk);
+    vf_attn::scores<V, TILE, BQ, D>(w.st, w.qt, t.k + k0 * D, nk);
+    vf_attn::apply_mask<VF_MASK, VF_CAUSAL, BQ>(w.st, mask, t.b, t.h, t.q0, t.nq, k0, nk);
     softmax_tile(w, nk);
     accumulate_pv(w, t.v + k0 * DV, t.nq, nk);
   }
+  if constexpr (VF_LSE)  // log of the softmax's denominator, for the backward: -inf where no key was kept
+    for (int64_t i = 0; i < t.nq; ++i) t.lse[i] = w.l[i] > 0.0f ? w.m[i] + std::log(w.l[i]) : NEG_INF;
   for (int64_t i = 0; i < t.nq; ++i) {
     const float inv = w.l[i] > 0.0f ? 1.0f / w.l[i] : 0.0f;  // l == 0: no key kept
     float* row = t.out + i * DV;
@@ -226,8 +174,10 @@ extern "C" void VF_NAME(const float* q, const float* k, const float* v, const vo
           // Causal: the last tiles have the most keys; start them first for a balanced tail.
           const int64_t q0 = (VF_CAUSAL ? ntiles - 1 - tile : tile) * BQ;
           const int64_t kv = (b * HKV + h / group) * LK;
+          // VF_LSE: the logsumexp [B, H, LQ] follows the output in the same buffer.
+          float* lse = out + B * H * LQ * DV + (b * H + h) * LQ + q0;
           const Task t{q + ((b * H + h) * LQ + q0) * D, k + kv * D, v + kv * DV, out + ((b * H + h) * LQ + q0) * DV,
-                       b, h, q0, std::min(BQ, LQ - q0), LK, scale};
+                       lse, b, h, q0, std::min(BQ, LQ - q0), LK, scale};
           attend(*w, m, t);
         }
     std::free(w);

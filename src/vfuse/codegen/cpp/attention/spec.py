@@ -39,6 +39,7 @@ class AttentionSpec:
     epilogue: str = ""
     lanes: int = 16  # fp32 lanes per vector (the schedule's Target.simd_lanes)
     tile: int = 64  # register tile width: 4 keys x `tile` query rows (schedule/microtile.py)
+    lse: bool = False  # forward: each row's logsumexp ([B, H, LQ], for the backward) follows the output
 
     def __post_init__(self) -> None:
         if not self.name.isidentifier():
@@ -71,6 +72,14 @@ class AttentionSpec:
         bq, bk, d = self.block_q, self.block_k, self.head_dim
         dvp = (self.dv + self.lanes - 1) // self.lanes * self.lanes
         floats = d * bq + bk * bq + bq * dvp + 3 * bq  # qt, st, acc, m / l / alpha
+        return (floats * _FLOAT + 63) // 64 * 64
+
+    def backward_workspace_bytes(self) -> int:
+        """Bytes of the backward kernel's per-thread `Work` (its only allocation), 64-aligned: tiles
+        of Q and dO, two score tiles, dQ / dK / dV accumulators and two rows, independent of N."""
+        bq, bk, d, dv = self.block_q, self.block_k, self.head_dim, self.dv
+        dp, dvp = ((x + self.lanes - 1) // self.lanes * self.lanes for x in (d, dv))
+        floats = d * bq + dv * bq + 2 * bk * bq + bq * dp + bk * dp + bk * dvp + 2 * bq
         return (floats * _FLOAT + 63) // 64 * 64
 
 

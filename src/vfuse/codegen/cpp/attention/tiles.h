@@ -1,0 +1,177 @@
+// Register-tiled pieces shared by the flash-attention forward and backward templates.
+//
+// Score-like tiles are kept transposed, t[key][row] (BQ query rows contiguous), so that softmax
+// statistics of W rows are one vector. Three products cover both passes:
+//   scores:   t[j][r]    = sum_d y[j][d] zt[d][r]   (S = Q K^T, dP = dO V^T; y read in place)
+//   rows_acc: acc[r][c] += sum_j t[j][r] x[j][c]   (dQ += dS K; the forward's P V adds a rescale)
+//   keys_acc: acc[j][c] += sum_r t[j][r] x[r][c]   (dV += P^T dO, dK += dS^T Q)
+// Vectors are the simd prelude's (codegen/cpp/simd.py) at the schedule's width W; register tiles
+// are 4 rows x TILE columns. Everything is a template on the sizes: one text, any instance.
+#ifndef VF_ATTN_TILES_H
+#define VF_ATTN_TILES_H
+#include <algorithm>
+#include <cstdint>
+#include <limits>
+
+namespace vf_attn {
+
+template <class T> static inline T& at(float* p) { return *reinterpret_cast<T*>(p); }
+template <class T> static inline const T& at(const float* p) { return *reinterpret_cast<const T*>(p); }
+
+// n < W floats of a row's end, zeros after them.
+template <class V> static inline V load_part(const float* p, int64_t n) {
+  V r = {};
+  for (int64_t q = 0; q < n; ++q) r[q] = p[q];
+  return r;
+}
+
+// The W floats of a DD-long row at column c (only its valid ones at a row's end).
+template <class V, int64_t DD> static inline V load_cols(const float* row, int64_t c) {
+  constexpr int64_t W = sizeof(V) / sizeof(float);
+  return DD % W == 0 || c + W <= DD ? vs_loadu<V>(row + c) : load_part<V>(row + c, DD - c);
+}
+
+template <class V, int64_t DD> static inline void store_cols(float* row, int64_t c, V x) {
+  constexpr int64_t W = sizeof(V) / sizeof(float);
+  if (DD % W == 0 || c + W <= DD) {
+    vs_storeu<V>(row + c, x);
+  } else {
+    for (int64_t q = 0; q < DD - c; ++q) row[c + q] = x[q];
+  }
+}
+
+// t[j][:] = y[j] . zt for rows j in [0, nk) of y (DD floats each) in blocks of 4; a block's rows past
+// nk repeat the last row (never read). The BQ columns go by register tiles of TILE.
+template <class V, int64_t TILE, int64_t BQ, int64_t DD>
+void scores(float (*t)[BQ], const float (*zt)[BQ], const float* y, int64_t nk) {
+  constexpr int64_t W = sizeof(V) / sizeof(float);
+  constexpr int NT = TILE / W;
+  for (int64_t j = 0; j < nk; j += 4) {
+    const float* yr[4];
+    for (int r = 0; r < 4; ++r) yr[r] = y + std::min(j + r, nk - 1) * DD;
+    for (int64_t c0 = 0; c0 < BQ; c0 += TILE) {
+      V acc[4][NT] = {};
+      for (int64_t d = 0; d < DD; ++d) {
+        V zv[NT];
+#pragma GCC unroll 16
+        for (int c = 0; c < NT; ++c) {
+          zv[c] = at<V>(&zt[d][c0 + W * c]);
+          vs_keep(zv[c]);
+        }
+#pragma GCC unroll 4
+        for (int r = 0; r < 4; ++r) {
+          const V yb = vs_splat<V>(yr[r][d]);
+#pragma GCC unroll 16
+          for (int c = 0; c < NT; ++c) acc[r][c] += yb * zv[c];
+        }
+      }
+      for (int r = 0; r < 4; ++r)
+        for (int c = 0; c < NT; ++c) at<V>(&t[j + r][c0 + W * c]) = acc[r][c];
+    }
+  }
+}
+
+// acc[r][c0 : c0 + W NC] (+)= sum_{j < nk} t[j][r] x[j][...] for rows [0, nr) in blocks of 4
+// (acc has whole blocks); ZERO: the accumulators start at 0 instead of acc's values.
+template <class V, int NC, int64_t BQ, int64_t DD, int64_t STRIDE, bool ZERO>
+void rows_chunk(float* acc, const float (*t)[BQ], const float* x, int64_t nr, int64_t nk, int64_t c0) {
+  constexpr int64_t W = sizeof(V) / sizeof(float);
+  for (int64_t i = 0; i < nr; i += 4) {
+    V a[4][NC];
+#pragma GCC unroll 4
+    for (int r = 0; r < 4; ++r)
+#pragma GCC unroll 16
+      for (int c = 0; c < NC; ++c) a[r][c] = ZERO ? V{} : at<V>(acc + (i + r) * STRIDE + c0 + W * c);
+    for (int64_t j = 0; j < nk; ++j) {
+      V xv[NC];
+#pragma GCC unroll 16
+      for (int c = 0; c < NC; ++c) {
+        xv[c] = load_cols<V, DD>(x + j * DD, c0 + W * c);
+        vs_keep(xv[c]);
+      }
+#pragma GCC unroll 4
+      for (int r = 0; r < 4; ++r) {
+        const V p = vs_splat<V>(t[j][i + r]);
+#pragma GCC unroll 16
+        for (int c = 0; c < NC; ++c) a[r][c] += p * xv[c];
+      }
+    }
+    for (int r = 0; r < 4; ++r)
+      for (int c = 0; c < NC; ++c) at<V>(acc + (i + r) * STRIDE + c0 + W * c) = a[r][c];
+  }
+}
+
+// acc[j][c0 : c0 + W NC] += sum_{r < nr} t[j][r] x[r][...] for rows j in [0, nk) in blocks of 4.
+template <class V, int NC, int64_t BQ, int64_t DD, int64_t STRIDE>
+void keys_chunk(float* acc, const float (*t)[BQ], const float* x, int64_t nk, int64_t nr, int64_t c0) {
+  constexpr int64_t W = sizeof(V) / sizeof(float);
+  for (int64_t j = 0; j < nk; j += 4) {
+    V a[4][NC];
+#pragma GCC unroll 4
+    for (int r = 0; r < 4; ++r)
+#pragma GCC unroll 16
+      for (int c = 0; c < NC; ++c) a[r][c] = at<V>(acc + (j + r) * STRIDE + c0 + W * c);
+    for (int64_t i = 0; i < nr; ++i) {
+      V xv[NC];
+#pragma GCC unroll 16
+      for (int c = 0; c < NC; ++c) {
+        xv[c] = load_cols<V, DD>(x + i * DD, c0 + W * c);
+        vs_keep(xv[c]);
+      }
+#pragma GCC unroll 4
+      for (int r = 0; r < 4; ++r) {
+        const V p = vs_splat<V>(t[j + r][i]);
+#pragma GCC unroll 16
+        for (int c = 0; c < NC; ++c) a[r][c] += p * xv[c];
+      }
+    }
+    for (int r = 0; r < 4; ++r)
+      for (int c = 0; c < NC; ++c) at<V>(acc + (j + r) * STRIDE + c0 + W * c) = a[r][c];
+  }
+}
+
+// The column chunks of DD (padded to whole vectors) by TILE, then the remaining vectors.
+template <class V, int64_t TILE, int64_t BQ, int64_t DD, int64_t STRIDE, bool ZERO>
+void rows_acc(float* acc, const float (*t)[BQ], const float* x, int64_t nr, int64_t nk) {
+  constexpr int64_t W = sizeof(V) / sizeof(float), DDP = (DD + W - 1) / W * W;
+  constexpr int64_t FULL = DDP / TILE, TAIL = (DDP % TILE) / W;
+  for (int64_t c = 0; c < FULL; ++c) rows_chunk<V, TILE / W, BQ, DD, STRIDE, ZERO>(acc, t, x, nr, nk, TILE * c);
+  if constexpr (TAIL > 0) rows_chunk<V, TAIL, BQ, DD, STRIDE, ZERO>(acc, t, x, nr, nk, TILE * FULL);
+}
+
+template <class V, int64_t TILE, int64_t BQ, int64_t DD, int64_t STRIDE>
+void keys_acc(float* acc, const float (*t)[BQ], const float* x, int64_t nk, int64_t nr) {
+  constexpr int64_t W = sizeof(V) / sizeof(float), DDP = (DD + W - 1) / W * W;
+  constexpr int64_t FULL = DDP / TILE, TAIL = (DDP % TILE) / W;
+  for (int64_t c = 0; c < FULL; ++c) keys_chunk<V, TILE / W, BQ, DD, STRIDE>(acc, t, x, nk, nr, TILE * c);
+  if constexpr (TAIL > 0) keys_chunk<V, TAIL, BQ, DD, STRIDE>(acc, t, x, nk, nr, TILE * FULL);
+}
+
+struct Mask {  // element (b, h, i, j) at p + b*sb + h*sh + i*sq + j*sk; strides 0 broadcast
+  const void* p;
+  int64_t sb, sh, sq, sk;
+};
+
+// The mask (KIND 1: additive float, 2: bool keep-mask) and the causal cut (top-left aligned: key
+// k0 + j is visible from rows q0 + i >= k0 + j) on the scores t of keys [k0, k0 + nk), rows [q0, q0 + nq).
+template <int KIND, bool CAUSAL, int64_t BQ>
+void apply_mask(float (*t)[BQ], const Mask& m, int64_t b, int64_t h, int64_t q0, int64_t nq, int64_t k0, int64_t nk) {
+  constexpr float NEG_INF = -std::numeric_limits<float>::infinity();
+  for (int64_t j = 0; j < nk; ++j) {
+    float* s = t[j];
+    const int64_t off = b * m.sb + h * m.sh + q0 * m.sq + (k0 + j) * m.sk;
+    if constexpr (KIND == 1) {
+      const float* col = static_cast<const float*>(m.p) + off;
+      for (int64_t i = 0; i < nq; ++i) s[i] += col[i * m.sq];
+    } else if constexpr (KIND == 2) {
+      const uint8_t* col = static_cast<const uint8_t*>(m.p) + off;
+      for (int64_t i = 0; i < nq; ++i) s[i] = col[i * m.sq] ? s[i] : NEG_INF;
+    }
+    if constexpr (CAUSAL)
+      for (int64_t i = 0; i < std::min(nq, k0 + j - q0); ++i) s[i] = NEG_INF;
+  }
+}
+
+}  // namespace vf_attn
+
+#endif  // VF_ATTN_TILES_H

@@ -1,0 +1,157 @@
+"""Attention in training without torch fallbacks: AOTAutograd's CPU flash attention forward (whose
+logsumexp the backward reads) and its backward compile to vfuse's flash-attention templates
+(SDPA_LSE, SDPA_BACKWARD: ir/defs/attention_grad.py). Gradients of q, k, v match eager within 1e-4
+relative (causal or not, odd lengths, head sizes 8 and 64, grouped-query attention, Lq != Lk, masks),
+and the backward's memory beyond its inputs and outputs grows linearly with the sequence length."""
+
+from __future__ import annotations
+
+import ctypes
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch._functorch.aot_autograd import aot_module_simplified
+
+import vfuse
+from vfuse.codegen.cpp.attention import AttentionSpec, render_flash_attention_backward
+from vfuse.codegen.cpp.attention.kernel import default_cache_dir
+from vfuse.codegen.cpp.toolchain import find_toolchain, load_library
+from vfuse.compiler import plan, schedule, target_of
+from vfuse.context import Context, Options
+from vfuse.frontend.lower import lower
+from vfuse.ir import Op
+from vfuse.schedule.kernel import ContractionKernel, TorchStep
+
+# (id, (B, H, HKV, LQ, LK, D), causal, how K/V heads are shared: None, "gqa" (enable_gqa), "repeat")
+CASES = [
+    ("causal-L1-d8", (1, 2, 2, 1, 1, 8), True, None),
+    ("full-L7-d8-B2", (2, 3, 3, 7, 7, 8), False, None),
+    ("causal-L65-d64", (1, 2, 2, 65, 65, 64), True, None),
+    ("full-L131-d64", (1, 1, 1, 131, 131, 64), False, None),
+    ("causal-gqa-L131-d8", (1, 4, 2, 131, 131, 8), True, "gqa"),
+    ("full-repeat-kv-L65-d64-B2", (2, 4, 1, 65, 65, 64), False, "repeat"),
+    ("causal-Lq7-Lk65-d8", (1, 2, 2, 7, 65, 8), True, None),
+    ("full-Lq131-Lk7-d64", (1, 2, 2, 131, 7, 64), False, None),
+]
+
+
+def _attention(causal: bool, share: str | None, mask: torch.Tensor | None = None):
+    def fn(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        if share == "repeat":
+            group = q.shape[1] // k.shape[1]
+            k, v = k.repeat_interleave(group, 1), v.repeat_interleave(group, 1)
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal, enable_gqa=share == "gqa")
+
+    return fn
+
+
+def _inputs(shape: tuple[int, ...], seed: int = 0) -> list[torch.Tensor]:
+    b, h, hkv, lq, lk, d = shape
+    g = torch.Generator().manual_seed(seed)
+    sizes = [(b, h, lq, d), (b, hkv, lk, d), (b, hkv, lk, d)]
+    return [torch.randn(s, generator=g).requires_grad_() for s in sizes]
+
+
+def _check_grads(fn, inputs: list[torch.Tensor], backend) -> None:
+    """Output and grads of q, k, v against eager within 1e-4 relative (to each tensor's largest element)."""
+    out = torch.compile(fn, backend=backend)(*inputs)
+    grad_out = torch.randn(out.shape, generator=torch.Generator().manual_seed(1))
+    got = torch.autograd.grad(out, inputs, grad_out)
+    want_out = fn(*inputs)
+    want = torch.autograd.grad(want_out, inputs, grad_out)
+    torch.testing.assert_close(out, want_out, rtol=1e-4, atol=1e-4 * want_out.abs().max().item())
+    for name, g, w in zip("qkv", got, want, strict=True):
+        scale = max(w.abs().max().item(), 1e-3)
+        torch.testing.assert_close(g, w, rtol=1e-4, atol=1e-4 * scale, msg=f"gradient of {name}")
+
+
+def _attention_steps(backend) -> dict[Op, list]:
+    """Per training attention op, the steps of the compiled programs that run it."""
+    found: dict[Op, list] = {Op.SDPA_LSE: [], Op.SDPA_BACKWARD: []}
+    for compiled in backend.compiled:
+        graph, program = compiled.plan.graph, compiled.executor.program
+        for step in program.steps:
+            if isinstance(step, TorchStep):
+                found.update({graph[n].op: [*found[graph[n].op], step] for n in step.nodes if graph[n].op in found})
+            else:
+                for k in step.kernels:
+                    if isinstance(k, ContractionKernel) and k.op in found:
+                        found[k.op].append(k)
+    return found
+
+
+@pytest.mark.parametrize(("shape", "causal", "share"), [c[1:] for c in CASES], ids=[c[0] for c in CASES])
+def test_attention_gradients_match_eager_without_fallback(shape, causal, share) -> None:
+    torch._dynamo.reset()
+    backend = vfuse.backend(strict=True)
+    _check_grads(_attention(causal, share), _inputs(shape), backend)
+    assert backend.stats["graphs"] == 2 and not backend.stats["fallbacks"], backend.stats
+    # Structure: one template kernel each for the forward (with its logsumexp) and the backward.
+    steps = _attention_steps(backend)
+    assert [type(s) for s in steps[Op.SDPA_LSE]] == [ContractionKernel], steps
+    assert [type(s) for s in steps[Op.SDPA_BACKWARD]] == [ContractionKernel], steps
+
+
+@pytest.mark.parametrize("kind", ["additive", "bool"])
+def test_masked_attention_gradients(kind: str) -> None:
+    """A float mask is added to the scores; a bool mask reaches the kernels as torch's -inf additive mask."""
+    torch._dynamo.reset()
+    g = torch.Generator().manual_seed(3)
+    lq, lk = 67, 67
+    if kind == "additive":
+        mask = torch.randn(lq, lk, generator=g)
+    else:
+        mask = torch.rand(1, 1, lq, lk, generator=g) > 0.4
+        mask[..., 0] = True  # every row keeps a key (eager gives NaN rows otherwise)
+    backend = vfuse.backend(strict=True)
+    _check_grads(_attention(False, None, mask), _inputs((2, 2, 2, lq, lk, 8)), backend)
+    assert not backend.stats["fallbacks"], backend.stats
+    assert [type(s) for s in _attention_steps(backend)[Op.SDPA_BACKWARD]] == [ContractionKernel]
+
+
+def test_attention_dropout_takes_the_math_path() -> None:
+    """With dropout torch picks its math attention (no flash kernel, no logsumexp): vfuse lowers its
+    primitives (scores materialized, the mask drawn from a saved seed), none of the flash templates."""
+    torch._dynamo.reset()
+    backend = vfuse.backend()
+    q, k, v = _inputs((1, 2, 2, 9, 9, 8))
+    fn = torch.compile(lambda q, k, v: F.scaled_dot_product_attention(q, k, v, dropout_p=0.3), backend=backend)
+    fn(q, k, v).sum().backward()
+    assert all(not s for s in _attention_steps(backend).values())
+    assert set(backend.stats["fallbacks"]) <= {"aten.randint.low"}, backend.stats  # the seed's draw
+
+
+def _backward_program(n: int):
+    """The scheduled program of the attention backward graph at sequence length n (B1 H2 D64)."""
+    captured: list = []
+
+    def grab(gm, example_inputs):
+        def keep(g, _):
+            captured.append(g)
+            return g
+
+        return aot_module_simplified(gm, example_inputs, fw_compiler=keep, bw_compiler=keep)
+
+    torch._dynamo.reset()
+    q, k, v = _inputs((1, 2, 2, n, n, 64))
+    torch.compile(_attention(True, None), backend=grab)(q, k, v).sum().backward()
+    ctx = Context(Options())
+    graph = lower(captured[1], ctx)
+    return schedule(plan(graph, ctx, target_of(ctx)), target_of(ctx), ctx)
+
+
+def test_backward_memory_is_linear_in_sequence_length() -> None:
+    """The arena (every intermediate of the backward) grows 4x from N=256 to N=1024, not 16x: no
+    N x N score matrix; the template's own per-thread tiles do not depend on N."""
+    small, large = _backward_program(256), _backward_program(1024)
+    (k_small,), (k_large,) = ([k for k in p.kernels if isinstance(k, ContractionKernel)] for p in (small, large))
+    assert k_small.op is Op.SDPA_BACKWARD and k_small.blocks == k_large.blocks
+    arena_small, arena_large = small.memory.size, large.memory.size
+    assert 3.9 * arena_small <= arena_large <= 4.1 * arena_small, (arena_small, arena_large)
+    assert arena_large < 1024 * 1024 * 4  # less than one fp32 1024 x 1024 score matrix of one head
+    spec = AttentionSpec("vf_bwd_ws", 64, 64, causal=True, block_q=k_large.blocks[0], block_k=k_large.blocks[1])
+    lib = load_library(render_flash_attention_backward(spec), default_cache_dir(), find_toolchain())
+    fn = lib.vf_bwd_ws_workspace_bytes
+    fn.restype = ctypes.c_int64
+    assert fn() == spec.backward_workspace_bytes() < 256 << 10
