@@ -155,3 +155,15 @@ def test_backward_memory_is_linear_in_sequence_length() -> None:
     fn = lib.vf_bwd_ws_workspace_bytes
     fn.restype = ctypes.c_int64
     assert fn() == spec.backward_workspace_bytes() < 256 << 10
+
+
+def test_triton_backend_runs_training_attention_in_torch() -> None:
+    """backend="triton" has no template for SDPA_LSE / SDPA_BACKWARD (schedule.contraction.TRITON_IN_TORCH):
+    each is a torch step there, the rest of the graph Triton kernels (its interpreter on CPU tensors)."""
+    pytest.importorskip("triton", reason="triton is not installed (pip install 'vfuse[gpu]')")
+    torch._dynamo.reset()
+    backend = vfuse.backend(backend="triton", target="h100")
+    _check_grads(_attention(True, None), _inputs((1, 2, 2, 5, 5, 8)), backend)
+    steps = _attention_steps(backend)
+    assert [type(s) for s in steps[Op.SDPA_LSE] + steps[Op.SDPA_BACKWARD]] == [TorchStep, TorchStep], steps
+    assert all("no Triton template" in s.reason for s in steps[Op.SDPA_LSE] + steps[Op.SDPA_BACKWARD])

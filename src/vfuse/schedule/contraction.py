@@ -45,6 +45,8 @@ Caches = tuple[int, int, int]
 ATTENTION = frozenset({Op.SDPA, Op.SDPA_LSE, Op.SDPA_BACKWARD})
 # Training attention returns one flat tensor of several values: the template stores it, no epilogue.
 FLAT_OUTPUT = frozenset({Op.SDPA_LSE, Op.SDPA_BACKWARD})
+# Contractions without a Triton template: on backend="triton" they run in torch (a TorchStep).
+TRITON_IN_TORCH = frozenset({Op.SDPA_LSE, Op.SDPA_BACKWARD})
 
 
 @dataclass(frozen=True)
@@ -219,8 +221,8 @@ def _sdpa_operands(graph: Graph, node: str, ops: _Operands, dtypes: frozenset[DT
     n = graph[node]
     if sdpa_dropout(n.attrs) and dtypes is not GPU_DTYPES:
         raise Unsupported(f"%{node}: attention dropout (only the Triton template draws its mask)")
-    if n.op in FLAT_OUTPUT and dtypes is GPU_DTYPES:
-        raise Unsupported(f"%{node}: no Triton template for {n.op.value}")  # runs in torch there
+    if n.op in TRITON_IN_TORCH and dtypes is GPU_DTYPES:
+        raise Unsupported(f"%{node}: no Triton template for {n.op.value}")
     first = 1 if n.op is Op.SDPA_BACKWARD else 0  # its inputs start with grad_out
     q, k, v = (graph[i].tensor_type.shape for i in n.inputs[first : first + 3])
     rank = len(q)
