@@ -44,7 +44,7 @@ from vfuse.passes.freeze import freeze_inputs
 from vfuse.runtime.compiled import CompiledGraph, ExecStats, Executor, InterpExecutor
 from vfuse.runtime.native import NativeExecutor
 from vfuse.runtime.steps import fallback_counts, torch_nodes
-from vfuse.runtime.symbolic import SymbolicExecutor, concretize
+from vfuse.runtime.symbolic import Substitution, SymbolicExecutor
 from vfuse.runtime.triton import TritonExecutor, Tuning
 from vfuse.schedule import Kernel, Program, TorchStep
 from vfuse.schedule import build as build_schedule
@@ -275,7 +275,8 @@ def compile_symbolic(graph: Graph, fusion_plan: FusionPlan, target: Target, ctx:
         raise VfuseError(f"backend {ctx.options.backend!r} compiles per shape")
     if ctx.options.backend == "interp":
         env.frozen = True
-        return SymbolicExecutor(graph, env, lambda v: InterpExecutor(concretize(graph, v)), InterpExecutor(graph).stats)
+        whole = Substitution(graph, symbols=env.symbols)
+        return SymbolicExecutor(graph, env, lambda v: InterpExecutor(whole(v)), InterpExecutor(graph).stats)
     try:
         program = schedule(fusion_plan, target, ctx)
         unsized = [k.name for k in program.kernels if not takes_sizes(k)]
@@ -300,15 +301,19 @@ def compile_symbolic(graph: Graph, fusion_plan: FusionPlan, target: Target, ctx:
     # themselves); the graph's nodes only where torch runs some of them (a few ms otherwise).
     torch_run = {n for s in program.steps if isinstance(s, TorchStep) for n in s.nodes}
 
-    def make(values: dict) -> NativeExecutor:
-        buffers, memory = concretize((program.buffers, program.memory), values)
+    # Substitutions walk their objects once: a new size only evaluates and rebuilds.
+    sized = Substitution((program.buffers, program.memory), symbols=env.symbols)
+    torch_nodes_ = Substitution(tuple(n for n in graph.nodes if n.name in torch_run), symbols=env.symbols)
+
+    def make(values: tuple[int, ...]) -> NativeExecutor:
+        buffers, memory = sized(values)
         program_c = dataclasses.replace(program, buffers=buffers, memory=memory)
         plan_c = fusion_plan
         if torch_run:  # only the nodes torch runs (the whole graph took milliseconds per size)
-            nodes = tuple(concretize(n, values) if n.name in torch_run else n for n in graph.nodes)
+            by_name = {n.name: n for n in torch_nodes_(values)}
+            nodes = tuple(by_name.get(n.name, n) for n in graph.nodes)
             plan_c = dataclasses.replace(fusion_plan, graph=Graph(nodes, graph.outputs))
-        sizes = [values[s] for s in env.symbols]
-        return NativeExecutor(plan_c, program_c, source, library, opts.static_outputs, opts.cache_dir, sizes)
+        return NativeExecutor(plan_c, program_c, source, library, opts.static_outputs, opts.cache_dir, values)
 
     stats = ExecStats(
         "cpp",

@@ -12,7 +12,7 @@ from torch.utils._sympy.value_ranges import ValueRanges
 from vfuse.ir import DType, TensorType
 from vfuse.ir.shapes import ShapeError, broadcast, matmul
 from vfuse.ir.sym import SymEnv, SymSize, cpp, hint, known_multiple, pretty, python
-from vfuse.runtime.symbolic import concretize, guard_function
+from vfuse.runtime.symbolic import Substitution, concretize, guard_function
 
 S0, S1 = sympy.symbols("s0 s1", integer=True, positive=True)
 
@@ -112,6 +112,24 @@ def test_concretize_substitutes_everywhere_and_shares_what_has_no_size() -> None
     out = concretize(box, {S0: 9, S1: 2})
     assert out == _Box((9, 36), {"k": [10, "v"], "s": static}) and out.items["s"] is static
     assert concretize(static, {S0: 1}) is static
+
+
+def test_substitution_walks_once_and_rebuilds_only_what_has_a_size() -> None:
+    """One compiled substitution at many sizes: each call fresh values (shared subobjects,
+    dict keys, types, floor division), the parts without a size shared; no guard taken."""
+    env = _env()
+    a, b = env.size(S0), env.size(S1)
+    t = TensorType((a, (b + 1) // 2, 3), DType.F32)
+    static = TensorType((4, 5), DType.F32)
+    box = _Box((t, t), {a * 2: t, "s": static})
+    sub = Substitution(box, symbols=env.symbols)
+    for v0, v1 in ((2, 2), (9, 7), (1000, 3), (9, 7)):
+        out = sub((v0, v1))
+        want = TensorType((v0, (v1 + 1) // 2, 3), DType.F32)
+        assert out.shape == (want, want) and out.items == {v0 * 2: want, "s": static}
+        assert out.items["s"] is static and all(type(d) is int for d in out.shape[0].shape)
+    assert Substitution(static)(()) is static
+    assert env.guards == []
 
 
 def test_smax_and_proved_take_no_guard() -> None:
