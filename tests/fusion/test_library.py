@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 
 import vfuse
-from vfuse.fusion.library import LIBRARY_CALL_S, choose, tile_waste
+from vfuse.fusion.library import LIBRARY_CALL_S, choose, choose_gpu, tile_waste
 from vfuse.fusion.plan import Cost
 from vfuse.fusion.rules import Rule
 from vfuse.report.rows import RunKind
@@ -78,3 +78,30 @@ def test_small_plane_stride1_conv_goes_to_torch(hw: int, stride: int, library: b
     with torch.no_grad():
         compiled = vfuse.compile(model, (x,), freeze=True, strict=True)
         torch.testing.assert_close(compiled(x), model(x), rtol=1e-4, atol=1e-5)
+
+
+def test_gpu_choice_uses_the_measured_share_per_family() -> None:
+    # Compute-bound and large: the library's measured share wins (conv and attention by far).
+    big = Cost(1, 64 << 20, 300e-6, 30e-6, 3e-6, 333e-6, 0.5, 1.0)
+    for family in ("gemm", "conv", "attention"):
+        assert choose_gpu(big, family, 1 << 20, epilogue=False).library, family
+    # Small: one launch and the epilogue in registers beat the library's faster core.
+    small = Cost(1, 1 << 16, 2e-6, 1e-6, 3e-6, 6e-6, 0.5, 1.0)
+    for family in ("gemm", "conv", "attention"):
+        assert not choose_gpu(small, family, 1 << 16, epilogue=True).library, family
+    # A split epilogue's pass over a large output outweighs the GEMM's 16 % (not conv's 77 %).
+    mid = Cost(1, 64 << 20, 60e-6, 20e-6, 3e-6, 83e-6, 0.5, 1.0)
+    assert not choose_gpu(mid, "gemm", 16 << 20, epilogue=True).library
+    assert choose_gpu(mid, "conv", 16 << 20, epilogue=True).library
+    # Memory-bound: the library cannot go below the group's memory time.
+    flat = Cost(1, 64 << 20, 10e-6, 100e-6, 3e-6, 103e-6, 0.5, 1.0)
+    assert not choose_gpu(flat, "conv", 1 << 20, epilogue=False).library
+
+
+@pytest.mark.parametrize(("seq", "library"), [(33, False), (2048, True)])
+def test_gpu_attention_goes_to_torchs_sdpa_where_the_template_is_measured_slower(seq: int, library: bool) -> None:
+    q, k, v = (torch.randn(2, 8, seq, 64, dtype=torch.bfloat16) for _ in range(3))
+    fn = lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True)  # noqa: E731
+    report = vfuse.explain(fn, q, k, v, backend="triton", target="h200")
+    rows = [r for r in report.kernels if r.runs is RunKind.TORCH]
+    assert [Rule.LIBRARY_CONTRACTION.value in r.note for r in rows] == ([True] if library else [])

@@ -18,7 +18,7 @@ import torch.nn.functional as F
 from tests.triton.triton_cases import compile_triton
 
 from vfuse.entry.observe import CompileStats
-from vfuse.runtime.cudagraphs import GraphStats
+from vfuse.runtime.cudagraphs import GraphStats, ReplayCost
 from vfuse.runtime.triton import LeanLaunch, TritonExecutor
 
 pytest.importorskip("triton", reason="triton is not installed (pip install 'vfuse[gpu]')")
@@ -65,6 +65,7 @@ def _graphed(fn: Callable, args: tuple[torch.Tensor, ...], **options: Any) -> tu
     drivers: list[FakeDriver] = []
     ex.driver = lambda d: drivers.append(FakeDriver(d)) or drivers[-1]
     ex.graph_devices = ("cpu",)
+    ex.replay_cost = None  # capture every key: these tests check the mechanics, not the policy
     return compiled, ex, drivers
 
 
@@ -236,3 +237,32 @@ def test_a_capture_that_fails_runs_uncaptured_from_then_on() -> None:
     s = _stats(ex)
     assert (s.warmups, s.captures, s.replays, s.uncaptured) == (1, 0, 0, 3)
     assert s.blocker == "capture failed: RuntimeError: operation not permitted when stream is capturing"
+
+
+def test_replay_cost_verdicts() -> None:
+    h200 = dict(launch_s=3e-6, bandwidth=4.8e12)
+    # One kernel over two 128 MiB inputs: the copies cost more than the launch they replace.
+    why = ReplayCost(launches=1, device_s=100e-6, **h200).verdict(256 << 20, 2, 128 << 20, 1)
+    assert "copy 384.00 MiB in 3 copies" in why and "1 launch(es)" in why
+    # A dozen launches over small inputs: one replay wins.
+    assert ReplayCost(launches=12, device_s=5e-6, **h200).verdict(1 << 12, 1, 1 << 12, 1) == ""
+    # Device-bound: launches hide behind the kernels, so the copies are pure loss.
+    assert ReplayCost(launches=12, device_s=500e-6, **h200).verdict(16 << 20, 1, 16 << 20, 1)
+    # static_outputs: no clones, no copies (parameters only): a replay of many launches wins.
+    assert ReplayCost(launches=3, device_s=1e-6, **h200).verdict(0, 0, 0, 0) == ""
+
+
+@pytest.mark.parametrize("launches", [1, 40])
+def test_the_runner_follows_the_replay_cost(launches: int) -> None:
+    fn = lambda x, y: (x * y + 1).relu()  # noqa: E731
+    x, y = torch.randn(9, 31), torch.randn(9, 31)
+    compiled, ex, drivers = _graphed(fn, (x, y))
+    ex.replay_cost = ReplayCost(launches=launches, device_s=1e-6, launch_s=3e-6, bandwidth=1e12)
+    for _ in range(3):
+        torch.testing.assert_close(compiled(x, y), fn(x, y))
+    s = _stats(ex)
+    if launches == 1:  # 2 copies + 1 clone + the replay: 4 launches for 1
+        assert (s.captures, s.uncaptured) == (0, 2) and drivers[0].captures == 0
+        assert s.describe().startswith("not captured (cost model): a replay would copy")
+    else:
+        assert (s.captures, s.replays, s.declined) == (1, 2, "")

@@ -30,7 +30,11 @@ import torch
 from torch import fx
 from torch._functorch import partitioners as tp
 from torch._functorch.compile_utils import raise_getitems
-from torch.fx.experimental.symbolic_shapes import optimization_hint
+
+try:
+    from torch.fx.experimental.symbolic_shapes import optimization_hint
+except ImportError:  # torch < 2.13 (e.g. a GPU machine's image): the older name of the same helper
+    from torch.fx.experimental.symbolic_shapes import size_hint as optimization_hint
 from torch.utils.flop_counter import flop_registry
 
 from vfuse.targets import Target

@@ -18,6 +18,14 @@ Outputs: with `static_outputs=False` each call returns copies of the static outp
 buffers themselves (the next call overwrites them, as on the CPU).
 A program that cannot be captured (a torch fallback, a fault record read after each segment:
 both may synchronize or run host code) runs uncaptured; `blocker` says why.
+
+Capturing is not free: each replay copies the inputs that are not parameters into their static
+buffers and (without `static_outputs`) clones the outputs, each a launch of its own and a pass
+over the bytes. `ReplayCost` weighs that against the launches a replay saves, from the cost
+model's figures (the target's launch time and bandwidth, the plan's predicted device time): a
+one-kernel program, or one whose inputs are large next to its launch savings, runs uncaptured
+(measured on an H200: a 128 MiB elementwise graph ran 103 us launched, 299 us replayed with its
+copies); the reason is in `GraphStats.declined`.
 """
 
 from __future__ import annotations
@@ -37,6 +45,31 @@ CAPTURABLE_KINDS = (Kind.CONTRACTION, Kind.REDUCE, Kind.INJECTIVE, Kind.BROADCAS
 # Torch steps that would bake a host value into the graph (the seed is an int drawn on the host;
 # sources such as iota and full are made on the host by the reference executor).
 HOST_VALUE_OPS = (Op.RNG_SEED, Op.RAND)
+
+
+@dataclass(frozen=True)
+class ReplayCost:
+    """The figures that decide whether replaying a captured graph beats launching it: one call's
+    launches (kernels and torch steps) and predicted device time, the host time of one launch,
+    and the device's bandwidth (a copy reads and writes each byte)."""
+
+    launches: int
+    device_s: float
+    launch_s: float
+    bandwidth: float
+
+    def verdict(self, copied_bytes: int, copies: int, cloned_bytes: int, clones: int) -> str:
+        """'' when a replay (its copies, clones and one graph launch) is predicted faster than
+        the launches it replaces; else why not, with both figures."""
+        plain = max(self.launches * self.launch_s, self.device_s)
+        moved = 2 * (copied_bytes + cloned_bytes) / self.bandwidth
+        replay = max((copies + clones + 1) * self.launch_s, self.device_s + moved)
+        if replay < plain:
+            return ""
+        return (
+            f"a replay would copy {(copied_bytes + cloned_bytes) / 2**20:.2f} MiB in {copies + clones} copies "
+            f"(predicted {replay * 1e6:.1f} us) to replace {self.launches} launch(es) ({plain * 1e6:.1f} us)"
+        )
 
 
 class Replayable(Protocol):
@@ -123,10 +156,13 @@ class GraphStats:
     replays: int = 0
     uncaptured: int = 0
     blocker: str = ""
+    declined: str = ""  # the cost model's reason for the last input-shape key left uncaptured
 
     def describe(self) -> str:
         if self.blocker:
             return f"not captured: {self.blocker}"
+        if self.declined and not self.captures:
+            return f"not captured (cost model): {self.declined}"
         return f"{self.captures} captured, {self.replays} replays, {self.warmups} warm-up calls"
 
 
@@ -166,8 +202,10 @@ class GraphRunner:
     driver: GraphDriver
     static_outputs: bool = False
     blocker: str = ""
+    cost: ReplayCost | None = None  # None: capture every key (tests of the mechanics)
     stats: GraphStats = field(default_factory=GraphStats)
-    _seen: set[Key] = field(default_factory=set)
+    _seen: dict[Key, tuple[int, int]] = field(default_factory=dict)  # key -> outputs' (count, bytes)
+    _declined: set[Key] = field(default_factory=set)
     _graphs: dict[Key, Captured] = field(default_factory=dict)
     _pool: Any = None
 
@@ -180,8 +218,12 @@ class GraphRunner:
             self.stats.uncaptured += 1
             return self._eager(inputs)
         if key not in self._seen:  # warm-up: compile kernels and make library handles uncaptured
-            self._seen.add(key)
             self.stats.warmups += 1
+            out = self._eager(inputs)
+            self._seen[key] = (len(out), sum(_nbytes(t) for t in out))
+            return out
+        if key in self._declined or (key not in self._graphs and self._decline(key, inputs)):
+            self.stats.uncaptured += 1
             return self._eager(inputs)
         cap = self._graphs.get(key)
         if cap is None or any(inputs[i].data_ptr() != p for i, p in cap.pinned.items()):
@@ -199,6 +241,18 @@ class GraphRunner:
         if self.static_outputs:
             return list(cap.outputs)
         return [o.clone() if isinstance(o, torch.Tensor) else o for o in cap.outputs]
+
+    def _decline(self, key: Key, inputs: Sequence[torch.Tensor]) -> bool:
+        """Whether the cost model keeps `key` uncaptured (recorded with its reason)."""
+        if self.cost is None:
+            return False
+        copied = [t for t in inputs if not isinstance(t, torch.nn.Parameter)]
+        clones, cloned = (0, 0) if self.static_outputs else self._seen[key]
+        why = self.cost.verdict(sum(_nbytes(t) for t in copied), len(copied), cloned, clones)
+        if why:
+            self._declined.add(key)
+            self.stats.declined = why
+        return bool(why)
 
     def _eager(self, inputs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
         self.body.seed()
@@ -221,3 +275,7 @@ class GraphRunner:
         graph = self.driver.capture(lambda: results.append(self.body.launch(static, outputs)), self._pool)
         self.stats.captures += 1
         return Captured(graph, static, copied, pinned, results[0])
+
+
+def _nbytes(t: object) -> int:
+    return t.numel() * t.element_size() if isinstance(t, torch.Tensor) else 0

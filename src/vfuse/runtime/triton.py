@@ -35,11 +35,12 @@ from vfuse.ir import Op
 from vfuse.ir.defs.layout import index_out_of_bounds
 from vfuse.ir.defs.pointwise import integer_division_by_zero
 from vfuse.runtime.compiled import ExecStats
-from vfuse.runtime.cudagraphs import CudaDriver, GraphDriver, GraphRunner, capture_blocker
+from vfuse.runtime.cudagraphs import CudaDriver, GraphDriver, GraphRunner, ReplayCost, capture_blocker
 from vfuse.runtime.pool import OutputPool
 from vfuse.runtime.steps import StepRunner, fallback_counts, torch_nodes
 from vfuse.schedule import BufKind, Program, Segment, TorchStep
 from vfuse.schedule.kernel import ContractionKernel, GpuTiles
+from vfuse.targets.presets import PRESETS
 
 NO_FAULT = 2**63 - 1
 ARENA_ALIGN = 64
@@ -161,6 +162,8 @@ class TritonExecutor(StepRunner):
         # Why CUDA calls run uncaptured ('' when they are captured).
         off = "the cuda_graphs option is off"
         self.graph_blocker = capture_blocker(self.graph, program, len(rendered.faults)) if cuda_graphs else off
+        # Whether a replay beats its launches, per input-shape key (None: capture every key).
+        self.replay_cost: ReplayCost | None = replay_cost(plan, program, len(rendered.launches))
         self.stats = ExecStats(
             "triton",
             kernels=len(rendered.launches),
@@ -232,7 +235,8 @@ class TritonExecutor(StepRunner):
         runner = self._graphs.get(device)
         if runner is None:
             blocker = self.graph_blocker
-            runner = self._graphs[device] = GraphRunner(self, self.driver(device), self._static, blocker)
+            runner = GraphRunner(self, self.driver(device), self._static, blocker, self.replay_cost)
+            self._graphs[device] = runner
             self.stats.cuda_graphs = runner.stats
         return runner
 
@@ -354,3 +358,13 @@ def _stream(device: torch.device) -> Callable[[], int]:
     index = device.index if device.index is not None else torch.cuda.current_device()
     raw = torch._C._cuda_getCurrentRawStream
     return lambda: raw(index)
+
+
+def replay_cost(plan: FusionPlan, program: Program, kernels: int) -> ReplayCost:
+    """The cost model's figures for one call of `program` (`runtime.cudagraphs.ReplayCost`): its
+    launches, the plan's predicted time, and the GPU preset's launch time and bandwidth (h100's
+    when the plan's target is not a GPU)."""
+    target = PRESETS.get(plan.target, PRESETS["h100"])
+    steps = sum(isinstance(s, TorchStep) for s in program.steps)
+    device_s = sum(g.cost.time_s for g in plan.groups)
+    return ReplayCost(kernels + steps, device_s, target.launch_s, target.dram_bw)

@@ -10,15 +10,26 @@ native segment (one `extern "C"` call).
 from __future__ import annotations
 
 import dataclasses
+import math
 
-from vfuse.fusion.plan import FusionPlan, Group
+from vfuse.fusion.library import ContractionChoice, choose_gpu
+from vfuse.fusion.plan import Cost, FusionPlan, Group
 from vfuse.ir import DType, Graph, Kind, Node, Op, TensorType
+from vfuse.ir.defs.contraction import sdpa_dropout
 from vfuse.ir.defs.layout import IndexBounds, index_bounds
 from vfuse.ir.shapes import numel
 from vfuse.ir.shapes import reduce as reduced_shape
-from vfuse.ir.sym import env_of, same
+from vfuse.ir.sym import env_of, hint, same
 from vfuse.schedule import expr
-from vfuse.schedule.contraction import FP32_ONLY, GPU_DTYPES, Caches, library_choice, plan_contraction
+from vfuse.schedule.contraction import (
+    ATTENTION,
+    FP32_ONLY,
+    GPU_DTYPES,
+    Caches,
+    ContractionPlan,
+    library_choice,
+    plan_contraction,
+)
 from vfuse.schedule.expr import Lin, Var
 from vfuse.schedule.gpu import decide_contraction, decide_gpu
 from vfuse.schedule.horizontal import LABEL as HORIZONTAL
@@ -141,7 +152,8 @@ def _contraction_steps(
     try:
         dtypes = GPU_DTYPES if gpu is not None else FP32_ONLY
         cp = plan_contraction(graph, g.nodes, g.outputs, g.id, g.label, caches, unit, dtypes)
-        if gpu is None and (choice := library_choice(graph, g.cost, cp)).library:
+        choice = library_choice(graph, g.cost, cp) if gpu is None else gpu_library_choice(graph, g.cost, cp)
+        if choice.library:
             raise Unsupported(choice.reason())  # torch is predicted faster: fuse around it instead
         kernel = decide_contraction(cp.kernel, gpu, graph, g.retile) if gpu is not None else cp.kernel
         copies: list[AnyKernel | TorchStep] = []
@@ -151,6 +163,17 @@ def _contraction_steps(
     except Unsupported as e:
         torch_nodes, rest = _contraction_split(graph, g)
         return [TorchStep(g.id, g.label, tuple(torch_nodes), f"contraction through torch: {e}")], rest
+
+
+def gpu_library_choice(graph: Graph, cost: Cost, cp: ContractionPlan) -> ContractionChoice:
+    """`fusion/library.py`'s GPU verdict for a planned contraction group (attention with dropout
+    stays a template: torch's path would not draw vfuse's mask)."""
+    k = cp.kernel
+    family = "attention" if k.op in ATTENTION else "conv" if k.op is Op.CONV2D else "gemm"
+    if family == "attention" and sdpa_dropout(k.attrs):
+        return ContractionChoice(0.0, math.inf)
+    epilogue = bool(k.epilogue) or bool(cp.rest)
+    return choose_gpu(cost, family, hint(graph[k.node].type.nbytes), epilogue)
 
 
 def group_steps(
