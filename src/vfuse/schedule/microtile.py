@@ -89,6 +89,8 @@ def attention_tile(unit: VectorUnit) -> Tile:
     nv = max((v for v in range(1, per_block + 1) if per_block % v == 0 and _fits(ATTENTION_ROWS, v, unit.registers)),
              default=1)  # fmt: skip
     return ATTENTION_ROWS, nv * unit.lanes
+
+
 ATTENTION_BLOCK_K = 64  # keys per K/V tile
 
 
