@@ -20,6 +20,7 @@ import torch
 from torch._functorch._aot_autograd.schemas import OutputType, SubclassCreationMeta
 
 _PLAIN = (torch.Tensor, torch.nn.Parameter)  # tensor subclasses need AOTAutograd's wrappers
+_SIZES = (torch.SymInt, int)  # size arguments of a graph with symbolic sizes (ints when called)
 
 
 def may_skip_wrappers(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> bool:
@@ -28,7 +29,7 @@ def may_skip_wrappers(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -
     return (
         not torch.is_grad_enabled()
         and not torch._C._is_any_autocast_enabled()
-        and all(type(x) in _PLAIN for x in example_inputs)
+        and all(type(x) in _PLAIN or type(x) in _SIZES for x in example_inputs)
         and next(iter(gm.parameters()), None) is None
         and next(iter(gm.buffers()), None) is None
     )

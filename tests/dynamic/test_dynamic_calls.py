@@ -1,0 +1,62 @@
+"""The per-call path of a graph with symbolic sizes: handed to Dynamo without AOTAutograd's
+runtime wrappers where they would do nothing (as fixed-shape graphs), sizes read by one
+generated expression, one shared arena grown only for a larger size."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import vfuse
+import vfuse.entry.capture as capture
+
+
+def test_dynamic_inference_skips_aot_wrappers_only_when_they_do_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
+    direct: list[int] = []
+    unboxed = capture.unboxed
+    monkeypatch.setattr(capture, "unboxed", lambda fn: direct.append(1) or unboxed(fn))
+    torch._dynamo.reset()
+
+    def f(x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        return torch.softmax(x * x.shape[0], -1) + y, x.shape[1] * y.sum(0)
+
+    c = torch.compile(f, backend=vfuse.backend(strict=True), dynamic=True)
+    with torch.no_grad():
+        for n, m in ((7, 13), (64, 5), (3, 1000)):
+            x, y = torch.randn(n, m), torch.randn(n, m)
+            for got, want in zip(c(x, y), f(x, y), strict=True):
+                torch.testing.assert_close(got, want)
+        assert direct == [1]
+
+        def g(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+            return x[1:3], x.exp()  # a view of the input: AOTAutograd's wrappers stay
+
+        backend = vfuse.backend(strict=True)
+        cg = torch.compile(g, backend=backend, dynamic=True)
+        for n in (5, 11, 17):
+            x = torch.randn(n, 4)
+            got = cg(x)
+            torch.testing.assert_close(got[1], x.exp())
+            assert got[0].data_ptr() == x[1:3].data_ptr()
+        assert direct == [1] and backend.stats["graphs"] == 1
+
+
+def test_one_arena_grown_only_for_a_larger_size() -> None:
+    torch._dynamo.reset()
+    backend = vfuse.backend(strict=True)
+
+    def f(x: torch.Tensor) -> torch.Tensor:
+        h = torch.relu(x @ x.T)  # a GEMM whose output lives in the arena
+        return h.softmax(-1)
+
+    c = torch.compile(f, backend=backend, dynamic=True)
+    with torch.no_grad():
+        ptrs = []
+        for n in (40, 200, 13, 200, 40, 77):
+            x = torch.randn(n, 24)
+            torch.testing.assert_close(c(x), f(x), rtol=1e-4, atol=1e-5)
+            ex = backend.compiled[0].executor
+            ptrs.append(ex._arena.data_ptr() if ex._arena is not None else None)
+    assert backend.stats["graphs"] == 1
+    assert ex.instantiated == 4  # 40, 200, 13, 77: a size seen before reuses its executor
+    assert None not in ptrs and len(set(ptrs[1:])) == 1  # grown once, for 200; the smaller sizes run in it
