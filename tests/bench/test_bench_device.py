@@ -36,7 +36,7 @@ def test_smoke_run_writes_every_figure(tmp_path: Path) -> None:
         assert w["results"]["vfuse_graphs"]["cuda_graphs"].startswith("not captured (cost model): a replay")
         assert w["results"]["vfuse"]["cuda_graphs"] == ""  # CPU calls without graphs skip the runner
     o = r["overhead"]
-    assert all(o[f"{n}_us"] > 0 for n in ("eager", "vfuse", "vfuse_graphs"))
+    assert all(o[f"{n}_us"] > 0 for n in ("eager", "vfuse", "vfuse_graphs", "vfuse_graphs_static"))
     assert o["replay_saves_us"] == pytest.approx(o["vfuse_us"] - o["vfuse_graphs_us"])
     assert r["elapsed_s"] > 0
 

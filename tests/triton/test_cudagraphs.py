@@ -266,3 +266,24 @@ def test_the_runner_follows_the_replay_cost(launches: int) -> None:
         assert s.describe().startswith("not captured (cost model): a replay would copy")
     else:
         assert (s.captures, s.replays, s.declined) == (1, 2, "")
+
+
+def test_an_input_only_torch_reads_keeps_its_layout(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Inputs are made row-major only for the kernels that index them: a channels-last image
+    that only a torch step reads reaches torch channels-last (cuDNN's fast layout)."""
+    import vfuse.runtime.steps as steps
+
+    seen: list[tuple[int, ...]] = []
+    run = steps.interp.run_node
+
+    def spy(node: Any, args: list[Any]) -> Any:
+        seen.extend(tuple(a.stride()) for a in args if isinstance(a, torch.Tensor) and a.dim() == 4)
+        return run(node, args)
+
+    x = torch.randn(2, 5, 7, 3).contiguous(memory_format=torch.channels_last)
+    fn = lambda x, y: torch.sort(x, -1).values * 2 + y  # noqa: E731
+    y = torch.randn(3)
+    compiled = compile_triton(fn, (x, y))
+    monkeypatch.setattr(steps.interp, "run_node", spy)
+    torch.testing.assert_close(compiled(x, y), fn(x, y))
+    assert x.stride() in seen  # sort (torch) got the channels-last tensor itself

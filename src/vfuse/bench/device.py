@@ -307,21 +307,21 @@ def copy_bandwidth(bench: Bench) -> dict[str, float]:
 
 
 def overhead(bench: Bench) -> dict[str, Any]:
-    """Per-call time of a tiny graph (launch overhead dominates): eager, vfuse's launches, one replay."""
+    """Per-call time of a tiny graph (launch overhead dominates): eager, vfuse's launches, one
+    replay with its input copies and output clones (`vfuse_graphs`), and the replay alone
+    (`vfuse_graphs_static`: inputs are parameters, outputs static, so nothing is copied)."""
     fn = MEMORY["add_mul_relu"][0]
     args = (torch.randn(1, 256, device=bench.device), torch.randn(1, 256, device=bench.device))
     out: dict[str, Any] = {}
-    for name in ("eager", "vfuse", "vfuse_graphs"):
+    for name in ("eager", "vfuse", "vfuse_graphs", "vfuse_graphs_static"):
         if bench.left_s() < 0:
             out[f"{name}_us"], out[f"{name}_error"] = None, "skipped: time budget spent"
             continue
         try:
-            c = _compile(name, fn, args, bench)
-            if name == "vfuse_graphs":  # the replay itself, even where the cost model would launch
-                c.compiled.executor.replay_cost = None
+            c, a = _overhead_contender(name, fn, args, bench)
             for _ in range(3):
-                c(*args)
-            times = [bench.timer.per_call(lambda c=c: c(*args), max(bench.sizes.calls, 1) * 10) for _ in range(5)]
+                c(*a)
+            times = [bench.timer.per_call(lambda c=c, a=a: c(*a), max(bench.sizes.calls, 1) * 10) for _ in range(5)]
             out[f"{name}_us"] = statistics.median(times) * 1e6
         except Exception as e:
             out[f"{name}_us"] = None
@@ -329,6 +329,25 @@ def overhead(bench: Bench) -> dict[str, Any]:
     launch, replay = out.get("vfuse_us"), out.get("vfuse_graphs_us")
     out["replay_saves_us"] = launch - replay if launch is not None and replay is not None else None
     return out
+
+
+def _overhead_contender(
+    name: str, fn: Callable[..., Any], args: tuple[torch.Tensor, ...], bench: Bench
+) -> tuple[Callable[..., Any], tuple[torch.Tensor, ...]]:
+    if name != "vfuse_graphs_static":
+        c = _compile(name, fn, args, bench)
+    else:
+        import vfuse
+
+        args = tuple(_param(a) for a in args)
+        c = vfuse.compile(fn, args, backend="triton", target=bench.target, static_outputs=True)
+        if bench.device.type == "cpu":  # smoke: the capture path on the host
+            from vfuse.runtime.cudagraphs import ReplayDriver
+
+            c.compiled.executor.driver, c.compiled.executor.graph_devices = ReplayDriver, ("cpu",)
+    if name.startswith("vfuse_graphs"):  # the replay itself, even where the cost model would launch
+        c.compiled.executor.replay_cost = None
+    return c, args
 
 
 def _device_facts(device: torch.device) -> tuple[dict[str, Any], str]:

@@ -5,9 +5,9 @@ kept per device (`_Memory`): for CPU tensors the module is loaded for Triton's i
 kernels run with numpy), for CUDA tensors jit-compiled and launched through `LeanLaunch` (the
 compiled kernel called directly, without `JITFunction.run`'s argument binding). Each memory holds
 the arena (intermediates as typed views of one byte buffer), the seeds array and the fault record.
-Each call: draw the RNG seeds, bind inputs (contiguous), allocate outputs, then per step launch
-the segment's kernels in order (index checks first) or run torch; after a segment, a fault a
-kernel recorded is raised as eager raises it, naming the node. CUDA calls go through
+Each call: draw the RNG seeds, bind inputs (contiguous where a kernel reads them), allocate
+outputs, then per step launch the segment's kernels in order (index checks first) or run torch;
+after a segment, a fault a kernel recorded is raised as eager raises it, naming the node. CUDA calls go through
 `runtime.cudagraphs.GraphRunner` (warm-up, capture per input-shape key, replay) unless the
 `cuda_graphs` option is off or the program cannot be captured (`capture_blocker`).
 """
@@ -143,6 +143,7 @@ class TritonExecutor(StepRunner):
             for ln in rendered.launches
         ]
         self._cache_dir, self.tuning = cache_dir, tuning
+        self._kernel_reads = {v for ln in rendered.launches for v in ln.args}
         # Devices whose first call times the templates' candidates (never the interpreter: its
         # timings say nothing about a GPU; tests add "cpu" with a fake timer).
         self.tuned_devices: tuple[str, ...] = ("cuda",)
@@ -267,7 +268,10 @@ class TritonExecutor(StepRunner):
         env: dict[str, Any] = dict(mem.constants)
         env.update(self._drawn)
         for n in self.graph.inputs:
-            env[n.name] = inputs[n.attrs["index"]].contiguous()
+            t = inputs[n.attrs["index"]]
+            # Kernels index row-major; an input only torch reads keeps its layout (a channels-last
+            # image stays channels-last for cuDNN instead of being transposed for it).
+            env[n.name] = t.contiguous() if n.name in self._kernel_reads else t
         if outputs is None:
             self._outputs(env, mem)
         else:
