@@ -182,3 +182,18 @@ def test_triton_backend_runs_training_attention_in_torch() -> None:
     steps = _attention_steps(backend)
     assert [type(s) for s in steps[Op.SDPA_LSE] + steps[Op.SDPA_BACKWARD]] == [TorchStep, TorchStep], steps
     assert all("no Triton template" in s.reason for s in steps[Op.SDPA_LSE] + steps[Op.SDPA_BACKWARD])
+
+
+@pytest.mark.parametrize("threads", [1, 4])
+def test_fewer_tasks_than_threads_split_the_key_tiles(threads: int) -> None:
+    """One (batch, K/V head) task and 4 threads: the task's K tiles run as chunks, each with its own dQ
+    part, summed at the end; the gradients are the same as with one thread, within rounding."""
+    torch._dynamo.reset()
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        backend = vfuse.backend(strict=True)
+        _check_grads(_attention(True, "gqa"), _inputs((1, 3, 1, 200, 200, 8)), backend)
+    finally:
+        torch.set_num_threads(before)
+    assert [type(s) for s in _attention_steps(backend)[Op.SDPA_BACKWARD]] == [ContractionKernel]

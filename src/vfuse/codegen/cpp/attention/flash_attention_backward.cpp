@@ -10,7 +10,9 @@
 // dP = dO V^T, dS = P (dP - delta) with delta = rowsum(dO * O) (an input), dQ += dS K scale,
 // dK += dS^T Q scale. Tasks are (batch, K/V head): a task owns its K/V head's dK and dV, accumulated over
 // the query heads of its group (grouped-query attention) in a K tile's accumulators, and those heads'
-// dQ rows, so no two threads write one element. With VF_CAUSAL the Q tiles above a K tile are skipped.
+// dQ rows, so no two threads write one element. With fewer tasks than threads each task's K tiles are
+// split into chunks, each adding its dQ part into a buffer of its own (O(LQ) each), summed in a fixed
+// order at the end. With VF_CAUSAL the Q tiles above a K tile are skipped.
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -46,7 +48,8 @@ struct alignas(64) Work {
 struct Args {
   const float *dout, *q, *k, *v, *lse, *delta;
   float *dq, *dk, *dv;
-  int64_t H, HKV, LQ, LK;
+  float* part;  // dQ of K-tile chunks 1, 2, ... (each B * H * LQ * D), when tasks are split
+  int64_t B, H, HKV, LQ, LK;
   float scale;
 };
 
@@ -79,8 +82,9 @@ void score_grads(Work& w, int64_t nk) {
   }
 }
 
-// One (K tile, query head, Q tile) pair: dV and dK of the K tile accumulate in w, dQ rows in dq.
-void pair(Work& w, const Args& a, const vf_attn::Mask& m, int64_t b, int64_t h, int64_t q0, int64_t k0, int64_t nk) {
+// One (K tile, query head, Q tile) pair: dV and dK of the K tile accumulate in w, dQ rows in dq_out.
+void pair(Work& w, const Args& a, const vf_attn::Mask& m, float* dq_out, int64_t b, int64_t h, int64_t q0, int64_t k0,
+          int64_t nk) {
   const int64_t nq = std::min(BQ, a.LQ - q0), row = (b * a.H + h) * a.LQ + q0;
   const int64_t kv = (b * a.HKV + h / (a.H / a.HKV)) * a.LK + k0;
   const float *q = a.q + row * D, *dout = a.dout + row * DV, *k = a.k + kv * D, *v = a.v + kv * DV;
@@ -93,27 +97,29 @@ void pair(Work& w, const Args& a, const vf_attn::Mask& m, int64_t b, int64_t h, 
   score_grads(w, nk);
   vf_attn::rows_acc<V, TILE, BQ, D, DP, true>(&w.dq[0][0], w.dst, k, nq, nk);  // dS K
   vf_attn::keys_acc<V, TILE, BQ, D, DP>(&w.dk[0][0], w.dst, q, nk, nq);       // dK += dS^T Q
-  float* dq = a.dq + row * D;
+  float* dq = dq_out + row * D;
   for (int64_t i = 0; i < nq; ++i)
     for (int64_t c = 0; c < D; ++c) dq[i * D + c] += w.dq[i][c] * a.scale;
 }
 
-// Batch b, K/V head hk: its dK / dV, and dQ of the query heads reading it.
-void task(Work& w, const Args& a, const vf_attn::Mask& m, int64_t b, int64_t hk) {
-  const int64_t group = a.H / a.HKV, h0 = hk * group;
-  std::fill(a.dq + (b * a.H + h0) * a.LQ * D, a.dq + (b * a.H + h0 + group) * a.LQ * D, 0.0f);
-  for (int64_t k0 = 0; k0 < a.LK; k0 += BK) {
-    const int64_t nk = std::min(BK, a.LK - k0);
+// Batch b, K/V head hk, chunk c of `split` over its K tiles: their dK / dV, and their part of dQ for the
+// query heads reading them (chunk 0 into dq itself, the others into their part buffers).
+void task(Work& w, const Args& a, const vf_attn::Mask& m, int64_t b, int64_t hk, int64_t c, int64_t split) {
+  const int64_t group = a.H / a.HKV, h0 = hk * group, tiles = (a.LK + BK - 1) / BK;
+  float* dq = c == 0 ? a.dq : a.part + (c - 1) * a.B * a.H * a.LQ * D;
+  std::fill(dq + (b * a.H + h0) * a.LQ * D, dq + (b * a.H + h0 + group) * a.LQ * D, 0.0f);
+  for (int64_t t = tiles * c / split; t < tiles * (c + 1) / split; ++t) {
+    const int64_t k0 = t * BK, nk = std::min(BK, a.LK - k0);
     std::fill(&w.dk[0][0], &w.dk[0][0] + BK * DP, 0.0f);
     std::fill(&w.dv[0][0], &w.dv[0][0] + BK * DVP, 0.0f);
     // Causal: rows before k0 see no key of this tile; a tile past LQ's rows keeps zero gradients.
     const int64_t first = VF_CAUSAL ? k0 / BQ * BQ : 0;
     for (int64_t h = h0; h < h0 + group; ++h)
-      for (int64_t q0 = first; q0 < a.LQ; q0 += BQ) pair(w, a, m, b, h, q0, k0, nk);
+      for (int64_t q0 = first; q0 < a.LQ; q0 += BQ) pair(w, a, m, dq, b, h, q0, k0, nk);
     const int64_t kv = (b * a.HKV + hk) * a.LK + k0;
     for (int64_t j = 0; j < nk; ++j) {
-      for (int64_t c = 0; c < D; ++c) a.dk[(kv + j) * D + c] = w.dk[j][c] * a.scale;
-      for (int64_t c = 0; c < DV; ++c) a.dv[(kv + j) * DV + c] = w.dv[j][c];
+      for (int64_t e = 0; e < D; ++e) a.dk[(kv + j) * D + e] = w.dk[j][e] * a.scale;
+      for (int64_t e = 0; e < DV; ++e) a.dv[(kv + j) * DV + e] = w.dv[j][e];
     }
   }
 }
@@ -130,14 +136,29 @@ extern "C" void VF_NAME(const float* dout, const float* q, const float* k, const
                         int64_t HKV, int64_t LQ, int64_t LK, float scale, int64_t msb, int64_t msh, int64_t msq,
                         int64_t msk, int64_t threads) {
   using namespace VF_NS;
+  const int64_t nt = threads > 0 ? threads : omp_get_max_threads(), tasks = B * HKV, tiles = (LK + BK - 1) / BK;
+  // Chunks of K tiles per task so that every thread has one; each chunk past the first needs a dQ buffer.
+  const int64_t split = std::max<int64_t>(1, std::min(tiles, (nt + tasks - 1) / tasks)), n = B * H * LQ * D;
+  float* part = split > 1 ? static_cast<float*>(std::malloc((split - 1) * n * sizeof(float))) : nullptr;
+  const int64_t chunks = part != nullptr ? split : 1;  // allocation failed: one chunk per task
   const vf_attn::Mask m{mask, msb, msh, msq, msk};
-  const Args a{dout, q, k, v, lse, delta, dq, dk, dv, H, HKV, LQ, LK, scale};
-#pragma omp parallel num_threads(threads > 0 ? threads : omp_get_max_threads())
+  const Args a{dout, q, k, v, lse, delta, dq, dk, dv, part, B, H, HKV, LQ, LK, scale};
+#pragma omp parallel num_threads(nt)
   {
     Work* w = static_cast<Work*>(std::aligned_alloc(64, sizeof(Work)));
-#pragma omp for collapse(2) schedule(dynamic)
+#pragma omp for collapse(3) schedule(dynamic)
     for (int64_t b = 0; b < B; ++b)
-      for (int64_t hk = 0; hk < HKV; ++hk) task(*w, a, m, b, hk);
+      for (int64_t hk = 0; hk < HKV; ++hk)
+        for (int64_t c = 0; c < chunks; ++c) task(*w, a, m, b, hk, c, chunks);
     std::free(w);
+    if (chunks > 1) {
+#pragma omp for schedule(static)
+      for (int64_t i = 0; i < n; ++i) {
+        float s = dq[i];
+        for (int64_t c = 1; c < chunks; ++c) s += part[(c - 1) * n + i];
+        dq[i] = s;
+      }
+    }
   }
+  std::free(part);
 }
