@@ -55,9 +55,9 @@ def _inputs(shape: tuple[int, ...], seed: int = 0) -> list[torch.Tensor]:
     return [torch.randn(s, generator=g).requires_grad_() for s in sizes]
 
 
-def _check_grads(fn, inputs: list[torch.Tensor], backend) -> None:
+def _check_grads(fn, inputs: list[torch.Tensor], backend, compiled=None) -> None:
     """Output and grads of q, k, v against eager within 1e-4 relative (to each tensor's largest element)."""
-    out = torch.compile(fn, backend=backend)(*inputs)
+    out = (compiled or torch.compile(fn, backend=backend))(*inputs)
     grad_out = torch.randn(out.shape, generator=torch.Generator().manual_seed(1))
     got = torch.autograd.grad(out, inputs, grad_out)
     want_out = fn(*inputs)
@@ -197,3 +197,17 @@ def test_fewer_tasks_than_threads_split_the_key_tiles(threads: int) -> None:
     finally:
         torch.set_num_threads(before)
     assert [type(s) for s in _attention_steps(backend)[Op.SDPA_BACKWARD]] == [ContractionKernel]
+
+
+def test_dynamic_lengths_compile_once() -> None:
+    """torch.compile(dynamic=True): batch, heads and lengths are the templates' run-time arguments, so one
+    forward and one backward program serve every length (no per-shape recompile), gradients as eager's."""
+    torch._dynamo.reset()
+    backend = vfuse.backend(strict=True)
+    fn = _attention(True, None)
+    compiled = torch.compile(fn, backend=backend, dynamic=True)
+    for n in (33, 70, 129):
+        inputs = _inputs((1, 2, 2, n, n, 16), seed=n)
+        _check_grads(fn, inputs, backend, compiled)
+    assert backend.stats["graphs"] == 2 and not backend.stats["fallbacks"], backend.stats
+    assert all(type(c.executor).__name__ == "SymbolicExecutor" for c in backend.compiled)
