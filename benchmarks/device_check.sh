@@ -4,7 +4,9 @@
 #      offline registers against the driver's (about 2 minutes, capped at 170 s);
 #   2. vfuse bench --device cuda: JSON with copy bandwidth, every workload for eager / Inductor /
 #      vfuse / vfuse + CUDA Graphs, % of copy bandwidth, replay vs launch overhead (budget 260 s).
-# About 8 minutes in all. Writes env.txt, gpu_tests.txt, bench.txt and bench.json under $OUT
+#   3. benchmarks/device_profile.py: per-kernel device times of the slow workloads (VFUSE_PROFILE),
+#      vfuse's beside Inductor's, with the cost model's prediction per kernel (capped at 150 s).
+# About 10 minutes in all. Writes env.txt, gpu_tests.txt, bench.txt, bench.json and profile.txt under $OUT
 # (default /tmp/vfuse-device). Runs the repository's sources (PYTHONPATH=src) under the machine's
 # python3 (its torch and triton), or under VFUSE_PY. Exit status: the tests' (the bench's JSON
 # says per contender what failed).
@@ -24,5 +26,7 @@ timeout 170 "$PY" -m pytest -p no:cacheprovider -q -rfE --tb=short --timeout=60 
 tests=$?
 echo "== vfuse bench --device cuda"
 timeout 330 "$PY" -m vfuse.bench --device cuda --budget-s 260 --json "$OUT/bench.json" 2>&1 | tee "$OUT/bench.txt" | tail -n 30
+echo "== per-kernel profile (${VFUSE_PROFILE:-gpt2_block conv_bn_relu})"
+timeout 150 "$PY" benchmarks/device_profile.py ${VFUSE_PROFILE:-gpt2_block conv_bn_relu} 2>&1 | tee "$OUT/profile.txt" | tail -n 60
 nvidia-smi --query-gpu=clocks.sm,clocks.mem,temperature.gpu,power.draw --format=csv >>"$OUT/env.txt" 2>&1
 exit "$tests"
