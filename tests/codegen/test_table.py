@@ -121,3 +121,28 @@ def test_second_tensor_input_is_not_tabulated() -> None:
     xs = [_all_bytes((8, 64), torch.int8), torch.rand(8, 64)]
     for g, w in zip(ex(list(xs)), interp.run(graph, xs), strict=True):
         assert torch.equal(g, w)
+
+
+def test_scalar_inputs_fill_the_table_per_value(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Scale, zero point and output scale as 0-d inputs (an unfrozen module, Dynamo's lifted
+    floats): the table reads them at run time and is refilled when they change; results equal
+    the reference's for every value, bit for bit (int8 out). Few elements: no table (256
+    evaluations per fill would not pay)."""
+    b = GraphBuilder()
+    q, scale, zero, out_scale = inputs(b, ((64, 4099), DType.I8), ((), DType.F32), ((), DType.F32), ((), DType.F32))
+    x = b.add(Op.MUL, [b.add(Op.SUB, [b.add(Op.CAST, [q], dtype=DType.F32), zero]), scale])
+    y = b.add(Op.ROUND, [b.add(Op.DIV, [b.add(Op.GELU, [x], approximate="none"), out_scale])])
+    y = b.add(Op.MINIMUM, [b.add(Op.MAXIMUM, [y, scalar(b, -128.0)]), scalar(b, 127.0)])
+    graph = b.build([b.add(Op.CAST, [y], dtype=DType.I8)])
+    ex = _executor(graph)
+    assert _tables(ex) and "thread_local" in ex.source and "vf_table_bytes(" in ex.source
+    qs = _all_bytes((64, 4099), torch.int8)
+    for s, z, o in ((0.05, 3.0, 0.04), (0.2, -7.0, 0.01), (0.05, 3.0, 0.04), (0.05, 3.0, 0.5)):
+        xs = [qs, torch.tensor(s), torch.tensor(z), torch.tensor(o)]
+        (got,) = ex(list(xs))
+        (want,) = interp.run(graph, xs)
+        assert torch.equal(got, want), (s, z, o)
+    small = GraphBuilder()
+    q, scale = inputs(small, ((8, 64), DType.I8), ((), DType.F32))
+    g = small.add(Op.GELU, [small.add(Op.MUL, [small.add(Op.CAST, [q], dtype=DType.F32), scale])], approximate="none")
+    assert not _tables(_executor(small.build([small.add(Op.EXP, [g])])))

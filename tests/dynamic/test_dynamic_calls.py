@@ -60,3 +60,30 @@ def test_one_arena_grown_only_for_a_larger_size() -> None:
     assert backend.stats["graphs"] == 1
     assert ex.instantiated == 4  # 40, 200, 13, 77: a size seen before reuses its executor
     assert None not in ptrs and len(set(ptrs[1:])) == 1  # grown once, for 200; the smaller sizes run in it
+
+
+def test_lookup_table_with_lifted_float_scales() -> None:
+    """dynamic=True lifts a module's float scales to 0-d inputs: the byte table reads them at
+    run time (it computed GELU per element before, ~4x the static table), is refilled when one
+    changes, and matches eager exactly at every size."""
+    from vfuse.schedule.kernel import Walk
+
+    class DequantGeluQuant(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.scale, self.out_scale = 0.05, 0.04
+
+        def forward(self, q: torch.Tensor) -> torch.Tensor:
+            y = torch.round(torch.nn.functional.gelu((q.float() - 3) * self.scale) / self.out_scale) - 5
+            return torch.clamp(y, -128, 127).to(torch.int8)
+
+    torch._dynamo.reset()
+    m, backend = DequantGeluQuant(), vfuse.backend(strict=True)
+    c = torch.compile(m, backend=backend, dynamic=True)
+    with torch.no_grad():
+        for n, scale in ((4099, 0.05), (9000, 0.05), (5000, 0.3), (4099, 0.05)):
+            m.scale = scale
+            q = torch.randint(-128, 128, (n,), dtype=torch.int8)
+            assert torch.equal(c(q), m(q)), (n, scale)
+    (graph,) = backend.compiled
+    assert [k.walk for k in graph.executor.program.kernels] == [Walk.LOOKUP_TABLE]

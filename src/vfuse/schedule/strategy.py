@@ -118,7 +118,7 @@ def table_flat(k: Kernel) -> bool:
     loads = [s for s in (*p.before, *p.body) if isinstance(s, Load)]
     stores = [s for s in p.body if isinstance(s, Store)]
     dtypes = {s.var: s.dtype for s in (*p.before, *p.body) if not isinstance(s, Store)}
-    ok_load = all(s.index == flat for s in loads)
+    ok_load = all(s.index == flat or not s.index.terms for s in loads)  # scalars fill the table
     return ok_load and all(s.index == flat and s.dtype in SHUFFLED and dtypes[s.arg] is s.dtype for s in stores)
 
 

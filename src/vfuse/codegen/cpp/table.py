@@ -4,8 +4,11 @@ table once and each element is one lookup.
 
 The table lives in a function-local static initialised by a lambda: filled on the kernel's
 first call (C++11 makes that thread-safe) and kept, since it depends only on constants baked
-into this code. It is filled by rendering the kernel's statements with the load replaced by
-the byte value, so every entry is what the plain loop computes for that byte (bit-identical).
+into this code. A table whose entries read scalars at run time (`schedule/table.py`: a scale
+that is a graph input) is a `thread_local` one instead, refilled on a call whose scalars differ
+bitwise from those of its last fill (kept per thread: two graphs may share the library).
+It is filled by rendering the kernel's statements with the load replaced by the byte value, so
+every entry is what the plain loop computes for that byte (bit-identical).
 The loop: the kernel's usual nest with the load kept (its index map too: broadcasts and
 permutes) and each stored value looked up; where the schedule found input and outputs
 contiguous (`Kernel.table_flat`) it is `vf_table_bytes` / `vf_table_dwords` instead: byte
@@ -168,8 +171,12 @@ class TableWriter(KernelWriter):
         self.stmts = [s for p in kernel.passes for s in (*p.before, *p.body) if not isinstance(s, Store)]
         tables = table_vars(kernel)
         self.tables = {s.var: s.dtype for s in self.stmts if s.var in tables}  # type: ignore[union-attr]
+        # Run-time scalars the entries read: loaded once, before the table.
+        self.scalars = [s for s in self.stmts if isinstance(s, Load) and s.var != kernel.table]
 
     def stmt(self, s: Stmt | Store) -> None:
+        if isinstance(s, Load) and s in self.scalars:
+            return  # loaded before the table (`fill`)
         if isinstance(s, Store) or (isinstance(s, Load) and not self.filling):
             super().stmt(s)
         elif isinstance(s, Load):
@@ -188,7 +195,8 @@ class TableWriter(KernelWriter):
         self.fill()
 
     def fill(self) -> None:
-        self.w("// A pointwise function of one byte has 256 possible results: tabulated once.")
+        when = "for each new value of its run-time scalars" if self.scalars else "once"
+        self.w(f"// A pointwise function of one byte has 256 possible results: tabulated {when}.")
         self.w("struct vf_tbl {")
         for v, dt in self.tables.items():
             # g++ vectorizes lookups only as 4-byte gathers: narrower entries are widened,
@@ -198,8 +206,38 @@ class TableWriter(KernelWriter):
             if self.planes(dt):
                 self.w(f"  alignas(64) uint8_t pl_{v}[1024];")
         self.w("};")
+        if self.scalars:
+            self.refilled()
+            return
         self.w("static const vf_tbl vf_tb = [] {")
         self.w("  vf_tbl r;")
+        self.entries()
+        self.w("  return r;")
+        self.w("}();")
+
+    def refilled(self) -> None:
+        """The table of a kernel whose entries read run-time scalars: per thread, refilled when
+        the scalars differ (bitwise: a NaN scale is "the same" as itself) from its last fill's."""
+        for s in self.scalars:
+            super().stmt(s)
+        self.w("static thread_local vf_tbl vf_tc;")
+        self.w("static thread_local bool vf_tc_full = false;")
+        changed = ["!vf_tc_full"]
+        for s in self.scalars:
+            ct = COMPUTE_TYPE[self.dtypes[s.var]]
+            self.w(f"static thread_local {ct} vf_key_{s.var};")
+            changed.append(f"std::memcmp(&vf_key_{s.var}, &{s.var}, sizeof({ct})) != 0")
+        self.w(f"if ({' || '.join(changed)}) {{")
+        self.w("  vf_tc_full = true;")
+        for s in self.scalars:
+            self.w(f"  vf_key_{s.var} = {s.var};")
+        self.w("  vf_tbl& r = vf_tc;")
+        self.entries()
+        self.w("}")
+        self.w("const vf_tbl& vf_tb = vf_tc;")
+
+    def entries(self) -> None:
+        """`r.t_v[b]` for every byte value b, by the kernel's own statements."""
         self.w("  for (int b = 0; b < 256; ++b) {")
         with self.indent(2):
             # The fill runs in a lambda without captures: no fault record, and no divisor can be
@@ -215,8 +253,6 @@ class TableWriter(KernelWriter):
                         f"for (int k = 0; k < 4; ++k) std::memcpy(&r.pl_{v}[k * 256 + b], (const char*)&{v} + k, 1);"
                     )
         self.w("  }")
-        self.w("  return r;")
-        self.w("}();")
 
     def planes(self, dt: DType) -> bool:
         """Whether a table is also kept as byte planes (4-byte entries, byte-shuffle loop)."""
@@ -224,7 +260,7 @@ class TableWriter(KernelWriter):
 
     def bytes_loop(self) -> None:
         (p,) = self.k.passes
-        (load,) = [s for s in self.stmts if isinstance(s, Load)]
+        (load,) = [s for s in self.stmts if isinstance(s, Load) and s.var == self.k.table]
         n = self.k.inner[0].size
         nt = "true" if self.k.stream else "false"
         if self.k.threaded:
