@@ -40,18 +40,18 @@ def _executor(cache: Path, timer: Any) -> tuple[Any, Any]:
 def test_first_call_on_a_tuned_device_times_candidates_and_caches(tmp_path: Path) -> None:
     timed: list[Any] = []
 
-    def fake(kc: Any, program: Any) -> float:  # fastest: 64-deep K steps over 2 stages
+    def fake(kc: Any, program: Any) -> float:  # fastest: 64-deep K steps over 3 stages
         timed.append(kc.gpu)
-        return 1.0 - 0.5 * (kc.gpu.block_k == 64) - 0.25 * (kc.gpu.stages == 2)
+        return 1.0 - 0.5 * (kc.gpu.block_k == 64) - 0.25 * (kc.gpu.stages == 3)
 
     compiled, e = _executor(tmp_path, fake)
     (k,) = e.program.kernels
     cands = candidates(k, get_target("h100"))
-    assert k.gpu.block_k != 64 or k.gpu.stages != 2  # the table's tiles are not the fake's pick
+    assert k.gpu.block_k != 64 or k.gpu.stages != 3  # the table's tiles are not the fake's pick
     torch.testing.assert_close(compiled(*INPUTS), _fn(*INPUTS), rtol=2e-5, atol=2e-5)
     assert timed == cands and e.autotuner.timed == len(cands)
     (ln,) = e.kernels
-    assert ln.stages == 2 and "x64 fp32" in e.source  # what runs (and `source` shows) is the choice
+    assert ln.stages == 3 and "x64 fp32" in e.source  # what runs (and `source` shows) is the choice
     compiled(*INPUTS)
     assert len(timed) == len(cands)  # once per device, not per call
     assert len(json.loads((tmp_path / "triton" / "autotune.json").read_text())) == 1

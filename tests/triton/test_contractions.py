@@ -252,13 +252,13 @@ def test_autotuner_times_each_candidate_once_and_caches_its_choice(tmp_path: Pat
     cands = candidates(k, h100)
     assert cands[0] == k.gpu and len(cands) > 3 and len(set(cands)) == len(cands)
 
-    def fake(kc: Any, program: Any) -> float:  # fastest: 64-deep K steps over 2 stages
-        return 1.0 - 0.5 * (kc.gpu.block_k == 64) - 0.25 * (kc.gpu.stages == 2)
+    def fake(kc: Any, program: Any) -> float:  # fastest: 64-deep K steps over 3 stages
+        return 1.0 - 0.5 * (kc.gpu.block_k == 64) - 0.25 * (kc.gpu.stages == 3)
 
     tuner = Autotuner(tmp_path, fake)
     tuned = tuner.tune(executor.program, "h100", lambda kc: candidates(kc, h100))
     (best,) = tuned.kernels
-    assert best.gpu.block_k == 64 and best.gpu.stages == 2 and tuner.timed == len(cands)
+    assert best.gpu.block_k == 64 and best.gpu.stages == 3 and tuner.timed == len(cands)
     # the chosen tiles render and run: the same numbers as eager
     out = TritonExecutor(executor.plan, tuned, render(tuned), tmp_path)(list(inputs))
     torch.testing.assert_close(out[0], fn(*inputs), rtol=2e-5, atol=2e-5)
@@ -347,7 +347,7 @@ def test_every_autotuning_candidate_renders_and_matches_eager(case: str, tmp_pat
     executor = compile_triton(fn, inputs).compiled.executor
     (k,) = executor.program.kernels
     cands = candidates(k, get_target("h100"))
-    assert len(cands) >= 8
+    assert len(cands) > 2  # distinct after fitting to the sizes
     want = fn(*(x.float() for x in inputs))
     for c in cands:
         tuned = Autotuner(None).tune(executor.program, "h100", lambda kc, c=c: [c])

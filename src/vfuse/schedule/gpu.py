@@ -339,6 +339,17 @@ def decide_contraction(k: ContractionKernel, target: object, graph: Graph, retil
     return dataclasses.replace(k, gpu=contraction_tiles(k, retiled_row(_row_for(k, table, dot), retile), dot))
 
 
+_CANDIDATE_ROWS = (
+    (64, 64, 32, 4, 3),
+    (128, 64, 32, 4, 3),
+    (64, 128, 32, 4, 3),
+    (128, 128, 32, 8, 3),
+    (128, 128, 64, 8, 3),
+    (128, 256, 64, 8, 3),
+    (128, 256, 64, 8, 4),
+)
+
+
 def candidates(k: ContractionKernel, target: object) -> list[GpuTiles]:
     """Tilings the on-device autotuner times for `k` (its table row first), each within the
     preset's shared memory; duplicates after fitting to the sizes removed."""
@@ -346,9 +357,11 @@ def candidates(k: ContractionKernel, target: object) -> list[GpuTiles]:
     table = contraction_table(str(getattr(target, "name", "")))
     base = _row_for(k, table, k.gpu.dot)
     rows = [base]
-    for m, n, kk, w in ((64, 64, 32, 4), (128, 64, 32, 4), (64, 128, 32, 4), (128, 128, 32, 8), (128, 256, 64, 8)):
-        for stages in (2, 3, 4):
-            rows.append(TileRow(m, n, kk if k.op is not Op.SDPA else 0, base.group_m, w, stages))
+    # Each candidate is a JIT compile (~1 s on the H200's host) before it is timed: the GPT-2 block's
+    # three templates took 108-179 s over 16 candidates each. Eight: the usual Hopper tiles, pipeline
+    # depth varied only where the tile is large enough for it to matter.
+    for m, n, kk, w, stages in _CANDIDATE_ROWS:
+        rows.append(TileRow(m, n, kk if k.op is not Op.SDPA else 0, base.group_m, w, stages))
     out: list[GpuTiles] = []
     for r in rows:
         if _smem(r, k.gpu.dot, k) > table.smem:
