@@ -155,6 +155,20 @@ def test_attention_dropout_takes_the_math_path() -> None:
     assert set(backend.stats["fallbacks"]) <= {"aten.randint.low"}, backend.stats  # the seed's draw
 
 
+def test_bf16_training_attention_runs_visibly_in_torch() -> None:
+    """The templates are fp32: bf16 attention and its backward are counted torch fallbacks, eager's numbers."""
+    torch._dynamo.reset()
+    backend = vfuse.backend()
+    q, k, v = (t.detach().bfloat16().requires_grad_() for t in _inputs((1, 2, 2, 9, 9, 8)))
+    fn = _attention(True, None)
+    out = torch.compile(fn, backend=backend)(q, k, v)
+    got = torch.autograd.grad(out, (q, k, v), torch.ones_like(out))
+    want = torch.autograd.grad(fn(q, k, v), (q, k, v), torch.ones_like(out))
+    assert all(torch.equal(g, w) for g, w in zip(got, want, strict=True))
+    flash = "aten._scaled_dot_product_flash_attention_for_cpu"
+    assert backend.stats["fallbacks"] == {f"{flash}.default": 1, f"{flash}_backward.default": 1}, backend.stats
+
+
 def _backward_program(n: int):
     """The scheduled program of the attention backward graph at sequence length n (B1 H2 D64)."""
     captured: list = []
