@@ -49,12 +49,18 @@ class LnGeluMLP(nn.Module):
         return self.fc2(F.gelu(self.fc1(self.ln(x))))
 
 
-class SelfAttention(nn.Module):
-    """qkv projection, attention written out (softmax(q k^T s) v), output projection."""
+class CausalSdpa(nn.Module):
+    def forward(self, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True)
 
-    def __init__(self, gen: torch.Generator, d: int, heads: int) -> None:
+
+class SelfAttention(nn.Module):
+    """qkv projection, attention written out (softmax(q k^T s) v) or `attn`, output projection."""
+
+    def __init__(self, gen: torch.Generator, d: int, heads: int, attn: nn.Module | None = None) -> None:
         super().__init__()
-        self.heads, self.qkv, self.out, self.attn = heads, _linear(gen, d, 3 * d), _linear(gen, d, d), Attention()
+        self.heads, self.qkv, self.out = heads, _linear(gen, d, 3 * d), _linear(gen, d, d)
+        self.attn = attn or Attention()
 
     def forward(self, x: Tensor) -> Tensor:
         b, t, d = x.shape
@@ -93,11 +99,18 @@ def _attention(quick: bool) -> tuple[nn.Module, tuple[Tensor, ...]]:
     return SelfAttention(gen, d, h), (_randn(gen, b, t, d),)
 
 
+def _sdpa_attention(quick: bool) -> tuple[nn.Module, tuple[Tensor, ...]]:
+    gen = _gen()
+    b, t, d, h = (1, 16, 32, 2) if quick else (4, 256, 256, 4)
+    return SelfAttention(gen, d, h, CausalSdpa()), (_randn(gen, b, t, d),)
+
+
 WORKLOADS: dict[str, tuple[str, Build]] = {
     "gpt2_block": ("pre-LN GPT-2 block, B=4 T=128 d=256 4 heads", _gpt2),
     "ln_gelu_mlp": ("LayerNorm -> Linear -> GELU -> Linear, 2048x256, hidden 1024", _mlp),
     "conv_bn_relu": ("relu(bn(conv3x3(x))), train-mode BN, 8x32x28x28", _conv),
     "attention": ("qkv proj, softmax(q@k^T*s)@v written out, out proj; B=4 T=256 d=256", _attention),
+    "sdpa_attention": ("qkv proj, causal F.scaled_dot_product_attention, out proj; B=4 T=256 d=256", _sdpa_attention),
 }
 
 
