@@ -126,17 +126,13 @@ def lower_gather(em: Emitter, node: torch.fx.Node) -> str:
     return reshape(em, rows, ishape)
 
 
-EMBEDDING_BACKWARD_CPU_TERMS = 1 << 17
-"""The most one-hot terms (rows x indices x width) for which the masked sum beat eager's
-embedding backward on CPU (2 threads, docs/perf-log.md 2026-11-30); beyond, torch's scatter."""
-
-
 @lowers(aten.embedding_dense_backward.default)
 def lower_embedding_dense_backward(em: Emitter, node: torch.fx.Node) -> str:
     """grad_weight[r] = sum of grad_output[i] over the indices i equal to r (none for padding_idx),
-    as a masked sum over a (rows, indices) one-hot instead of a scatter: deterministic, no sort.
-    The indices pass through a checked gather of a zero table first, so one out of range raises
-    VfuseIndexError (eager's embedding backward skips it silently)."""
+    added in ascending i, as eager's CPU kernel. CPU: a SCATTER_ADD of the gradient rows (eager's
+    walk, checking each index). GPU targets: a masked sum over a (rows, indices) one-hot,
+    deterministic without atomics, its indices through a checked gather of a zero table. Either
+    way an index out of range raises VfuseIndexError (eager's backward skips it silently)."""
     a = bind(node)
     g, idx = em.value(a["grad_output"]), em.value(a["indices"])
     rows, gt = int(a["num_weights"]), em.ttype(em.value(a["grad_output"]))
@@ -147,17 +143,20 @@ def lower_embedding_dense_backward(em: Emitter, node: torch.fx.Node) -> str:
     ):
         raise Fallback("embedding backward with scale_grad_by_freq, non-integer indices or other than fp32/fp64")
     n, width = em.ttype(idx).numel, gt.shape[-1] if gt.rank else 1
-    if em.ctx.options.target == "cpu" and rows * n * width > EMBEDDING_BACKWARD_CPU_TERMS:
-        raise Fallback(f"embedding backward of {rows} x {n} x {width} one-hot terms: eager's CPU scatter is faster")
     if n == 0 or rows == 0 or width == 0:
         return em.emit(Op.FULL, value=0.0, shape=(rows, width), dtype=gt.dtype)
+    pad = a["padding_idx"] if 0 <= a["padding_idx"] < rows else None
+    if em.ctx.options.target == "cpu":
+        values, index = reshape(em, g, (1, n, width)), reshape(em, idx, (1, n))
+        out = em.emit(Op.SCATTER_ADD, (values, index), rows=rows, skip=pad, dim=0)
+        return reshape(em, out, (rows, width))
     flat = reshape(em, idx, (n,))
     zeros = em.emit(Op.FULL, value=0, shape=(rows, 1), dtype=em.ttype(idx).dtype)
     hit = em.emit(Op.EMBEDDING, (zeros, flat), bounds=IndexBounds.CHECK, dim=0)
     checked = em.emit(Op.ADD, (reshape(em, flat, (1, n, 1)), reshape(em, hit, (1, n, 1))))
     row = reshape(em, em.emit(Op.IOTA, length=rows, start=0, step=1, dtype=em.ttype(idx).dtype), (rows, 1, 1))
     mask = em.emit(Op.EQ, (row, checked))
-    if 0 <= a["padding_idx"] < rows:
-        mask = em.emit(Op.LOGICAL_AND, (mask, em.emit(Op.NE, (row, em.scalar(a["padding_idx"], em.ttype(row).dtype)))))
+    if pad is not None:
+        mask = em.emit(Op.LOGICAL_AND, (mask, em.emit(Op.NE, (row, em.scalar(pad, em.ttype(row).dtype)))))
     terms = em.emit(Op.WHERE, (mask, reshape(em, g, (1, n, width)), em.scalar(0, gt.dtype)))
     return em.emit(Op.SUM, (terms,), axes=(1,), keepdim=False)

@@ -7,7 +7,9 @@ the sum over the taps (ti, tj) of the output gradient *spread* to the positions 
 bounded loop of layout ops instead of a scatter. Taps are added in reverse order, so every input
 element adds its windows' terms in (oh, ow) row-major order, as eager's CPU kernels do; a term
 that does not reach an element adds an exact 0. Max pooling's backward routes each gradient
-through the saved indices (so ties go where eager's forward put them).
+through the saved indices (so ties go where eager's forward put them). On CPU, max pooling's
+backward is instead a SCATTER_ADD through the saved indices (eager's walk; the gather form did
+~16x its work).
 
 Windows that tile the input (kernel == stride, no padding) keep their cheaper forms: a two-axis
 row sum forward, a broadcast of grad / (k*k) backward.
@@ -16,6 +18,7 @@ row sum forward, a broadcast of grad / (k*k) backward.
 from __future__ import annotations
 
 import enum
+import math
 import operator
 from dataclasses import dataclass
 from typing import Any
@@ -37,16 +40,16 @@ class Form(enum.Enum):
     """The pooling lowerings whose cost on CPU is gated against eager's kernel."""
 
     MAX_INDICES = "max_pool2d_with_indices"
-    MAX_BACKWARD = "max_pool2d_with_indices_backward"
     AVG_BACKWARD = "avg_pool2d_backward"
 
 
-CPU_TERMS: dict[Form, int | None] = {Form.MAX_INDICES: 65536, Form.MAX_BACKWARD: 0, Form.AVG_BACKWARD: 16384}
+CPU_TERMS: dict[Form, int | None] = {Form.MAX_INDICES: 65536, Form.AVG_BACKWARD: 16384}
 """The most window terms (output elements x taps forward, input elements x covering windows
 backward) for which the generated kernel beat eager's on CPU (2 threads, docs/perf-log.md
-2026-11-30): eager's max_pool2d backward scatters each gradient once through the saved index,
-which the gather form (every input element checks each window that may cover it) never beats.
-None: no limit. GPU targets have none (the gather form is how GPU compilers write these)."""
+2026-11-30). None: no limit. GPU targets have none (the gather form is how GPU compilers write
+these). max_pool2d's backward on CPU is a SCATTER_ADD through the saved indices (eager's own
+walk), so it has no gate: the gather form, every input element checking each window that may
+cover it, never beat eager there."""
 
 
 _SUMMED = (DType.F32, DType.F64)
@@ -259,7 +262,8 @@ def lower_max_pool2d_backward(em: Emitter, node: torch.fx.Node) -> str:
     ):
         raise Fallback("max_pool2d backward of other than fp32/fp64 or with non-int64 indices")
     h, w = _axes(em, a, x, em.ttype(g).shape[-2:])
-    _cheap_enough(em, Form.MAX_BACKWARD, em.ttype(x).numel * _windows(h) * _windows(w))
+    if em.ctx.options.target == "cpu":
+        return _scatter_back(em, g, x, saved, (h, w))
     # Checked against a table of zeros: the kernel checks every index before its loops and
     # reads a constant 0 (a table of positions would cost an i64 modulo per read).
     zeros = em.emit(Op.FULL, value=0, shape=(h.size * w.size, 1), dtype=DType.I64)
@@ -275,6 +279,18 @@ def lower_max_pool2d_backward(em: Emitter, node: torch.fx.Node) -> str:
         return em.emit(Op.WHERE, (take, grad, zero))
 
     return _gather_back(em, [g, checked], (h, w), term) or _zeros_like(em, x)
+
+
+def _scatter_back(em: Emitter, g: str, x: str, saved: str, axes: tuple[Axis, Axis]) -> str:
+    """Eager's CPU walk: per plane, each output's gradient added at its saved index (h * W + w),
+    outputs in row-major order (SCATTER_ADD checks every index against the plane)."""
+    h, w = axes
+    shape = em.ttype(x).shape
+    planes, outs = math.prod(shape[:-2]), h.out * w.out
+    values = reshape(em, g, (planes, outs, 1))
+    index = reshape(em, saved, (planes, outs))
+    out = em.emit(Op.SCATTER_ADD, (values, index), rows=h.size * w.size, skip=None, dim=h.dim)
+    return reshape(em, out, shape)
 
 
 def _identity(ax: Axis) -> Axis:

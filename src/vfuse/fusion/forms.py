@@ -27,6 +27,7 @@ CONTRACTION_LABELS = {
     Op.SDPA: "attention",
     Op.SDPA_LSE: "attention",
     Op.SDPA_BACKWARD: "attention-backward",
+    Op.SCATTER_ADD: "scatter-add",
 }
 # A contraction re-reads operand tiles many times, so a prologue is only worth it when it is a
 # few instructions per element (cast, zero-point subtract, scale multiply).

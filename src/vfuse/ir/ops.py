@@ -133,6 +133,7 @@ class Op(enum.Enum):
     SDPA = "sdpa"
     SDPA_LSE = "sdpa_lse"  # training forward: output and logsumexp, one flat tensor
     SDPA_BACKWARD = "sdpa_backward"  # dq, dk, dv as one flat tensor
+    SCATTER_ADD = "scatter_add"  # out[b, index[b, n]] += values[b, n], n in order (ir/defs/scatter.py)
     # torch fallback
     OPAQUE = "opaque"
     GET_ITEM = "get_item"

@@ -27,6 +27,7 @@ CONTRACTIONS = {
     Op.SDPA: "attention",
     Op.SDPA_LSE: "attention (with logsumexp)",
     Op.SDPA_BACKWARD: "attention backward",
+    Op.SCATTER_ADD: "scatter-add",
 }
 CHAIN_LIMIT = 4  # ops named in a pointwise chain before "…"
 
@@ -51,7 +52,7 @@ def pattern_of(graph: Graph, nodes: Sequence[str], sources: Mapping[str, Source]
 
 def _contraction(graph: Graph, node: Node, ns: list[Node], sources: Mapping[str, Source]) -> str:
     word = CONTRACTIONS[node.op]
-    if node.op in (Op.SDPA, Op.SDPA_LSE, Op.SDPA_BACKWARD):
+    if node.op in (Op.SDPA, Op.SDPA_LSE, Op.SDPA_BACKWARD, Op.SCATTER_ADD):
         return word
     owner = sources.get(node.name)
     head = owner.cls if owner is not None and owner.cls in ("Linear", "Conv1d", "Conv2d") else node.op.value

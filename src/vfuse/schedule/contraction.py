@@ -37,7 +37,7 @@ from vfuse.ir.shapes import numel
 from vfuse.ir.sym import hint, is_sym, same
 from vfuse.schedule import expr
 from vfuse.schedule.expr import Lin, Var
-from vfuse.schedule.kernel import ContractionKernel, Load, OperandPrologue, Rand, RandKey, Stmt
+from vfuse.schedule.kernel import ContractionKernel, Load, OperandPrologue, Rand, RandKey, ScatterWalk, Stmt
 from vfuse.schedule.lower import Lowerer, Unsupported
 from vfuse.schedule.microtile import AVX512, Tile, VectorUnit, attention_blocks, attention_tile, pick_micro_tile
 
@@ -46,7 +46,14 @@ ATTENTION = frozenset({Op.SDPA, Op.SDPA_LSE, Op.SDPA_BACKWARD})
 # Training attention returns one flat tensor of several values: the template stores it, no epilogue.
 FLAT_OUTPUT = frozenset({Op.SDPA_LSE, Op.SDPA_BACKWARD})
 # Contractions without a Triton template: on backend="triton" they run in torch (a TorchStep).
-TRITON_IN_TORCH = frozenset({Op.SDPA_LSE, Op.SDPA_BACKWARD})
+# SCATTER_ADD: Triton's atomic adds would sum in no fixed order; torch's kernel is deterministic.
+TRITON_IN_TORCH = frozenset({Op.SDPA_LSE, Op.SDPA_BACKWARD, Op.SCATTER_ADD})
+# Templates that store their own value only: the rest of the group runs as ordinary kernels after.
+NO_EPILOGUE = FLAT_OUTPUT | {Op.SCATTER_ADD}
+# A scatter this small (output plus terms, in elements) runs on one thread.
+SCATTER_THREADED = 32768
+# Planes split between threads from this many on (enough for 16 threads); fewer, output row ranges.
+SCATTER_PLANES = 16
 
 
 @dataclass(frozen=True)
@@ -183,6 +190,9 @@ GPU_DTYPES = frozenset({DType.F32, DType.F16, DType.BF16})  # the Triton templat
 
 def _check_types(graph: Graph, node: str, dtypes: frozenset[DType] = FP32_ONLY) -> None:
     n = graph[node]
+    if n.op is Op.SCATTER_ADD:
+        _check_scatter(graph, node, dtypes)
+        return
     types = [graph[i].tensor_type for i in n.inputs]
     dtype = n.tensor_type.dtype
     if any(t.dtype is not dtype for t in types[:3]) or dtype not in dtypes:
@@ -235,6 +245,25 @@ def _sdpa_operands(graph: Graph, node: str, ops: _Operands, dtypes: frozenset[DT
     int(q[-1]), int(v[-1])
     for i in n.inputs:
         ops.add(i)
+
+
+def _check_scatter(graph: Graph, node: str, dtypes: frozenset[DType]) -> None:
+    """The C++ template takes what the op's type rule admits (fp32 / fp64 values, int32 / int64
+    indices), not empty; Triton has no deterministic one (TRITON_IN_TORCH)."""
+    if dtypes is GPU_DTYPES:
+        raise Unsupported(f"%{node}: no Triton template for {Op.SCATTER_ADD.value}")
+    n = graph[node]
+    if any(numel(graph[i].tensor_type.shape) == 0 for i in n.inputs) or numel(n.tensor_type.shape) == 0:
+        raise Unsupported(f"%{node} is empty")
+
+
+def scatter_walk(values: tuple[int, ...], out: tuple[int, ...]) -> ScatterWalk:
+    """Who adds which terms (`ScatterWalk`): one thread for small scatters, planes between threads
+    where there are enough, else ranges of output rows (each thread reads every index)."""
+    b, n, w = (hint(d) for d in values)
+    if b * (n + hint(out[1])) * w < SCATTER_THREADED:
+        return ScatterWalk.SERIAL
+    return ScatterWalk.PLANES if b >= SCATTER_PLANES else ScatterWalk.ROW_RANGES
 
 
 def _lower_epilogue(graph: Graph, node: str, rest: frozenset[str], out: str) -> tuple[list[Stmt], str, set[str]] | None:
@@ -292,9 +321,15 @@ def plan_contraction(graph: Graph, nodes: tuple[str, ...], outputs: tuple[str, .
         _conv_operands(graph, node, ops)
     elif op in ATTENTION:
         _sdpa_operands(graph, node, ops, dtypes)
+    elif op is Op.SCATTER_ADD:
+        for i in graph[node].inputs:
+            ops.add(i)
     else:
         raise Unsupported(f"no template for {op.value}")
-    fused = None if op in FLAT_OUTPUT else _fuse(graph, node, rest, outputs, prologue, dtypes is GPU_DTYPES)
+    if op is Op.SCATTER_ADD:
+        fused = _reshaped(graph, node, rest, outputs)
+    else:
+        fused = None if op in NO_EPILOGUE else _fuse(graph, node, rest, outputs, prologue, dtypes is GPU_DTYPES)
     out, stmts, result, extras = fused if fused else (node, [], "v", set())
     kernel = ContractionKernel(
         f"k{gid}_c", gid, label, op, node, tuple(ops.names), tuple(ops.shapes), graph[node].tensor_type.shape,
@@ -305,11 +340,26 @@ def plan_contraction(graph: Graph, nodes: tuple[str, ...], outputs: tuple[str, .
         prepacked_b=op is Op.MATMUL and dtypes is not GPU_DTYPES and _constant_b(graph, ops)
         and not any(is_sym(d) for s in ops.shapes for d in s),
         blocks=_attention_blocks(graph, node, unit, caches) if op in ATTENTION else (64, 64),
+        scatter=scatter_walk(ops.shapes[0], graph[node].tensor_type.shape) if op is Op.SCATTER_ADD else None,
     )  # fmt: skip
     # Split: the leftover kernels recompute the (cheap) prologue values they read, and store
     # those other groups read, as torch used to leave them in its env.
     rest_nodes = frozenset() if fused else rest | prologue
     return ContractionPlan(tuple(dict.fromkeys(ops.copies)), prologue, kernel, rest_nodes)
+
+
+def _reshaped(
+    graph: Graph, node: str, rest: frozenset[str], outputs: tuple[str, ...]
+) -> tuple[str, list[Stmt], str, set[str]] | None:
+    """A template without an epilogue whose group only reshapes its value into the one output
+    stores there directly (the same bytes), saving a copy of the whole output."""
+    if len(outputs) != 1:
+        return None
+    v, chain = outputs[0], set()
+    while v in rest and graph[v].op is Op.RESHAPE:
+        chain.add(v)
+        v = graph[v].inputs[0]
+    return (outputs[0], [], "v", set()) if v == node and chain == set(rest) else None
 
 
 def _attention_blocks(graph: Graph, node: str, unit: VectorUnit, caches: Caches) -> tuple[int, int]:
@@ -348,6 +398,8 @@ def library_choice(graph: Graph, cost: Cost, cp: ContractionPlan) -> Contraction
     k = cp.kernel
     if k.op in ATTENTION:
         return ContractionChoice(0.0, math.inf)
+    if k.op is Op.SCATTER_ADD:  # eager's walk (no tile to pad): the call and the lost fusion decide
+        return choose(cost, 1.0, hint(graph[k.node].type.nbytes), bool(cp.rest))
     shape = k.out_shape
     if k.op is Op.CONV2D:
         m, n = shape[1] // k.attrs["groups"], _conv_columns(k)

@@ -389,6 +389,15 @@ class Int8Dot:
     nr: int
 
 
+class ScatterWalk(enum.Enum):
+    """How a SCATTER_ADD template walks (`schedule/contraction.scatter_walk`). Every output
+    element adds its terms in the source's order in each walk; only who adds them differs."""
+
+    SERIAL = "serial"  # one thread (too small to fork)
+    PLANES = "planes"  # planes b split between threads, each plane's terms in order
+    ROW_RANGES = "row ranges"  # each thread owns a range of output rows and reads every index
+
+
 @dataclass(frozen=True)
 class ContractionKernel:
     """One contraction (MATMUL / CONV2D / SDPA) rendered from a template, its pointwise epilogue
@@ -428,6 +437,7 @@ class ContractionKernel:
     # persistent region (codegen/cpp/gemm/prepack.py) instead of on every call.
     prepacked_b: bool = False
     blocks: tuple[int, int] = (64, 64)  # attention: query rows x keys per tile (`microtile.attention_blocks`)
+    scatter: ScatterWalk | None = None  # SCATTER_ADD: how its threads share the output
 
     def prologue(self, i: int) -> OperandPrologue | None:
         return self.prologues[i] if i < len(self.prologues) else None

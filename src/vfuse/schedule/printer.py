@@ -121,6 +121,8 @@ def format_kernel(k: AnyKernel) -> str:
         tile = f"register tile {k.mr}x{k.nr} of {k.vector}-lane vectors"
         if k.op in (Op.SDPA, Op.SDPA_LSE, Op.SDPA_BACKWARD):
             tile += f", tiles of {k.blocks[0]} query rows x {k.blocks[1]} keys"
+        if k.scatter is not None:
+            tile = f"walk {k.scatter.value}, each element's terms in source order"
         if (q := k.int8) is not None:
             scale = f"%{q.w_scales} per channel" if q.w_scales else f"{q.w_scale!r}"
             tile = (

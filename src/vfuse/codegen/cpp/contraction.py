@@ -34,6 +34,7 @@ from vfuse.codegen.cpp.gemm.int8 import Int8Spec, render_int8_gemm
 from vfuse.codegen.cpp.gemm.prepack import prepack_layout
 from vfuse.codegen.cpp.gemm.prologue import Prologue
 from vfuse.codegen.cpp.rules import STORAGE_TYPE, STORE_CONVERT
+from vfuse.codegen.cpp.scatter import render_scatter
 from vfuse.codegen.cpp.writer import StatementWriter, pointer, pointer_line
 from vfuse.ir import DType, Op
 from vfuse.ir.sym import hint, same
@@ -249,6 +250,7 @@ _TEMPLATES = {
     Op.SDPA: _attention,
     Op.SDPA_LSE: _attention,
     Op.SDPA_BACKWARD: _attention_backward,
+    Op.SCATTER_ADD: render_scatter,
 }
 
 

@@ -16,7 +16,8 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from vfuse.codegen.cpp.rules import FAULT_RULES
-from vfuse.schedule.kernel import AnyKernel, Compute, Kernel, Program
+from vfuse.ir import Op
+from vfuse.schedule.kernel import AnyKernel, Compute, ContractionKernel, Kernel, Program
 
 FAULT_BYTES = 32  # struct vf_fault
 FAULT_VAR = "vf_f"
@@ -51,8 +52,11 @@ def _computes(k: Kernel) -> Iterator[Compute]:
 
 
 def can_fault(k: AnyKernel) -> bool:
-    # Contraction templates have no fault record: the schedule keeps fault sites out of them.
-    return isinstance(k, Kernel) and (bool(k.checks) or any(is_fault_site(s) for s in _computes(k)))
+    # Contraction templates have no fault record (the schedule keeps fault sites out of them),
+    # except SCATTER_ADD, which checks its indices as it reads them (codegen/cpp/scatter.py).
+    if isinstance(k, ContractionKernel):
+        return k.op is Op.SCATTER_ADD
+    return bool(k.checks) or any(is_fault_site(s) for s in _computes(k))
 
 
 def fault_compute(s: Compute, fault: str) -> str:
