@@ -124,7 +124,7 @@ def conv(g: Gen, x: int | None = None) -> int | None:
 def pool(g: Gen) -> int | None:
     """max_pool2d (any window, stride, padding, dilation, ceil_mode) or avg_pool2d (windows that tile
     the input, or any window, stride, padding, ceil_mode) of a 4-D fp32/fp64 value, forward and
-    backward (max_pool2d's backward runs through torch on CPU: the cost gate in lower_pool.py)."""
+    backward (max_pool2d's backward is a SCATTER_ADD on CPU: ir/defs/scatter.py)."""
     x = g.pick(lambda v: v.dtype in (torch.float32, torch.float64) and len(v.shape) == 4 and v.numel > 0)
     if x is None:
         shape = (g.choice((1, 2)), g.choice((1, 3)), g.choice((5, 8, 7, 12)), g.choice((6, 9, 4, 11)))
