@@ -73,9 +73,9 @@ def test_aot_inference_graph_lowers_completely() -> None:
     assert_matches(run(graph, args), gm(*args), rtol=1e-4, atol=1e-5)
 
 
-# In training the convolution backward runs through torch (attention's forward with its
-# logsumexp and its backward are lowered: SDPA_LSE, SDPA_BACKWARD).
-TRAINING_FALLBACKS = {"aten.convolution_backward.default"}
+# In training nothing runs through torch: attention's forward with its logsumexp and its backward
+# are SDPA_LSE, SDPA_BACKWARD; convolution_backward is forward CONV2Ds (lower_conv_backward.py).
+TRAINING_FALLBACKS: set[str] = set()
 
 
 def test_aot_training_forward_and_backward_graphs_match_torch() -> None:

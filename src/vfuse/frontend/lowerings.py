@@ -11,6 +11,7 @@ import torch
 from vfuse.frontend import (  # noqa: F401  (imported for their table entries)
     lower_attention,
     lower_backward,
+    lower_conv_backward,
     lower_foreach,
     lower_gather,
     lower_layout,

@@ -1,0 +1,102 @@
+"""convolution_backward lowered to forward CONV2Ds and layout ops (frontend/lower_conv_backward.py):
+gradients of input, weight and bias against eager over strides, paddings, dilations, groups,
+kernel shapes and sizes the stride does not divide; only the masked gradients; no torch
+convolution_backward left in the compiled backward."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+import vfuse
+
+aten = torch.ops.aten
+
+# (N, C, H, W, Cout, kernel, stride, padding, dilation, groups)
+CASES = [
+    (1, 3, 7, 9, 5, 3, 1, 1, 1, 1),
+    (2, 4, 8, 9, 6, 3, 2, 1, 1, 2),  # (8 + 2 - 3) % 2 = 1: a row the forward drops
+    (1, 5, 9, 7, 5, 5, 3, 2, 1, 5),  # depthwise, stride 3: (9 + 4 - 5) % 3 = 2
+    (2, 3, 8, 7, 4, 1, 2, 0, 1, 1),  # 1x1 stride 2
+    (1, 4, 9, 8, 4, 3, 1, 2, 2, 2),  # dilated, grouped
+    (1, 3, 7, 9, 5, (2, 3), (2, 1), (1, 0), 1, 1),  # non-square everything
+    (2, 3, 6, 7, 2, 3, 3, 0, 2, 1),  # stride 3, dilation 2: (6 - 5) % 3 = 1, (7 - 5) % 3 = 2
+    (1, 3, 5, 6, 4, 1, 1, 1, 1, 1),  # padding past a 1x1 kernel's reach
+    (1, 3, 7, 9, 4, 5, 1, 2, 1, 1),  # 5x5
+    (1, 2, 7, 9, 3, 3, 2, 2, (2, 1), 1),  # stride 2, padding 2, dilation (2, 1)
+]
+
+
+def _close(got: torch.Tensor, want: torch.Tensor) -> None:
+    # 1e-4 relative to the gradient's scale: elements near 0 are sums that cancel
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4 * want.abs().max().item())
+
+
+def test_conv_gradients_match_eager_without_fallback() -> None:
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    params = []
+    for n, c, h, w, co, k, s, p, d, g in CASES:
+        kh, kw = (k, k) if isinstance(k, int) else k
+        x = torch.randn(n, c, h, w, requires_grad=True)
+        wt = torch.randn(co, c // g, kh, kw, requires_grad=True)
+        b = torch.randn(co, requires_grad=True)
+        params.append((x, wt, b, dict(stride=s, padding=p, dilation=d, groups=g)))
+
+    def convs(*flat: torch.Tensor) -> list[torch.Tensor]:
+        return [F.conv2d(flat[3 * i], flat[3 * i + 1], flat[3 * i + 2], **kw) for i, (*_, kw) in enumerate(params)]
+
+    flat = [t for x, wt, b, _ in params for t in (x, wt, b)]
+    backend = vfuse.backend(strict=True)
+    got = torch.compile(convs, backend=backend)(*flat)
+    want = convs(*flat)
+    grads = [torch.randn_like(y) for y in want]
+    got_grads = torch.autograd.grad(got, flat, grads)
+    want_grads = torch.autograd.grad(want, flat, grads)
+    for i, (a, b) in enumerate(zip(got_grads, want_grads, strict=True)):
+        assert a.shape == b.shape, (CASES[i // 3], i % 3)
+        _close(a, b)
+    assert backend.stats["graphs"] == 2 and not backend.stats["fallbacks"], backend.stats
+
+
+MASKS = [(True, False, False), (False, True, False), (False, False, True), (True, True, False), (False, True, True)]
+
+
+def test_output_mask_computes_only_the_asked_gradients() -> None:
+    """Direct calls (one graph): Nones where the mask says so, eager's values elsewhere."""
+    torch._dynamo.reset()
+    torch.manual_seed(1)
+    x, w = torch.randn(2, 4, 9, 7), torch.randn(6, 2, 3, 3)
+    go = torch.randn(2, 6, 4, 3)  # stride 2, padding 0: (9 - 3) % 2 = 0, (7 - 3) % 2 = 0
+
+    def calls(go: torch.Tensor, x: torch.Tensor, w: torch.Tensor) -> list:
+        return [aten.convolution_backward(go, x, w, [6], [2, 2], [0, 0], [1, 1], False, [0, 0], 2, m) for m in MASKS]
+
+    backend = vfuse.backend(strict=True)
+    got = torch.compile(calls, backend=backend)(go, x, w)
+    want = calls(go, x, w)
+    for m, gs, ws in zip(MASKS, got, want, strict=True):
+        for asked, a, b in zip(m, gs, ws, strict=True):
+            assert (a is None) == (not asked), m
+            if asked:
+                _close(a, b)
+    assert not backend.stats["fallbacks"], backend.stats
+
+
+def test_frozen_weight_and_no_bias_in_a_module() -> None:
+    """nn.Conv2d + BN + ReLU training step with the conv weight frozen: only grad_input (and the
+    BN parameters'), through the input that requires grad."""
+    torch._dynamo.reset()
+    torch.manual_seed(2)
+    conv = torch.nn.Conv2d(3, 5, 3, stride=2, padding=1, bias=False)
+    model = torch.nn.Sequential(conv, torch.nn.BatchNorm2d(5), torch.nn.ReLU())
+    model[0].weight.requires_grad_(False)
+    x = torch.randn(1, 3, 7, 9, requires_grad=True)
+    backend = vfuse.backend(strict=True)
+    compiled = torch.compile(model, backend=backend)
+    got = compiled(x)
+    g = torch.randn_like(got)
+    (gx,) = torch.autograd.grad(got, x, g)
+    (wx,) = torch.autograd.grad(model(x), x, g)
+    _close(gx, wx)
+    assert not backend.stats["fallbacks"], backend.stats
