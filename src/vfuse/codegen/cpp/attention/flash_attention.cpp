@@ -28,7 +28,6 @@ namespace VF_NS {
 
 typedef VF_VEC V;
 constexpr int64_t D = VF_D, DV = VF_DV, BQ = VF_BQ, BK = VF_BK, W = VF_LANES, TILE = VF_TILE;
-constexpr int NT = TILE / W;                    // vectors across the register tile
 constexpr int64_t DVP = (DV + W - 1) / W * W;  // accumulator rows padded to whole vectors
 constexpr float NEG_INF = -std::numeric_limits<float>::infinity();
 static_assert(sizeof(V) == 4 * W && TILE % W == 0 && BQ % TILE == 0 && BK % 4 == 0,
@@ -56,7 +55,7 @@ struct Task {  // one (batch, head, Q tile)
   float scale;
 };
 
-template <class T> static inline T& at(float* p) { return *reinterpret_cast<T*>(p); }
+using vf_attn::at;
 
 // Online softmax over one K tile, W rows per step: st -> probabilities, update m, l, alpha.
 // A row that has kept no key yet uses 0 as its max, so exp gives 0 instead of NaN.
@@ -80,44 +79,6 @@ void softmax_tile(Work& w, int64_t nk) {
   }
 }
 
-// acc[i][c0 : c0 + W NC] = alpha[i] acc[i][...] + sum_j p[j][i] v[j][...] for rows [0, nq)
-// in blocks of 4 (padded rows have p = 0).
-template <int NC>
-void pv_chunk(Work& w, const float* v, int64_t nq, int64_t nk, int64_t c0) {
-  for (int64_t i = 0; i < nq; i += 4) {
-    V acc[4][NC];
-#pragma GCC unroll 4
-    for (int r = 0; r < 4; ++r) {
-      const V a = vs_splat<V>(w.alpha[i + r]);
-#pragma GCC unroll 16
-      for (int c = 0; c < NC; ++c) acc[r][c] = a * at<V>(&w.acc[i + r][c0 + W * c]);
-    }
-    for (int64_t j = 0; j < nk; ++j) {
-      V vv[NC];
-#pragma GCC unroll 16
-      for (int c = 0; c < NC; ++c) {
-        const float* p = v + j * DV + c0 + W * c;
-        vv[c] = DV % W == 0 || c0 + W * (c + 1) <= DV ? vs_loadu<V>(p) : vf_attn::load_part<V>(p, DV - c0 - W * c);
-        vs_keep(vv[c]);
-      }
-#pragma GCC unroll 4
-      for (int r = 0; r < 4; ++r) {
-        const V p = vs_splat<V>(w.st[j][i + r]);
-#pragma GCC unroll 16
-        for (int c = 0; c < NC; ++c) acc[r][c] += p * vv[c];
-      }
-    }
-    for (int r = 0; r < 4; ++r)
-      for (int c = 0; c < NC; ++c) at<V>(&w.acc[i + r][c0 + W * c]) = acc[r][c];
-  }
-}
-
-void accumulate_pv(Work& w, const float* v, int64_t nq, int64_t nk) {
-  constexpr int64_t FULL = DVP / TILE, TAIL = (DVP % TILE) / W;
-  for (int64_t c = 0; c < FULL; ++c) pv_chunk<NT>(w, v, nq, nk, TILE * c);
-  if constexpr (TAIL > 0) pv_chunk<TAIL>(w, v, nq, nk, TILE * FULL);
-}
-
 void load_q(Work& w, const Task& t) {
   for (int64_t d = 0; d < D; ++d)
     for (int64_t i = 0; i < BQ; ++i) w.qt[d][i] = i < t.nq ? t.q[i * D + d] * t.scale : 0.0f;
@@ -134,7 +95,8 @@ void attend(Work& w, const Mask& mask, const Task& t) {
     vf_attn::scores<V, TILE, BQ, D>(w.st, w.qt, t.k + k0 * D, nk);
     vf_attn::apply_mask<VF_MASK, VF_CAUSAL, BQ>(w.st, mask, t.b, t.h, t.q0, t.nq, k0, nk);
     softmax_tile(w, nk);
-    accumulate_pv(w, t.v + k0 * DV, t.nq, nk);
+    // acc = alpha acc + P V for rows [0, nq) in blocks of 4 (a block's rows past nq are never stored)
+    vf_attn::rows_acc<V, TILE, BQ, DV, DVP, vf_attn::RESCALE>(&w.acc[0][0], w.st, t.v + k0 * DV, t.nq, nk, w.alpha);
   }
   if constexpr (VF_LSE)  // log of the softmax's denominator, for the backward: -inf where no key was kept
     for (int64_t i = 0; i < t.nq; ++i) t.lse[i] = w.l[i] > 0.0f ? w.m[i] + std::log(w.l[i]) : NEG_INF;

@@ -95,7 +95,7 @@ void pair(Work& w, const Args& a, const vf_attn::Mask& m, float* dq_out, int64_t
   vf_attn::keys_acc<V, TILE, BQ, DV, DVP>(&w.dv[0][0], w.st, dout, nk, nq);  // dV += P^T dO
   vf_attn::scores<V, TILE, BQ, DV>(w.dst, w.dot, v, nk);                    // dP = dO V^T
   score_grads(w, nk);
-  vf_attn::rows_acc<V, TILE, BQ, D, DP, true>(&w.dq[0][0], w.dst, k, nq, nk);  // dS K
+  vf_attn::rows_acc<V, TILE, BQ, D, DP, vf_attn::ZERO>(&w.dq[0][0], w.dst, k, nq, nk);  // dS K
   vf_attn::keys_acc<V, TILE, BQ, D, DP>(&w.dk[0][0], w.dst, q, nk, nq);       // dK += dS^T Q
   float* dq = dq_out + row * D;
   for (int64_t i = 0; i < nq; ++i)

@@ -3,7 +3,7 @@
 // Score-like tiles are kept transposed, t[key][row] (BQ query rows contiguous), so that softmax
 // statistics of W rows are one vector. Three products cover both passes:
 //   scores:   t[j][r]    = sum_d y[j][d] zt[d][r]   (S = Q K^T, dP = dO V^T; y read in place)
-//   rows_acc: acc[r][c] += sum_j t[j][r] x[j][c]   (dQ += dS K; the forward's P V adds a rescale)
+//   rows_acc: acc[r][c] += sum_j t[j][r] x[j][c]   (the forward's P V, after its rescale; dQ += dS K)
 //   keys_acc: acc[j][c] += sum_r t[j][r] x[r][c]   (dV += P^T dO, dK += dS^T Q)
 // Vectors are the simd prelude's (codegen/cpp/simd.py) at the schedule's width W; register tiles
 // are 4 rows x TILE columns. Everything is a template on the sizes: one text, any instance.
@@ -71,17 +71,32 @@ void scores(float (*t)[BQ], const float (*zt)[BQ], const float* y, int64_t nk) {
   }
 }
 
-// acc[r][c0 : c0 + W NC] (+)= sum_{j < nk} t[j][r] x[j][...] for rows [0, nr) in blocks of 4
-// (acc has whole blocks); ZERO: the accumulators start at 0 instead of acc's values.
-template <class V, int NC, int64_t BQ, int64_t DD, int64_t STRIDE, bool ZERO>
-void rows_chunk(float* acc, const float (*t)[BQ], const float* x, int64_t nr, int64_t nk, int64_t c0) {
+// How rows_acc starts a row: from acc, from 0, or from acc times the row's factor (the forward's
+// online-softmax rescale).
+enum Init { ADD = 0, ZERO = 1, RESCALE = 2 };
+
+// acc[r][c0 : c0 + W NC] = init + sum_{j < nk} t[j][r] x[j][...] for rows [0, nr) in blocks of 4
+// (acc and `scale` have whole blocks).
+template <class V, int NC, int64_t BQ, int64_t DD, int64_t STRIDE, Init INIT>
+void rows_chunk(float* acc, const float (*t)[BQ], const float* x, int64_t nr, int64_t nk, int64_t c0,
+                const float* scale) {
   constexpr int64_t W = sizeof(V) / sizeof(float);
   for (int64_t i = 0; i < nr; i += 4) {
     V a[4][NC];
 #pragma GCC unroll 4
-    for (int r = 0; r < 4; ++r)
+    for (int r = 0; r < 4; ++r) {
+      const V f = INIT == RESCALE ? vs_splat<V>(scale[i + r]) : V{};
 #pragma GCC unroll 16
-      for (int c = 0; c < NC; ++c) a[r][c] = ZERO ? V{} : at<V>(acc + (i + r) * STRIDE + c0 + W * c);
+      for (int c = 0; c < NC; ++c) {
+        if constexpr (INIT == ZERO) {
+          a[r][c] = V{};
+        } else if constexpr (INIT == RESCALE) {
+          a[r][c] = f * at<V>(acc + (i + r) * STRIDE + c0 + W * c);
+        } else {
+          a[r][c] = at<V>(acc + (i + r) * STRIDE + c0 + W * c);
+        }
+      }
+    }
     for (int64_t j = 0; j < nk; ++j) {
       V xv[NC];
 #pragma GCC unroll 16
@@ -131,12 +146,14 @@ void keys_chunk(float* acc, const float (*t)[BQ], const float* x, int64_t nk, in
 }
 
 // The column chunks of DD (padded to whole vectors) by TILE, then the remaining vectors.
-template <class V, int64_t TILE, int64_t BQ, int64_t DD, int64_t STRIDE, bool ZERO>
-void rows_acc(float* acc, const float (*t)[BQ], const float* x, int64_t nr, int64_t nk) {
+template <class V, int64_t TILE, int64_t BQ, int64_t DD, int64_t STRIDE, Init INIT>
+void rows_acc(float* acc, const float (*t)[BQ], const float* x, int64_t nr, int64_t nk,
+              const float* scale = nullptr) {
   constexpr int64_t W = sizeof(V) / sizeof(float), DDP = (DD + W - 1) / W * W;
   constexpr int64_t FULL = DDP / TILE, TAIL = (DDP % TILE) / W;
-  for (int64_t c = 0; c < FULL; ++c) rows_chunk<V, TILE / W, BQ, DD, STRIDE, ZERO>(acc, t, x, nr, nk, TILE * c);
-  if constexpr (TAIL > 0) rows_chunk<V, TAIL, BQ, DD, STRIDE, ZERO>(acc, t, x, nr, nk, TILE * FULL);
+  for (int64_t c = 0; c < FULL; ++c)
+    rows_chunk<V, TILE / W, BQ, DD, STRIDE, INIT>(acc, t, x, nr, nk, TILE * c, scale);
+  if constexpr (TAIL > 0) rows_chunk<V, TAIL, BQ, DD, STRIDE, INIT>(acc, t, x, nr, nk, TILE * FULL, scale);
 }
 
 template <class V, int64_t TILE, int64_t BQ, int64_t DD, int64_t STRIDE>
