@@ -30,7 +30,7 @@ from vfuse.fusion.plan import Cost
 from vfuse.fusion.rules import Rule
 from vfuse.ir import Graph, Kind, Node, TensorType, opdef
 from vfuse.ir.shapes import numel
-from vfuse.ir.sym import hint, is_sym, same
+from vfuse.ir.sym import hint, is_sym, proved, same
 from vfuse.targets import Target
 
 ReduceSig = tuple[tuple[int, ...], tuple[int, ...], int]  # (full shape, axes, rows)
@@ -201,7 +201,7 @@ def _crossing(p: Summary, c: Summary, passed: frozenset[str], sig: ReduceSig, fa
     that the consumer re-reads after the producer's reduction: they must stay on chip."""
     full = numel(sig[0])
     again = passed | (p.inputs & c.inputs)
-    return sum(facts[v].nbytes // max(hint(facts[v].numel), 1) for v in again if facts[v].numel == full)
+    return sum(facts[v].nbytes // max(hint(facts[v].numel), 1) for v in again if same(facts[v].numel, full))
 
 
 def quick_illegal(p: Summary, c: Summary) -> Illegal | None:
@@ -240,17 +240,18 @@ def _epilogue_form(s: Summary, p: Summary, c: Summary, facts: Mapping[str, Facts
     if not p.contractions or c.contractions or c.top > Kind.ELEMENTWISE or c.opaque:
         return None
     out = s.out_numel
-    if any(numel(shape) > out for shape in c.pe):
+    # Sizes compare without guards: "illegal" unless proved (symbolic sizes: a "no" is safe).
+    if any(not proved(numel(shape), "<=", out) for shape in c.pe):
         return Illegal(Rule.EPILOGUE_SPACE_MISMATCH, f"a consumer value is larger than the output ({out} elements)")
-    if any(facts[o].numel != out for o in s.outputs):
+    if any(not same(facts[o].numel, out) for o in s.outputs):
         return Illegal(Rule.EPILOGUE_SPACE_MISMATCH, f"a written value is not in the output space ({out} elements)")
     return Form(s.label, Kind.CONTRACTION, out, 0, {})
 
 
 def _row_form(s: Summary, p: Summary, c: Summary) -> Form | Illegal:
     assert s.sig is not None
-    if p.sig and c.sig and p.sig != c.sig:
-        rule = Rule.REDUCE_SHAPES_DIFFER if p.sig[0] != c.sig[0] else Rule.REDUCE_AXES_DIFFER
+    if p.sig and c.sig and not same(p.sig, c.sig):  # structural: reductions over s0 and s1 differ, no guard
+        rule = Rule.REDUCE_SHAPES_DIFFER if not same(p.sig[0], c.sig[0]) else Rule.REDUCE_AXES_DIFFER
         return Illegal(rule, f"reductions of {p.sig[0]} over {p.sig[1]} and of {c.sig[0]} over {c.sig[1]}")
     full_shape, _, rows = s.sig
     full = numel(full_shape)
