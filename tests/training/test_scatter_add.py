@@ -31,7 +31,7 @@ def _pool_backward(args: tuple) -> object:
 
 
 def _scatter_kernels(compiled) -> list:
-    program = compiled.compiled.executor.program
+    program = getattr(compiled, "compiled", compiled).executor.program  # vfuse.compile's, or a backend's
     kernels = [k for k in program.kernels if isinstance(k, ContractionKernel) and k.op is Op.SCATTER_ADD]
     torch_steps = [s for s in program.steps if isinstance(s, TorchStep)]
     assert not torch_steps, torch_steps
@@ -174,9 +174,9 @@ def test_reference_semantics_with_init_and_skip() -> None:
         for n in range(3):
             if index[b, n] != 3:
                 want[b, index[b, n]] += values[b, n]
-    assert torch.equal(ref(values, index, init, Attrs.of(rows=4, skip=3, dim=0)), want)
+    assert torch.equal(ref(values, index, init, Attrs.of(rows=4, skip=3, wrap=False, dim=0)), want)
     with pytest.raises(VfuseIndexError, match="index 3 is out of bounds for dimension 1 with size 3"):
-        ref(values, index, Attrs.of(rows=3, skip=None, dim=1))
+        ref(values, index, Attrs.of(rows=3, skip=None, wrap=False, dim=1))
 
 
 def test_triton_programs_run_the_scatter_in_torch() -> None:
@@ -186,10 +186,64 @@ def test_triton_programs_run_the_scatter_in_torch() -> None:
     b = GraphBuilder()
     values = b.add(Op.INPUT, name="v", index=0, type=TensorType((4, 6, 5), DType.F32))
     index = b.add(Op.INPUT, name="i", index=1, type=TensorType((4, 6), DType.I64))
-    graph = b.build([b.add(Op.SCATTER_ADD, [values, index], rows=9, skip=None, dim=0)])
+    graph = b.build([b.add(Op.SCATTER_ADD, [values, index], rows=9, skip=None, wrap=False, dim=0)])
     h100 = get_target("h100")
     (step,) = build(plan_fusion(graph, h100), h100, triton=True).steps
     assert isinstance(step, TorchStep) and "no Triton template for scatter_add" in step.reason
     cpu = get_target("cpu")
     (seg,) = build(plan_fusion(graph, cpu), cpu).steps
     assert [k.op for k in seg.kernels] == [Op.SCATTER_ADD]
+
+
+def _serial_index_put(x: torch.Tensor, idx: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """x[idx] += v one term at a time in index order (eager's order on one thread)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        return aten.index_put(x, [idx], v, True)
+    finally:
+        torch.set_num_threads(before)
+
+
+@pytest.mark.parametrize(("shape", "n", "vshape"), [((7, 30), 13, None), ((1, 5), 3, (5,)), ((11, 3, 2), 40, (1, 2))])
+def test_index_put_accumulate_is_one_scatter(shape, n, vshape, threads: int) -> None:
+    """x[idx] += v (index_put, accumulate): repeated and negative indices, broadcast values; eager's
+    one-thread result bit for bit (eager on several threads adds in no fixed order), run to run."""
+    torch.manual_seed(0)
+    x, idx = torch.randn(shape), torch.randint(-shape[0], shape[0], (n,))
+    v = torch.randn(vshape if vshape else (n, *shape[1:]))
+    fn = lambda x, i, v: aten.index_put(x, [i], v, True)  # noqa: E731
+    compiled = vfuse.compile(fn, (x, idx, v), strict=True)
+    (k,) = _scatter_kernels(compiled)
+    assert len(k.operands) == 3  # onto x: the init operand
+    got = compiled(x, idx, v)
+    assert torch.equal(got, _serial_index_put(x, idx, v)) and torch.equal(compiled(x, idx, v), got)
+    bad = idx.clone()
+    bad[-1] = -shape[0] - 1
+    with pytest.raises(VfuseIndexError, match=f"index {-shape[0] - 1} is out of bounds"):
+        compiled(x, bad, v)
+
+
+def test_indexing_backward_scatters_onto_zeros() -> None:
+    """The backward of x[idx] is index_put onto zeros: the template zeroes (no init operand)."""
+    torch._dynamo.reset()
+    x, idx = torch.randn(9, 5, requires_grad=True), torch.tensor([4, -1, 4, 0, 8, 4])
+    backend = vfuse.backend(strict=True)
+    fn = lambda x: (x[idx] * 3).square().sum()  # noqa: E731
+    (got,) = torch.autograd.grad(torch.compile(fn, backend=backend)(x), x)
+    (want,) = torch.autograd.grad(fn(x), x)
+    torch.testing.assert_close(got, want, rtol=1e-6, atol=0)
+    assert not backend.stats["fallbacks"], backend.stats
+    kernels = [k for c in backend.compiled for k in _scatter_kernels(c)]
+    assert [len(k.operands) for k in kernels] == [2]
+
+
+@pytest.mark.parametrize(("shape", "dim"), [((5, 6, 4), 0), ((5, 6, 4), 1), ((3, 37), -1), ((1,), 0)])
+def test_scatter_add_is_one_scatter_and_bit_exact(shape, dim) -> None:
+    torch.manual_seed(0)
+    s, src = torch.randn(shape), torch.randn(shape)
+    idx = torch.randint(0, shape[dim], shape)
+    fn = lambda s, i, src: s.scatter_add(dim, i, src)  # noqa: E731
+    compiled = vfuse.compile(fn, (s, idx, src), strict=True)
+    assert len(_scatter_kernels(compiled)) == 1
+    assert torch.equal(compiled(s, idx, src), fn(s, idx, src))

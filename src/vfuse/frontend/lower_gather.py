@@ -148,7 +148,7 @@ def lower_embedding_dense_backward(em: Emitter, node: torch.fx.Node) -> str:
     pad = a["padding_idx"] if 0 <= a["padding_idx"] < rows else None
     if em.ctx.options.target == "cpu":
         values, index = reshape(em, g, (1, n, width)), reshape(em, idx, (1, n))
-        out = em.emit(Op.SCATTER_ADD, (values, index), rows=rows, skip=pad, dim=0)
+        out = em.emit(Op.SCATTER_ADD, (values, index), rows=rows, skip=pad, wrap=False, dim=0)
         return reshape(em, out, (rows, width))
     flat = reshape(em, idx, (n,))
     zeros = em.emit(Op.FULL, value=0, shape=(rows, 1), dtype=em.ttype(idx).dtype)
@@ -160,3 +160,70 @@ def lower_embedding_dense_backward(em: Emitter, node: torch.fx.Node) -> str:
         mask = em.emit(Op.LOGICAL_AND, (mask, em.emit(Op.NE, (row, em.scalar(pad, em.ttype(row).dtype)))))
     terms = em.emit(Op.WHERE, (mask, reshape(em, g, (1, n, width)), em.scalar(0, gt.dtype)))
     return em.emit(Op.SUM, (terms,), axes=(1,), keepdim=False)
+
+
+def _zeros(em: Emitter, v: str) -> bool:
+    """Whether `v` is a FULL of +0.0 (a scatter onto it needs no init: the template zeroes)."""
+    node = next((n for n in reversed(em.nodes) if n.name == v), None)
+    value = node.attrs["value"] if node is not None and node.op is Op.FULL else None
+    return isinstance(value, int | float) and value == 0 and math.copysign(1.0, value) > 0
+
+
+def _scatter(em: Emitter, x: str, values: str, index: str, *, wrap: bool, dim: int) -> str:
+    """SCATTER_ADD of values (B, N, W) at index (B, N) onto x viewed as (B, R, W): x's shape."""
+    b, _, w = em.ttype(values).shape
+    rows = em.ttype(x).numel // (b * w)
+    ins = (values, index) if _zeros(em, x) else (values, index, reshape(em, x, (b, rows, w)))
+    return em.emit(Op.SCATTER_ADD, ins, rows=rows, skip=None, wrap=wrap, dim=dim)
+
+
+def _cpu_scatter(em: Emitter, x: str, index: str, what: str) -> None:
+    t = em.ttype(x)
+    if em.ctx.options.target != "cpu" or t.dtype not in (DType.F32, DType.F64) or t.rank == 0 or 0 in t.shape:
+        raise Fallback(f"{what} other than on CPU of a non-empty fp32/fp64 tensor")
+    if em.ttype(index).dtype not in (DType.I32, DType.I64) or em.ttype(index).numel == 0:
+        raise Fallback(f"{what} with other than int32/int64 indices, or none")
+
+
+@lowers(aten.index_put.default)
+def lower_index_put(em: Emitter, node: torch.fx.Node) -> str:
+    """x[idx] += v (accumulate=True, one index tensor on dim 0; the backward of x[idx]): a SCATTER_ADD
+    onto x's rows, terms in index order (eager's CPU kernel adds them in no fixed order on several
+    threads; the single-thread order here), negative indices counting from the end."""
+    a = bind(node)
+    indices = list(a["indices"])
+    if not a["accumulate"] or len(indices) != 1 or indices[0] is None:
+        raise Fallback("index_put other than x[int_tensor] += values")
+    x, idx, v = em.value(a["self"]), em.value(indices[0]), em.value(a["values"])
+    _cpu_scatter(em, x, idx, "index_put")
+    t = em.ttype(x)
+    width, n = math.prod(t.shape[1:]), em.ttype(idx).numel
+    full = em.ttype(idx).shape + t.shape[1:]
+    if em.ttype(v).dtype is not t.dtype:
+        raise Fallback("index_put of values of another dtype")
+    if em.ttype(v).shape != full:
+        v = em.emit(Op.EXPAND, (v,), shape=full)
+    out = _scatter(em, x, reshape(em, v, (1, n, width)), reshape(em, idx, (1, n)), wrap=True, dim=0)
+    return reshape(em, out, t.shape)
+
+
+@lowers(aten.scatter_add.default)
+def lower_scatter_add(em: Emitter, node: torch.fx.Node) -> str:
+    """x.scatter_add(dim, index, src) with index and src of one shape, equal to x's but along dim:
+    the dim moved last, a SCATTER_ADD per line along it (eager adds each line's terms in order)."""
+    a = bind(node)
+    x, idx, src = em.value(a["self"]), em.value(a["index"]), em.value(a["src"])
+    _cpu_scatter(em, x, idx, "scatter_add")
+    t, shape = em.ttype(x), em.ttype(idx).shape
+    dim = normalize_dim(a["dim"], t.rank)
+    if em.ttype(src).shape != shape or em.ttype(src).dtype is not t.dtype or len(shape) != t.rank:
+        raise Fallback("scatter_add with src not of index's shape or x's dtype")
+    if any(s != e for d, (s, e) in enumerate(zip(shape, t.shape, strict=True)) if d != dim):
+        raise Fallback("scatter_add with an index smaller than x outside dim")
+    perm = [*(d for d in range(t.rank) if d != dim), dim]
+    lines = math.prod(shape) // shape[dim]
+    values = reshape(em, permute(em, src, perm), (lines, shape[dim], 1))
+    index = reshape(em, permute(em, idx, perm), (lines, shape[dim]))
+    moved = permute(em, x, perm)
+    out = reshape(em, _scatter(em, moved, values, index, wrap=False, dim=dim), em.ttype(moved).shape)
+    return permute(em, out, [perm.index(d) for d in range(t.rank)])

@@ -289,7 +289,7 @@ def _scatter_back(em: Emitter, g: str, x: str, saved: str, axes: tuple[Axis, Axi
     planes, outs = math.prod(shape[:-2]), h.out * w.out
     values = reshape(em, g, (planes, outs, 1))
     index = reshape(em, saved, (planes, outs))
-    out = em.emit(Op.SCATTER_ADD, (values, index), rows=h.size * w.size, skip=None, dim=h.dim)
+    out = em.emit(Op.SCATTER_ADD, (values, index), rows=h.size * w.size, skip=None, wrap=False, dim=h.dim)
     return reshape(em, out, shape)
 
 

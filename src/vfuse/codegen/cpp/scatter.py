@@ -22,7 +22,9 @@ def _term(k: ContractionKernel, w: int, lo_hi: bool) -> list[str]:
     skip = k.attrs["skip"]
     lines = [
         "for (int64_t n = 0; n < N; ++n) {",
-        "  const int64_t r = (int64_t)ix[n];",
+        "  const int64_t r = (int64_t)ix[n] < 0 ? (int64_t)ix[n] + R : (int64_t)ix[n];"
+        if k.attrs["wrap"]
+        else "  const int64_t r = (int64_t)ix[n];",
         "  if ((uint64_t)r >= (uint64_t)R) { bad = 1; continue; }",
     ]
     if lo_hi:
@@ -76,7 +78,8 @@ def render_scatter(k: ContractionKernel, program: Program) -> tuple[str, str]:
         f"const int64_t B = {b}, N = {n}, R = {rows}, W = {w};",
         "(void)in; (void)nt; int bad = 0;",
     ]
-    check = f"if (bad) vf_check_rows(idx, B * N, 0, R, {FAULT_VAR}, {c_string(k.node)});"
+    lo = "-R" if k.attrs["wrap"] else "0"
+    check = f"if (bad) vf_check_rows(idx, B * N, {lo}, R, {FAULT_VAR}, {c_string(k.node)});"
     source = "\n".join([sig, *(f"  {line}" for line in (*consts, *_body(k, int(w)), check)), "}"])
     init = pointer(k.operands[2]) if len(k.operands) == 3 else "nullptr"
     fault = f"(vf_fault*)(arena + {fault_offset(program)})"

@@ -5,8 +5,9 @@ out starts as zeros (or `init`), then for n = 0, 1, ... in order, out[b, index[b
 values[b, n, :]. Each output element adds its terms in ascending n, the order eager's CPU kernels
 (embedding_dense_backward, max_pool2d backward, index_put_ with accumulate) add them, so the
 result is bit-reproducible whatever the threads (the schedule splits planes or output rows
-between threads, never one element's terms). An index outside [0, R) raises VfuseIndexError
-(the first in row-major order); `skip` (embedding's padding_idx) drops the terms at that index.
+between threads, never one element's terms). An index outside [0, R) ([-R, R) with `wrap`, where
+negative ones count from the end) raises VfuseIndexError (the first in row-major order); `skip`
+(embedding's padding_idx) drops the terms at that index.
 It is Kind.CONTRACTION: a standalone template kernel (`codegen/cpp/scatter.py`), no epilogue.
 """
 
@@ -39,9 +40,10 @@ def _ref(values: torch.Tensor, index: torch.Tensor, *rest: object) -> torch.Tens
     attrs: Attrs = rest[-1]  # type: ignore[assignment]
     b, n, w = values.shape
     rows, skip = attrs["rows"], attrs["skip"]
-    bad = (index < 0) | (index >= rows)
+    bad = (index < (-rows if attrs["wrap"] else 0)) | (index >= rows)
     if bool(bad.any()):  # the first offending index in row-major order, as the kernel reports
         raise index_out_of_bounds(int(index.flatten()[bad.flatten()][0]), attrs["dim"], rows)
+    index = torch.where(index < 0, index + rows, index)
     init = rest[0] if len(rest) == 2 else None
     out = init.clone() if isinstance(init, torch.Tensor) else values.new_zeros((b, rows, w))
     flat = (index.long() + torch.arange(b).unsqueeze(1) * rows).flatten()
@@ -68,10 +70,10 @@ register(
         _infer,
         _ref,
         lambda ins, out, attrs: ins[0].numel,
-        attrs=("rows", "skip", "dim"),
+        attrs=("rows", "skip", "wrap", "dim"),
         bytes=_bytes,
         doc="inputs (values (B, N, W), index (B, N)[, init (B, R, W)]); out[b, index[b, n]] += values[b, n] "
         "in ascending n from zeros (or init); rows R, skip (an index whose terms are dropped, or None), "
-        "dim (the frontend op's dim, for messages)",
+        "wrap (indices in [-R, 0) count from the end, as x[idx]), dim (the frontend op's dim, for messages)",
     )
 )
