@@ -24,6 +24,7 @@ CASES = [
     (1, 3, 5, 6, 4, 1, 1, 1, 1, 1),  # padding past a 1x1 kernel's reach
     (1, 3, 7, 9, 4, 5, 1, 2, 1, 1),  # 5x5
     (1, 2, 7, 9, 3, 3, 2, 2, (2, 1), 1),  # stride 2, padding 2, dilation (2, 1)
+    (1, 2, 5, 5, 2, 1, 3, 1, 1, 1),  # 1x1 stride 3: two of three phases get no gradient
 ]
 
 

@@ -6,9 +6,11 @@ contraction (`fusion/library.py`), never as a torch convolution_backward:
 
 * grad_input: conv2d of grad_output with the weight's in/out channels swapped per group and its
   taps flipped, stride 1, dilation d, padding d*(k-1) - p (a negative one crops grad_output).
-  With stride s > 1 grad_output is first dilated by s (s - 1 zeros after each element, as CAT
-  with zeros: a pointwise kernel), keeping `extra` = (H + 2p - d*(k-1) - 1) % s trailing zeros
-  so the result has the input's size even where the forward dropped rows.
+  With stride s > 1, per stride phase: the inputs r, r + s, ... (per axis) are reached only by
+  the taps whose window positions land on the stride, so each of the s*s phases is a stride-1
+  conv of those taps over grad_output (no zeros inserted: the useful flops only, s*s fewer than
+  a conv over grad_output dilated by s), and the phases are interleaved (CAT, a pointwise
+  kernel) and cut to the input's size, which the forward's output may not determine.
 * grad_weight: the batch/channel swap. Over x viewed as Cg images of G*N channels and grad_output
   as G*Og filters of N channels (Ho x Wo taps), conv2d with stride d, dilation s, padding p and
   G groups gives (Cg, Cout, >= k, >= k): cropped to the kernel and transposed.
@@ -51,12 +53,6 @@ def _pair(v: Sequence[int]) -> Pair:
     return (v[0], v[0]) if len(v) == 1 else (v[0], v[1])
 
 
-def _zeros_like_block(em: Emitter, x: str, dim: int, width: int) -> str:
-    t = em.ttype(x)
-    shape = (*t.shape[:dim], width, *t.shape[dim + 1 :])
-    return em.emit(Op.FULL, value=python_scalar(0, t.dtype), shape=shape, dtype=t.dtype)
-
-
 def _flip(em: Emitter, x: str, dim: int) -> str:
     """x reversed along dim (a kernel's taps: a CAT of its unit slices)."""
     n = em.ttype(x).shape[dim]
@@ -65,45 +61,80 @@ def _flip(em: Emitter, x: str, dim: int) -> str:
     return em.emit(Op.CAT, [slice_(em, x, dim, i, i + 1) for i in reversed(range(n))], dim=dim)
 
 
-def _dilate(em: Emitter, go: str, geo: Geometry, lengths: Pair) -> str:
-    """grad_output with s - 1 zeros after each element per axis, cut to `lengths`."""
-    n, c, ho, wo = em.ttype(go).shape
-    sh, sw = geo.stride
-    if (sh, sw) == (1, 1):
-        return go
-    v = reshape(em, go, (n, c, ho, 1, wo, 1))
-    if sh > 1:
-        v = em.emit(Op.CAT, [v, _zeros_like_block(em, v, 3, sh - 1)], dim=3)
-    if sw > 1:
-        v = em.emit(Op.CAT, [v, _zeros_like_block(em, v, 5, sw - 1)], dim=5)
-    v = reshape(em, v, (n, c, ho * sh, wo * sw))
-    return slice_(em, slice_(em, v, 2, 0, lengths[0]), 3, 0, lengths[1])
+@dataclass(frozen=True, slots=True)
+class AxisPhase:
+    """One axis of one stride phase of grad_input: the inputs r, r + s, r + 2s, ... get
+    taps kh0, kh0 + step, ... (m of them, the ones whose window positions land on the stride),
+    which read grad_output e apart: a stride-1 conv with dilation e over grad_output cropped to
+    [lo, hi), padded by `pad` each side, whose outputs from `offset` on are the phase's."""
+
+    kh0: int
+    step: int
+    m: int
+    e: int
+    lo: int
+    hi: int
+    pad: int
+    offset: int
+
+
+def axis_phase(r: int, out_len: int, q_len: int, k: int, s: int, p: int, d: int) -> AxisPhase | None:
+    """The phase r of one axis (forward stride s, padding p, dilation d, kernel k; grad_output
+    `out_len` long, `q_len` phase outputs), or None when no tap reaches it (its gradient is 0)."""
+    taps = [kh for kh in range(k) if (r + p - kh * d) % s == 0]
+    if not taps:
+        return None
+    m = len(taps)
+    step = taps[1] - taps[0] if m > 1 else 1
+    e = d * step // s if m > 1 else 1
+    # Input r + s*q gets grad_output[q + t] * w[kh], t = (r + p - kh*d) / s, falling by e per tap:
+    # the reversed taps read grad_output[q + a + j*e], j = 0..m-1.
+    a = (r + p - taps[-1] * d) // s
+    need = q_len + (m - 1) * e
+    lo, hi = max(a, 0), min(out_len, a + need)
+    if hi <= lo:
+        return None  # every tap reads past grad_output: padding only
+    left, right = lo - a, a + need - hi
+    pad = max(left, right)
+    return AxisPhase(taps[0], step, m, e, lo, hi, pad, pad - left)
+
+
+def _phase(em: Emitter, go: str, wt: str, ph: AxisPhase, pw: AxisPhase, q: Pair, groups: int) -> str:
+    """One phase's gradient (N, C, q[0], q[1]): the phase's taps, reversed, over grad_output."""
+    v = slice_(em, slice_(em, go, 2, ph.lo, ph.hi), 3, pw.lo, pw.hi)
+    w = slice_(em, wt, 2, ph.kh0, ph.kh0 + (ph.m - 1) * ph.step + 1, ph.step)
+    w = _flip(em, _flip(em, slice_(em, w, 3, pw.kh0, pw.kh0 + (pw.m - 1) * pw.step + 1, pw.step), 2), 3)
+    y = em.emit(Op.CONV2D, (v, w), stride=(1, 1), padding=(ph.pad, pw.pad), dilation=(ph.e, pw.e), groups=groups)
+    return slice_(em, slice_(em, y, 2, ph.offset, ph.offset + q[0]), 3, pw.offset, pw.offset + q[1])
 
 
 def grad_input(em: Emitter, go: str, w: str, in_hw: Pair, geo: Geometry) -> str:
-    """dL/dx: the transposed, flipped weight over the dilated grad_output (module docstring)."""
+    """dL/dx: per stride phase (rh, rw), a stride-1 conv of the channel-swapped weight's taps that
+    land on that phase, reversed, over grad_output; the s*s phases interleaved (module docstring)."""
     out_ch, cg, kh, kw = em.ttype(w).shape
-    g = geo.groups
-    ho_wo = em.ttype(go).shape[2:]
-    extent = [geo.dilation[i] * (k - 1) for i, k in enumerate((kh, kw))]
-    extra = [(in_hw[i] + 2 * geo.padding[i] - extent[i] - 1) % geo.stride[i] for i in range(2)]
-    lengths = ((ho_wo[0] - 1) * geo.stride[0] + 1 + extra[0], (ho_wo[1] - 1) * geo.stride[1] + 1 + extra[1])
-    v = _dilate(em, go, geo, lengths)
-    pads = [extent[i] - geo.padding[i] for i in range(2)]
-    for i, p in enumerate(pads):
-        if p < 0:  # the forward padded past the kernel's reach: those outputs touch no input
-            v = slice_(em, v, 2 + i, -p, lengths[i] + p)
+    n, g, (sh, sw) = em.ttype(go).shape[0], geo.groups, geo.stride
     wt = reshape(em, w, (g, out_ch // g, cg, kh, kw))
     wt = reshape(em, permute(em, wt, (0, 2, 1, 3, 4)), (g * cg, out_ch // g, kh, kw))
-    wt = _flip(em, _flip(em, wt, 2), 3)
-    return em.emit(
-        Op.CONV2D,
-        (v, wt),
-        stride=(1, 1),
-        padding=(max(pads[0], 0), max(pads[1], 0)),
-        dilation=geo.dilation,
-        groups=g,
-    )
+    q = (-(-in_hw[0] // sh), -(-in_hw[1] // sw))  # phase lengths, the last phases' padded
+    axes = [
+        [axis_phase(r, em.ttype(go).shape[2 + i], q[i], (kh, kw)[i], geo.stride[i], geo.padding[i], geo.dilation[i])
+         for r in range(geo.stride[i])]
+        for i in range(2)
+    ]  # fmt: skip
+    rows = []
+    for ph in axes[0]:
+        row = []
+        for pw in axes[1]:
+            if ph is None or pw is None:
+                dtype = em.ttype(go).dtype
+                y = em.emit(Op.FULL, value=python_scalar(0, dtype), shape=(n, g * cg, *q), dtype=dtype)
+            else:
+                y = _phase(em, go, wt, ph, pw, q, g)
+            row.append(reshape(em, y, (n, g * cg, q[0], 1, q[1], 1)))
+        rows.append(row[0] if sw == 1 else em.emit(Op.CAT, row, dim=5))
+    v = rows[0] if sh == 1 else em.emit(Op.CAT, rows, dim=3)
+    v = reshape(em, v, (n, g * cg, q[0] * sh, q[1] * sw))
+    return slice_(em, slice_(em, v, 2, 0, in_hw[0]), 3, 0, in_hw[1])
 
 
 def grad_weight(em: Emitter, go: str, x: str, kernel: Pair, geo: Geometry) -> str:
