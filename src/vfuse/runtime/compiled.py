@@ -118,10 +118,10 @@ class CompiledGraph:
                     f"{self.name}: {self.input_labels[index]} was compiled for {dtype}[{sizes}] on {where}, "
                     f"received {_describe(got)}"
                 )
-        if self._cuda and inputs:
-            devices = {t.device for t in inputs}
-            if len(devices) > 1:
-                raise VfuseInputError(f"{self.name}: inputs on several devices ({', '.join(map(str, devices))})")
+        # get_device() is an int (-1 on the CPU): cheaper per call than building torch.device objects
+        if self._cuda and inputs and len({t.get_device() for t in inputs}) > 1:  # type: ignore[attr-defined]
+            devices = sorted({str(t.device) for t in inputs})  # type: ignore[attr-defined]
+            raise VfuseInputError(f"{self.name}: inputs on several devices ({', '.join(devices)})")
 
     def __call__(self, *inputs: torch.Tensor) -> list[torch.Tensor]:
         self.check_inputs(inputs)

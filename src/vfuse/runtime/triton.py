@@ -38,6 +38,7 @@ from vfuse.runtime.compiled import ExecStats
 from vfuse.runtime.cudagraphs import CudaDriver, GraphDriver, GraphRunner, ReplayCost, capture_blocker
 from vfuse.runtime.pool import OutputPool
 from vfuse.runtime.steps import StepRunner, fallback_counts, torch_nodes
+from vfuse.runtime.triton_lean import LeanCall, bind, make_lean_plan
 from vfuse.schedule import BufKind, Program, Segment, TorchStep
 from vfuse.schedule.kernel import ContractionKernel, GpuTiles
 from vfuse.targets.presets import PRESETS
@@ -117,6 +118,7 @@ class _Memory:
     rendered: TritonProgram  # the module this device runs (its templates' tiles tuned on CUDA)
     launchers: dict[int, Callable[[Sequence[torch.Tensor]], None]] = field(default_factory=dict)
     static: dict[str, torch.Tensor] = field(default_factory=dict)  # CUDA outputs with static_outputs
+    lean: LeanCall | None = None  # the lean per-call path (runtime/triton_lean.py), where it applies
 
 
 class TritonExecutor(StepRunner):
@@ -144,6 +146,8 @@ class TritonExecutor(StepRunner):
         ]
         self._cache_dir, self.tuning = cache_dir, tuning
         self._kernel_reads = {v for ln in rendered.launches for v in ln.args}
+        # Devices whose calls take the lean path where the program allows (tests add "cpu").
+        self.lean_devices: tuple[str, ...] = ("cuda",)
         # Devices whose first call times the templates' candidates (never the interpreter: its
         # timings say nothing about a GPU; tests add "cpu" with a fake timer).
         self.tuned_devices: tuple[str, ...] = ("cuda",)
@@ -198,7 +202,11 @@ class TritonExecutor(StepRunner):
         }
         rendered, path = self._tuned(device)
         module = load_module(path, interpret=device.type == "cpu")
-        return _Memory(device, module, arena, views, seeds, faults, constants, rendered)
+        mem = _Memory(device, module, arena, views, seeds, faults, constants, rendered)
+        plan = make_lean_plan(self.program, self.graph, rendered) if device.type in self.lean_devices else None
+        if plan is not None:
+            mem.lean = bind(plan, device, lambda v: _fixed(mem, v), lambda ln: self._launcher(ln, mem))
+        return mem
 
     def _tuned(self, device: torch.device) -> tuple[TritonProgram, Path]:
         """The module `device` runs: on a tuned device with contraction templates, their tiles
@@ -265,6 +273,10 @@ class TritonExecutor(StepRunner):
         `outputs` (the output buffers: taken from the pool or allocated when None)."""
         mem = self._mem
         assert mem is not None
+        if mem.lean is not None:
+            if outputs is None and self._static:  # uncaptured calls overwrite one buffer per output
+                outputs = self._static_buffers(mem)
+            return mem.lean(inputs, outputs)
         env: dict[str, Any] = dict(mem.constants)
         env.update(self._drawn)
         for n in self.graph.inputs:
@@ -291,11 +303,16 @@ class TritonExecutor(StepRunner):
             if mem.device.type == "cpu":
                 env[v] = self._pool.get(v, shape, dtype, static=self._static)
             elif self._static:  # uncaptured CUDA calls: one buffer per output, overwritten per call
-                if v not in mem.static:
-                    mem.static[v] = torch.empty(shape, dtype=dtype, device=mem.device)
-                env[v] = mem.static[v].data
+                env[v] = self._static_buffers(mem)[v]
             else:  # torch's caching allocator (the capture's private pool while capturing)
                 env[v] = torch.empty(shape, dtype=dtype, device=mem.device)
+
+    def _static_buffers(self, mem: _Memory) -> dict[str, torch.Tensor]:
+        if not mem.static:
+            for v, b in self.program.buffers.items():
+                if b.kind is BufKind.OUTPUT:
+                    mem.static[v] = torch.empty(b.type.shape, dtype=b.type.dtype.torch, device=mem.device)
+        return {v: t.data for v, t in mem.static.items()}
 
     def _run_segment(self, seg: Segment, env: dict[str, Any]) -> None:
         mem = self._mem
@@ -306,18 +323,26 @@ class TritonExecutor(StepRunner):
             raise self._fault(env)
 
     def _launch(self, ln: Launch, env: dict[str, Any], mem: _Memory) -> None:
-        args = [self._arg(v, env) for v in ln.args]
-        if mem.device.type == "cpu":
-            # The interpreter computes with numpy, which warns where IEEE arithmetic gives inf /
-            # NaN (masked lanes, log(0), ...) and eager torch does not.
-            with np.errstate(all="ignore"):
-                getattr(mem.module, ln.fn)[(ln.grid,)](*args, num_warps=ln.warps)
-            return
+        self._launcher(ln, mem)([self._arg(v, env) for v in ln.args])
+
+    def _launcher(self, ln: Launch, mem: _Memory) -> Callable[[Sequence[torch.Tensor]], None]:
+        """The callable that launches `ln` on `mem`'s device with its arguments."""
         run = mem.launchers.get(id(ln))
-        if run is None:
-            fn = getattr(mem.module, ln.fn)
-            run = mem.launchers[id(ln)] = LeanLaunch(fn, ln.grid, ln.warps, _stream(mem.device), ln.stages)
-        run(args)
+        if run is not None:
+            return run
+        fn = getattr(mem.module, ln.fn)
+        if mem.device.type == "cpu":
+
+            def run(args: Sequence[torch.Tensor]) -> None:
+                # The interpreter computes with numpy, which warns where IEEE arithmetic gives
+                # inf / NaN (masked lanes, log(0), ...) and eager torch does not.
+                with np.errstate(all="ignore"):
+                    fn[(ln.grid,)](*args, num_warps=ln.warps)
+
+        else:
+            run = LeanLaunch(fn, ln.grid, ln.warps, _stream(mem.device), ln.stages)
+        mem.launchers[id(ln)] = run
+        return run
 
     def _run_torch(self, step: TorchStep, env: dict[str, Any]) -> None:
         super()._run_torch(step, env)
@@ -355,6 +380,15 @@ class TritonExecutor(StepRunner):
         mem = self._mem
         assert mem is not None
         return env[value] if value in env else mem.views[value]
+
+
+def _fixed(mem: _Memory, value: str) -> torch.Tensor:
+    """A kernel argument whose tensor is the same on every call of `mem`'s device."""
+    if value == SEEDS:
+        return mem.seeds
+    if value == FAULTS:
+        return mem.faults
+    return mem.constants[value] if value in mem.constants else mem.views[value]
 
 
 def _stream(device: torch.device) -> Callable[[], int]:
