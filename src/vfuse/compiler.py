@@ -345,6 +345,8 @@ def takes_sizes(k: Any) -> bool:
         return True
     if isinstance(k, ContractionKernel) and k.op is Op.CONV2D:
         return "SymSize(" not in repr((k.shapes[1], k.out_shape[1:], k.epilogue))  # a batch size only
+    if isinstance(k, ContractionKernel) and k.op is Op.SCATTER_ADD:
+        return True  # its sizes are the template's arguments (codegen/cpp/scatter.py)
     if isinstance(k, ContractionKernel) and k.op in (Op.SDPA, Op.SDPA_LSE, Op.SDPA_BACKWARD):
         # Batch, heads and lengths are the flash-attention template's run-time arguments; its
         # epilogue is inlined into the template, so it must not read a size.

@@ -5,6 +5,8 @@ out of range raises VfuseIndexError naming the first bad one; no torch step in t
 
 from __future__ import annotations
 
+import warnings
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -247,3 +249,23 @@ def test_scatter_add_is_one_scatter_and_bit_exact(shape, dim) -> None:
     compiled = vfuse.compile(fn, (s, idx, src), strict=True)
     assert len(_scatter_kernels(compiled)) == 1
     assert torch.equal(compiled(s, idx, src), fn(s, idx, src))
+
+
+def test_embedding_backward_with_symbolic_lengths_compiles_once() -> None:
+    """dynamic=True: the scatter takes its sizes at run time, so one backward serves every length
+    (not compiled per shape), each gradient eager's bit for bit."""
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    emb = torch.nn.Embedding(50, 8, padding_idx=0)
+    fn = torch.compile(lambda t: emb(t).square().sum(), backend=vfuse.backend(strict=True), dynamic=True)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for n in (7, 11, 13):
+            tokens = torch.randint(0, 50, (2, n))
+            emb.zero_grad()
+            fn(tokens).backward()
+            got = emb.weight.grad.clone()
+            emb.zero_grad()
+            emb(tokens).square().sum().backward()
+            assert torch.equal(got, emb.weight.grad), n
+    assert not [w for w in caught if "compiled per shape" in str(w.message)]

@@ -4,7 +4,8 @@ out (B, R, W) starts as zeros (or a copy of init); each term n of plane b then a
 into row index[b, n], in ascending n, so every element sums its terms in the source's order
 whatever the walk (`ScatterWalk`, the schedule's choice): SERIAL, PLANES (planes split between
 threads) or ROW_RANGES (thread t owns rows [R t / T, R (t + 1) / T) of every plane and reads all
-indices). Each index is compared with R as it is read (free next to the scattered add); a bad
+indices). Sizes are the function's arguments, so one build serves every size of a graph with
+symbolic sizes. Each index is compared with R as it is read (free next to the scattered add); a bad
 one is skipped and, after the loops, `vf_check_rows` records the first bad index in row-major
 order (the fault the reference raises), so a clean call makes no extra pass over the indices.
 """
@@ -17,7 +18,7 @@ from vfuse.codegen.cpp.writer import pointer
 from vfuse.schedule.kernel import ContractionKernel, Program, ScatterWalk
 
 
-def _term(k: ContractionKernel, w: int, lo_hi: bool) -> list[str]:
+def _term(k: ContractionKernel, w: object, lo_hi: bool) -> list[str]:
     """The loop over plane b's terms: check, skip, own-range test, the row's add."""
     skip = k.attrs["skip"]
     lines = [
@@ -31,7 +32,7 @@ def _term(k: ContractionKernel, w: int, lo_hi: bool) -> list[str]:
         lines.append("  if (r < lo || r >= hi) continue;")
     if skip is not None:
         lines.append(f"  if (r == {int(skip)}) continue;")
-    if w == 1:
+    if isinstance(w, int) and w == 1:
         lines.append("  o[r] += vv[n];")
     else:
         lines += [
@@ -49,7 +50,7 @@ def _start(k: ContractionKernel, first: str, count: str) -> str:
     return f"std::memset((void*)(o + ({first}) * W), 0, ({count}) * W * sizeof(T));"
 
 
-def _body(k: ContractionKernel, w: int) -> list[str]:
+def _body(k: ContractionKernel, w: object) -> list[str]:
     plane = ["T* o = out + b * R * W;", "const I* ix = idx + b * N;", "const T* vv = v + b * N * W;"]
     if k.scatter is ScatterWalk.ROW_RANGES:
         head = ["#pragma omp parallel for num_threads(nt) schedule(static, 1) reduction(|: bad)",
@@ -71,17 +72,17 @@ def render_scatter(k: ContractionKernel, program: Program) -> tuple[str, str]:
     name = f"{k.name}_scatter"
     sig = (
         f"static void {name}(const {vt}* __restrict v, const {it}* __restrict idx, const {vt}* __restrict in, "
-        f"{vt}* __restrict out, vf_fault* {FAULT_VAR}, int nt) {{"
+        f"{vt}* __restrict out, vf_fault* {FAULT_VAR}, const int64_t B, const int64_t N, const int64_t R, "
+        "const int64_t W, int nt) {"
     )
-    consts = [
-        f"using T = {vt}; using I = {it};",
-        f"const int64_t B = {b}, N = {n}, R = {rows}, W = {w};",
-        "(void)in; (void)nt; int bad = 0;",
-    ]
+    consts = [f"using T = {vt}; using I = {it};", "(void)in; (void)nt; (void)W; int bad = 0;"]
     lo = "-R" if k.attrs["wrap"] else "0"
     check = f"if (bad) vf_check_rows(idx, B * N, {lo}, R, {FAULT_VAR}, {c_string(k.node)});"
-    source = "\n".join([sig, *(f"  {line}" for line in (*consts, *_body(k, int(w)), check)), "}"])
+    source = "\n".join([sig, *(f"  {line}" for line in (*consts, *_body(k, w), check)), "}"])
     init = pointer(k.operands[2]) if len(k.operands) == 3 else "nullptr"
     fault = f"(vf_fault*)(arena + {fault_offset(program)})"
-    call = f"{name}({pointer(k.operands[0])}, {pointer(k.operands[1])}, {init}, {pointer(k.out)}, {fault}, nt);"
+    # Sizes are arguments: a symbolic one (`vf_s0`, ir/sym.py) reads the wrapper's seeds array.
+    sizes = ", ".join(f"(int64_t)({d})" for d in (b, n, rows, w))
+    ptrs = f"{pointer(k.operands[0])}, {pointer(k.operands[1])}, {init}, {pointer(k.out)}"
+    call = f"{name}({ptrs}, {fault}, {sizes}, nt);"
     return source, call
