@@ -269,3 +269,22 @@ def test_embedding_backward_with_symbolic_lengths_compiles_once() -> None:
             emb(tokens).square().sum().backward()
             assert torch.equal(got, emb.weight.grad), n
     assert not [w for w in caught if "compiled per shape" in str(w.message)]
+
+
+@pytest.mark.parametrize(
+    ("shape", "dim", "n"), [((6, 7, 5), 0, 23), ((6, 7, 5), 1, 3), ((2, 31), -1, 64), ((1,), 0, 1)]
+)
+def test_index_add_is_one_scatter_and_bit_exact(shape, dim, n) -> None:
+    torch.manual_seed(0)
+    x, idx = torch.randn(shape), torch.randint(0, shape[dim], (n,))
+    src_shape = list(shape)
+    src_shape[dim] = n
+    src = torch.randn(src_shape)
+    fn = lambda x, i, s: x.index_add(dim, i, s)  # noqa: E731
+    compiled = vfuse.compile(fn, (x, idx, src), strict=True)
+    assert len(_scatter_kernels(compiled)) == 1
+    assert torch.equal(compiled(x, idx, src), fn(x, idx, src))
+    bad = idx.clone()
+    bad[-1] = -1
+    with pytest.raises(VfuseIndexError, match="index -1 is out of bounds"):
+        compiled(x, bad, src)

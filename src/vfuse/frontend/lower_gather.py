@@ -227,3 +227,26 @@ def lower_scatter_add(em: Emitter, node: torch.fx.Node) -> str:
     moved = permute(em, x, perm)
     out = reshape(em, _scatter(em, moved, values, index, wrap=False, dim=dim), em.ttype(moved).shape)
     return permute(em, out, [perm.index(d) for d in range(t.rank)])
+
+
+@lowers(aten.index_add.default)
+def lower_index_add(em: Emitter, node: torch.fx.Node) -> str:
+    """x.index_add(dim, index, source) (alpha 1): x viewed as (before dim, dim, after dim), a
+    SCATTER_ADD of source's slices in index order (eager's), the index shared by every leading
+    plane; an index outside [0, size) raises, as eager."""
+    a = bind(node)
+    x, idx, src = em.value(a["self"]), em.value(a["index"]), em.value(a["source"])
+    _cpu_scatter(em, x, idx, "index_add")
+    t = em.ttype(x)
+    dim = normalize_dim(a["dim"], t.rank)
+    n = em.ttype(idx).numel
+    if a["alpha"] != 1 or em.ttype(idx).rank > 1 or em.ttype(src).dtype is not t.dtype:
+        raise Fallback("index_add with alpha, a multi-dim index or source of another dtype")
+    if em.ttype(src).shape != (*t.shape[:dim], n, *t.shape[dim + 1 :]):
+        raise Fallback("index_add with a source not of x's shape along the other dims")
+    planes, width = math.prod(t.shape[:dim]), math.prod(t.shape[dim + 1 :])
+    index = reshape(em, idx, (1, n))
+    if planes != 1:
+        index = em.emit(Op.EXPAND, (index,), shape=(planes, n))
+    out = _scatter(em, x, reshape(em, src, (planes, n, width)), index, wrap=False, dim=dim)
+    return reshape(em, out, t.shape)
