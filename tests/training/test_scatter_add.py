@@ -288,3 +288,15 @@ def test_index_add_is_one_scatter_and_bit_exact(shape, dim, n) -> None:
     bad[-1] = -1
     with pytest.raises(VfuseIndexError, match="index -1 is out of bounds"):
         compiled(x, bad, src)
+
+
+def test_large_embedding_backward_on_a_gpu_target_scatters_in_torch() -> None:
+    """GPU targets keep the one-hot form for small tables only (lower_gather.GPU_ONE_HOT_TERMS): a
+    large one is a SCATTER_ADD that the Triton backend runs in torch (Triton's interpreter here)."""
+    pytest.importorskip("triton")
+    g, idx = torch.randn(2, 256, 8), torch.randint(0, 5000, (2, 256))
+    fn = lambda g, i: aten.embedding_dense_backward(g, i, 5000, 3, False)  # noqa: E731
+    compiled = vfuse.compile(fn, (g, idx), backend="triton", target="h100", strict=True)
+    steps = [s for s in compiled.compiled.executor.program.steps if isinstance(s, TorchStep)]
+    assert len(steps) == 1 and "no Triton template for scatter_add" in steps[0].reason
+    assert torch.equal(compiled(g, idx), fn(g, idx))

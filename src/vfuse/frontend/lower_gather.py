@@ -22,6 +22,7 @@ from vfuse.frontend.registry import lowers
 from vfuse.ir import DType, Op
 from vfuse.ir.defs.layout import IndexBounds
 from vfuse.ir.shapes import normalize_dim
+from vfuse.ir.sym import hint
 
 aten = torch.ops.aten
 
@@ -126,12 +127,19 @@ def lower_gather(em: Emitter, node: torch.fx.Node) -> str:
     return reshape(em, rows, ishape)
 
 
+GPU_ONE_HOT_TERMS = 1 << 24
+"""GPU targets: the most one-hot terms (rows x indices x width) the masked-sum form computes; beyond,
+a SCATTER_ADD, which the Triton backend runs in torch (TRITON_IN_TORCH). A guard, not a measurement:
+GPT-2's 50257-row vocabulary, 1024 tokens of width 768 would be 40 G terms, ~1000x a scatter's."""
+
+
 @lowers(aten.embedding_dense_backward.default)
 def lower_embedding_dense_backward(em: Emitter, node: torch.fx.Node) -> str:
     """grad_weight[r] = sum of grad_output[i] over the indices i equal to r (none for padding_idx),
-    added in ascending i, as eager's CPU kernel. CPU: a SCATTER_ADD of the gradient rows (eager's
-    walk, checking each index). GPU targets: a masked sum over a (rows, indices) one-hot,
-    deterministic without atomics, its indices through a checked gather of a zero table. Either
+    added in ascending i, as eager's CPU kernel. CPU (and large tables on GPU targets): a SCATTER_ADD
+    of the gradient rows (eager's walk, checking each index). GPU targets: a masked sum over a
+    (rows, indices) one-hot, deterministic without atomics, its indices through a checked gather
+    of a zero table. Either
     way an index out of range raises VfuseIndexError (eager's backward skips it silently)."""
     a = bind(node)
     g, idx = em.value(a["grad_output"]), em.value(a["indices"])
@@ -146,7 +154,7 @@ def lower_embedding_dense_backward(em: Emitter, node: torch.fx.Node) -> str:
     if n == 0 or rows == 0 or width == 0:
         return em.emit(Op.FULL, value=0.0, shape=(rows, width), dtype=gt.dtype)
     pad = a["padding_idx"] if 0 <= a["padding_idx"] < rows else None
-    if em.ctx.options.target == "cpu":
+    if em.ctx.options.target == "cpu" or hint(rows * n * width) > GPU_ONE_HOT_TERMS:
         values, index = reshape(em, g, (1, n, width)), reshape(em, idx, (1, n))
         out = em.emit(Op.SCATTER_ADD, (values, index), rows=rows, skip=pad, wrap=False, dim=0)
         return reshape(em, out, (rows, width))

@@ -46,7 +46,7 @@ def _ref(values: torch.Tensor, index: torch.Tensor, *rest: object) -> torch.Tens
     index = torch.where(index < 0, index + rows, index)
     init = rest[0] if len(rest) == 2 else None
     out = init.clone() if isinstance(init, torch.Tensor) else values.new_zeros((b, rows, w))
-    flat = (index.long() + torch.arange(b).unsqueeze(1) * rows).flatten()
+    flat = (index.long() + torch.arange(b, device=index.device).unsqueeze(1) * rows).flatten()
     src = values.reshape(b * n, w)
     if skip is not None:
         keep = (index != skip).flatten()
