@@ -51,8 +51,11 @@ def _ref(values: torch.Tensor, index: torch.Tensor, *rest: object) -> torch.Tens
     if skip is not None:
         keep = (index != skip).flatten()
         flat, src = flat[keep], src[keep]
-    # index_add_ on CPU adds source rows in order: each element's terms in ascending n.
-    return out.view(b * rows, w).index_add_(0, flat, src).view(b, rows, w)
+    # index_add_ on CPU adds source rows in order: each element's terms in ascending n. On CUDA it
+    # uses atomics; index_put_'s accumulate there sorts the indices (stably) first: deterministic.
+    if out.device.type == "cpu":
+        return out.view(b * rows, w).index_add_(0, flat, src).view(b, rows, w)
+    return out.view(b * rows, w).index_put_((flat,), src, accumulate=True).view(b, rows, w)
 
 
 def _bytes(ins: tuple[TensorType, ...], out: Type, attrs: Attrs) -> int:
