@@ -26,6 +26,7 @@ from torch._subclasses.fake_tensor import unset_fake_temporarily
 from vfuse.compiler import compile_fx
 from vfuse.context import Options
 from vfuse.entry import dropout, observe
+from vfuse.entry.attention_rewrite import AttentionDecision, rewrite_attention
 from vfuse.entry.devices import devices_for, foreign_device
 from vfuse.entry.direct import may_skip_wrappers, unboxed, wrappers_are_identity
 from vfuse.entry.dumps import graph_context
@@ -62,10 +63,13 @@ class VfuseBackend:
         self.fixed = FixedGraphs()  # what a graph with symbolic sizes may reuse
         self.reused = 0  # graphs with symbolic sizes that reused one of those instead of compiling
         self.remat: list[RematPlan] = []  # per training graph: what its backward keeps or recomputes (entry/remat.py)
+        self.attention: list[AttentionDecision] = []  # written-out training attention: SDPA or not, and why
         self._ids = itertools.count()
 
     def __call__(self, gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> Callable:
         frozen = _parameter_inputs(gm, example_inputs) if self.options.freeze and not torch.is_grad_enabled() else {}
+        if _needs_grad(gm, example_inputs):  # before AOTAutograd: it would save the N x N probabilities
+            rewrite_attention(gm, self._target, self.attention.append)
         forward = functools.partial(self.compile_aten, frozen=frozen, kind="forward")
         direct: list[Callable] = []  # the inference forward, when AOTAutograd's wrappers add nothing
         inference = functools.partial(self.compile_aten, frozen=frozen, kind="inference")

@@ -1,0 +1,260 @@
+"""Written-out attention in training graphs -> `F.scaled_dot_product_attention`, before AOTAutograd.
+
+AOTAutograd differentiates the ops it is given: for `softmax(q @ k^T * s [+ mask]) @ v` written out,
+the forward keeps the N x N probabilities for the backward, which runs its matmuls over them. Rewritten
+in the Dynamo graph into SDPA, the joint graph has torch's CPU flash attention and its backward, which
+vfuse lowers to its FlashAttention-2 templates SDPA_LSE / SDPA_BACKWARD (frontend/lower_attention.py):
+O(N) memory, scores recomputed per tile from the saved logsumexp. Inference graphs are left to the IR
+pass (passes/attention.py), which sees more (constant masks after freezing, GQA).
+
+Where torch would not take its flash path (`torch._fused_sdp_choice`: 3-D inputs are unsqueezed to 4-D
+first) or the cost model (`costs`) finds the written-out form cheaper, the graph is left as it is. Every
+attention found is recorded (`AttentionDecision`, `VfuseBackend.attention`; TORCH_LOGS=vfuse).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import operator
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import fx
+
+from vfuse.entry.attention_match import (
+    SOFTMAXES,
+    Match,
+    NoMatch,
+    evaluate,
+    is_causal_keep,
+    match,
+    target_of,
+    trace_k,
+    value,
+)
+from vfuse.targets import Target
+
+log = logging.getLogger("vfuse")  # entry/observe.py registers it with torch's logging
+FLASH = int(torch.nn.attention.SDPBackend.FLASH_ATTENTION)
+# The written-out training attention crosses memory with an N x N tensor this many times: forward
+# S, P written and read (P @ V, kept for the backward); backward dP written, P, dP read and dS
+# written, dS read twice (dQ, dK), P read (dV).
+WRITTEN_PASSES = 10
+WRITTEN_KERNELS, FLASH_KERNELS = 7, 3  # matmuls and softmax rows vs SDPA_LSE, delta, SDPA_BACKWARD
+
+
+@dataclass(frozen=True)
+class AttentionDecision:
+    """One written-out attention of a training graph: rewritten into SDPA or not, and why."""
+
+    node: str  # the `P @ V` node of the Dynamo graph
+    rewritten: bool
+    reason: str
+    shape: tuple[int, ...] = ()  # (batch x heads, Lq, Lk, D, Dv)
+    causal: bool = False
+    mask: str = "none"  # none | bool | additive
+    written_s: float = 0.0  # predicted forward + backward time, written out
+    flash_s: float = 0.0  # the same as SDPA_LSE + SDPA_BACKWARD
+
+    def text(self) -> str:
+        if not self.shape:
+            return f"attention at {self.node}: left written out ({self.reason})"
+        bh, lq, lk, d, dv = self.shape
+        what = "rewritten into SDPA" if self.rewritten else "left written out"
+        return (
+            f"attention at {self.node} [{bh} x {lq} x {lk}, d={d}, dv={dv}, causal={self.causal}, mask={self.mask}]: "
+            f"{what} ({self.reason}); predicted fwd+bwd {self.written_s * 1e6:.1f} us written out, "
+            f"{self.flash_s * 1e6:.1f} us flash"
+        )
+
+
+def costs(shape: tuple[int, ...], causal: bool, target: Target) -> tuple[float, float]:
+    """Predicted forward + backward seconds: (written out, flash templates). Both do the same matmul
+    flops, 6 E (D + Dv) over E = BH Lq Lk scores; the written-out form moves the N x N tensors
+    WRITTEN_PASSES times (from cache if one fits in the last level), the flash backward recomputes
+    S = Q K^T (2 E D) and exp, and skips the tiles above a causal diagonal."""
+    bh, lq, lk, d, dv = shape
+    e = bh * lq * lk
+    exp_rate = target.transcendental_f32 or target.vector_f32
+    bw = target.cache_bw if 4 * e <= target.llc_bytes else target.dram_bw
+    written = 6 * e * (d + dv) / target.peak_f32 + e / exp_rate + WRITTEN_PASSES * 4 * e / bw
+    fe = e / 2 if causal else e
+    flash = (6 * fe * (d + dv) + 2 * fe * d) / target.peak_f32 + 2 * fe / exp_rate
+    return written + WRITTEN_KERNELS * target.launch_s, flash + FLASH_KERNELS * target.launch_s
+
+
+def rewrite_attention(
+    gm: fx.GraphModule, target: Callable[[], Target], record: Callable[[AttentionDecision], None] = lambda d: None
+) -> int:
+    """Rewrite, in place, every written-out attention of a training Dynamo graph that an SDPA computes
+    exactly and the cost model prefers; returns how many."""
+    count = 0
+    for out in list(gm.graph.nodes):
+        if out.op not in ("call_function", "call_method") or not _after_softmax(out):
+            continue
+        decision = _decide(out, gm, target)
+        record(decision)
+        log.info("vfuse: %s", decision.text())
+        count += decision.rewritten
+    if count:
+        gm.graph.eliminate_dead_code()
+        gm.graph.lint()
+        gm.recompile()
+    return count
+
+
+def _after_softmax(out: fx.Node) -> bool:
+    """A matmul whose left operand is a softmax within a few identity ops: what looks like attention."""
+    if out.op not in ("call_function", "call_method") or len(out.args) != 2 or "matmul" not in str(out.target):
+        if target_of(out) is not torch.bmm:
+            return False
+    p = out.args[0]
+    for _ in range(4):
+        if not isinstance(p, fx.Node):
+            return False
+        if target_of(p) in SOFTMAXES:
+            return True
+        p = p.args[0] if p.args else None
+    return False
+
+
+def _decide(out: fx.Node, gm: fx.GraphModule, target: Callable[[], Target]) -> AttentionDecision:
+    try:
+        m = match(out, gm)
+        _causal_or_mask(m, gm)
+        shape = _shape(m)
+        _check_flash(m)
+    except NoMatch as e:
+        return AttentionDecision(out.name, False, str(e))
+    written, flash = costs(shape, m.causal, target())
+    kind = (
+        "none"
+        if m.causal or not (m.keep or m.additive)
+        else "bool"
+        if not m.additive and len(m.keep) == 1
+        else "additive"
+    )
+    if flash >= written:
+        return AttentionDecision(
+            out.name,
+            False,
+            "the cost model predicts the written-out form faster",
+            shape,
+            m.causal,
+            kind,
+            written,
+            flash,
+        )
+    _replace(m, gm)
+    return AttentionDecision(out.name, True, "exact, and predicted faster", shape, m.causal, kind, written, flash)
+
+
+def _shape(m: Match) -> tuple[int, ...]:
+    q, kt, v = value(m.q), value(m.kt), value(m.v)
+    return (math.prod(q.shape[:-2]), q.shape[-2], kt.shape[-1], q.shape[-1], v.shape[-1])
+
+
+def _causal_or_mask(m: Match, gm: fx.GraphModule) -> Any:
+    """A single keep-mask that evaluates at compile time to torch's top-left causal pattern becomes
+    `is_causal` (m.causal); one that keeps everything is dropped. Returns the keep-mask's constant value or None."""
+    if len(m.keep) != 1 or m.additive:
+        return None
+    keep = m.keep[0]
+    try:
+        const = evaluate(_node(keep), gm)
+    except NoMatch:
+        return None
+    const = ~const.bool() if isinstance(keep, tuple) else const.bool()
+    lq, lk = value(m.q).shape[-2], value(m.kt).shape[-1]
+    m.causal = is_causal_keep(const, lq, lk)
+    if m.causal or bool(const.all()):
+        m.keep = []
+    return const
+
+
+def _example(t: torch.Tensor, swap: bool = False, rank4: bool = False) -> torch.Tensor:
+    """An uninitialized real tensor with t's sizes, strides and requires_grad (torch's SDPA choice
+    reads them; fake tensors always get the math path)."""
+    size, stride = list(t.shape), list(t.stride())
+    if swap:
+        size[-2:], stride[-2:] = size[-2:][::-1], stride[-2:][::-1]
+    if rank4:
+        size, stride = [1, *size], [size[0] * stride[0] if size else 1, *stride]
+    return torch.empty_strided(size, stride, dtype=t.dtype).requires_grad_(t.requires_grad)
+
+
+def _check_flash(m: Match) -> None:
+    """torch's CPU dispatch must pick its flash kernel for the SDPA (what vfuse's templates lower)."""
+    k, own = trace_k(m.kt)
+    rank4 = value(m.q).dim() == 3
+    q = _example(value(m.q), rank4=rank4)
+    kk = _example(value(k), rank4=rank4) if own else _example(value(m.kt), swap=True, rank4=rank4)
+    v = _example(value(m.v), rank4=rank4)
+    mask = None
+    if m.additive or m.keep:
+        shape = torch.broadcast_shapes(
+            *(tuple(value(x if not isinstance(x, tuple) else x[1]).shape) for x in _mask_nodes(m))
+        )
+        shape = (1, *shape) if rank4 and len(shape) == 3 else shape
+        mask = torch.empty(shape, dtype=torch.float32 if m.additive or len(m.keep) > 1 else torch.bool)
+    choice = torch._fused_sdp_choice(q, kk, v, attn_mask=mask, dropout_p=0.0, is_causal=m.causal, scale=m.scale)
+    if choice != FLASH:
+        raise NoMatch(f"torch's CPU dispatch would not take its flash attention (backend {choice}): no gain")
+
+
+def _mask_nodes(m: Match) -> list[Any]:
+    return [a for a, _ in m.additive] + list(m.keep)
+
+
+def _node(mask: Any) -> fx.Node:
+    """The node of a mask entry (a keep-mask may be ("not", node))."""
+    return mask[1] if isinstance(mask, tuple) else mask
+
+
+def _replace(m: Match, gm: fx.GraphModule) -> None:
+    g = gm.graph
+    rank3 = value(m.q).dim() == 3
+    with g.inserting_before(m.out):
+        k, own = trace_k(m.kt)
+        if not own:
+            k = g.call_function(torch.transpose, (m.kt, -2, -1))
+        q, v = m.q, m.v
+        if rank3:
+            q, k, v = (g.call_function(torch.unsqueeze, (x, 0)) for x in (q, k, v))
+        mask = _mask(m, g, rank3)
+        kwargs = {"attn_mask": mask, "dropout_p": 0.0, "is_causal": m.causal, "scale": m.scale}
+        new = g.call_function(F.scaled_dot_product_attention, (q, k, v), kwargs)
+        if rank3:
+            new = g.call_function(torch.squeeze, (new, 0))
+    new.meta = dict(m.out.meta)
+    m.out.replace_all_uses_with(new)
+    for node in [m.out, *m.chain]:
+        if not node.users:
+            g.erase_node(node)
+
+
+def _mask(m: Match, g: fx.Graph, rank3: bool) -> fx.Node | None:
+    """One mask for SDPA: a single keep-mask as it is (boolean), otherwise the sum of the additive
+    masks, each times the scale factors applied after it, and -inf where a keep-mask is False."""
+    keeps = [g.call_function(torch.logical_not, (k[1],)) if isinstance(k, tuple) else k for k in m.keep]
+    if not m.additive and len(keeps) == 1:
+        mask = keeps[0]
+    elif m.additive or keeps:
+        terms = [a if after == 1.0 else g.call_function(operator.mul, (a, after)) for a, after in m.additive]
+        terms += [g.call_function(torch.where, (k, 0.0, -math.inf)) for k in keeps]
+        mask = terms[0]
+        for t in terms[1:]:
+            mask = g.call_function(operator.add, (mask, t))
+    else:
+        return None
+    if rank3 and _mask_rank(m) == 3:
+        mask = g.call_function(torch.unsqueeze, (mask, 0))
+    return mask
+
+
+def _mask_rank(m: Match) -> int:
+    return max(value(_node(x)).dim() for x in _mask_nodes(m))
