@@ -9,6 +9,8 @@ import torch
 import torch.nn.functional as F
 
 import vfuse
+from vfuse.fusion.rules import Rule
+from vfuse.report.rows import RunKind
 
 aten = torch.ops.aten
 
@@ -101,3 +103,18 @@ def test_frozen_weight_and_no_bias_in_a_module() -> None:
     (wx,) = torch.autograd.grad(model(x), x, g)
     _close(gx, wx)
     assert not backend.stats["fallbacks"], backend.stats
+
+
+def test_weight_gradient_is_a_library_conv_and_input_gradient_a_template() -> None:
+    """The report of a convolution_backward: grad_input a conv template, grad_weight (a 3x3 output
+    plane: the template's tile would be mostly padding) torch's conv2d chosen by the cost model,
+    not an opaque convolution_backward; grad_bias a native reduction."""
+    x, w, go = torch.randn(4, 32, 28, 28), torch.randn(32, 32, 3, 3), torch.randn(4, 32, 28, 28)
+
+    def grads(go: torch.Tensor, x: torch.Tensor, w: torch.Tensor) -> tuple:
+        return aten.convolution_backward(go, x, w, [32], [1, 1], [1, 1], [1, 1], False, [0, 0], 1, [True] * 3)
+
+    kernels = vfuse.explain(grads, go, x, w).kernels
+    assert sum(k.runs is RunKind.TEMPLATE for k in kernels) == 1
+    (lib,) = [k for k in kernels if k.runs is RunKind.TORCH]
+    assert Rule.LIBRARY_CONTRACTION.value in lib.note
