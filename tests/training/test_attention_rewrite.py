@@ -148,7 +148,7 @@ def test_gpt2_block_parameter_gradients() -> None:
     block = Gpt2Block(torch.Generator().manual_seed(0), 32, 2, max_t=9)
     backend = vfuse.backend(strict=True)
     check_training_step(block, [torch.randn(1, 7, 32)], 1e-4, backend)
-    assert any(d.rewritten for d in backend.attention), [d.text() for d in backend.attention]
+    assert [(d.rewritten, d.causal) for d in backend.attention] == [(True, True)], backend.attention
     assert _native_flash(backend)
 
 
@@ -227,3 +227,36 @@ def test_inference_graphs_are_left_to_the_ir_pass() -> None:
     with torch.no_grad():
         torch.compile(_causal_tril, backend=backend)(*(t.detach() for t in _inputs(1, 2, 7, 8)))
     assert backend.attention == []
+
+
+class _BufferCausal(torch.nn.Module):
+    """Causal through a tril buffer sliced to T (HF GPT-2's eager attention): the buffer is a graph input."""
+
+    def __init__(self, max_t: int) -> None:
+        super().__init__()
+        self.register_buffer("causal", torch.ones(max_t, max_t, dtype=torch.bool).tril().view(1, 1, max_t, max_t))
+
+    def forward(self, q, k, v):
+        t = q.shape[-2]
+        s = (q @ k.transpose(-2, -1)).masked_fill(~self.causal[:, :, :t, :t], float("-inf"))
+        return torch.softmax(s, -1) @ v
+
+
+def test_causal_buffer_is_guarded() -> None:
+    """A tril buffer is read at compile time: is_causal under a guard on its value. Updated in place
+    (no longer causal) the graph runs eagerly with a warning: eager's values, not the causal ones."""
+    torch._dynamo.reset()
+    module = _BufferCausal(9)
+    backend = vfuse.backend(strict=True)
+    compiled = torch.compile(module, backend=backend)
+    inputs = _inputs(1, 2, 7, 8)
+    _check(compiled, inputs, backend)
+    (decision,) = backend.attention
+    assert decision.rewritten and decision.causal and "guarded on l_self_buffers_causal_" in decision.reason
+    assert _native_flash(backend)
+    module.causal[..., 3, 5] = True
+    with pytest.warns(UserWarning, match="no longer holds the causal mask"):
+        got = compiled(*inputs)
+    torch.testing.assert_close(got, module(*inputs), rtol=1e-5, atol=1e-6)
+    module.causal[..., 3, 5] = False  # equal again: the rewritten graph (checked by value)
+    _check(compiled, inputs, backend)

@@ -47,6 +47,7 @@ class Match:
     additive: list[tuple[Any, float]] = field(default_factory=list)  # (mask, factor applied after it)
     keep: list[Any] = field(default_factory=list)  # boolean keep-masks (True: attend): a node or ("not", node)
     causal: bool = False
+    guards: list[fx.Node] = field(default_factory=list)  # graph inputs the causal decision read (their values)
     chain: list[fx.Node] = field(default_factory=list)  # every node the SDPA makes dead
 
 
@@ -70,11 +71,12 @@ def arg(node: fx.Node, i: int, name: str, default: Any = None) -> Any:
 
 def evaluate(node: Any, gm: fx.GraphModule, memo: dict[fx.Node, Any] | None = None) -> Any:
     """The value of a node computed from constants only (tril of ones, aranges, torch.full, ...);
-    raises NoMatch when it reads a graph input, draws random numbers or is updated in place."""
+    raises NoMatch when it reads a graph input, draws random numbers or is updated in place.
+    `memo` may hold the values of graph inputs to read (placeholders): a guarded evaluation."""
     memo = {} if memo is None else memo
     result = _evaluate(node, gm, memo)
     for mutation in (n for n in gm.graph.nodes if _mutates(n)):
-        if isinstance(mutation.args[0], fx.Node) and _ancestors(mutation.args[0]) & memo.keys():
+        if isinstance(mutation.args[0], fx.Node) and ancestors(mutation.args[0]) & memo.keys():
             raise NoMatch(f"{mutation.name} updates the mask in place")
     return result
 
@@ -86,7 +88,7 @@ def _mutates(node: fx.Node) -> bool:
     return node.op in ("call_function", "call_method") and node.args != () and (in_place or "out" in node.kwargs)
 
 
-def _ancestors(node: fx.Node) -> set[fx.Node]:
+def ancestors(node: fx.Node) -> set[fx.Node]:
     seen, todo = set(), [node]
     while todo:
         n = todo.pop()

@@ -17,7 +17,9 @@ from __future__ import annotations
 import logging
 import math
 import operator
-from collections.abc import Callable
+import warnings
+import weakref
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -29,6 +31,7 @@ from vfuse.entry.attention_match import (
     SOFTMAXES,
     Match,
     NoMatch,
+    ancestors,
     evaluate,
     is_causal_keep,
     match,
@@ -88,23 +91,84 @@ def costs(shape: tuple[int, ...], causal: bool, target: Target) -> tuple[float, 
 
 
 def rewrite_attention(
-    gm: fx.GraphModule, target: Callable[[], Target], record: Callable[[AttentionDecision], None] = lambda d: None
-) -> int:
+    gm: fx.GraphModule,
+    example_inputs: Sequence[Any],
+    target: Callable[[], Target],
+    record: Callable[[AttentionDecision], None] = lambda d: None,
+) -> Rewritten:
     """Rewrite, in place, every written-out attention of a training Dynamo graph that an SDPA computes
-    exactly and the cost model prefers; returns how many."""
-    count = 0
+    exactly and the cost model prefers. A causal mask read from a graph input (a tril buffer) becomes
+    `is_causal` under a guard on that input's value (`Rewritten.guard`)."""
+    inputs = dict(zip((n for n in gm.graph.nodes if n.op == "placeholder"), example_inputs))
+    chosen: list[Match] = []
     for out in list(gm.graph.nodes):
-        if out.op not in ("call_function", "call_method") or not _after_softmax(out):
+        if not _after_softmax(out):
             continue
-        decision = _decide(out, gm, target)
+        decision, m = _decide(out, gm, target, inputs)
         record(decision)
         log.info("vfuse: %s", decision.text())
-        count += decision.rewritten
-    if count:
+        chosen += [m] if m is not None else []
+    positions = {n: i for i, n in enumerate(inputs)}
+    guarded = {positions[n]: inputs[n] for m in chosen for n in m.guards}
+    original = _copy(gm) if guarded else None
+    for m in chosen:
+        _replace(m, gm)
+    if chosen:
         gm.graph.eliminate_dead_code()
         gm.graph.lint()
         gm.recompile()
-    return count
+    return Rewritten(len(chosen), guarded, original)
+
+
+@dataclass
+class Rewritten:
+    """What rewrite_attention did; `guard(fn)` wraps the compiled graph when a decision read inputs."""
+
+    count: int
+    guarded: dict[int, torch.Tensor]  # input position -> its value when compiled
+    original: fx.GraphModule | None  # the graph before rewriting, run eagerly when a guard fails
+
+    def guard(self, fn: Callable) -> Callable:
+        if not self.guarded or self.original is None:
+            return fn
+        return torch._dynamo.disable(ValueGuard(fn, self.guarded, self.original), reason="vfuse guards")
+
+
+class ValueGuard:
+    """Runs the rewritten graph while the inputs a causal decision read hold the same values: the same
+    tensor at the same version counter (O(1)), or equal to the value compiled with (checked, then
+    remembered). Otherwise the original graph runs eagerly, with a warning (once)."""
+
+    def __init__(self, fn: Callable, guarded: dict[int, torch.Tensor], original: fx.GraphModule) -> None:
+        self.fn, self.original = fn, original
+        self.values = {i: t.detach().clone() for i, t in guarded.items()}
+        self.seen = {i: (weakref.ref(t), t._version) for i, t in guarded.items()}
+        self.warned = False
+
+    def __call__(self, *args: Any) -> Any:
+        for i, value_then in self.values.items():
+            t = args[i]
+            ref, version = self.seen[i]
+            if t is ref() and t._version == version:
+                continue
+            if t.shape == value_then.shape and t.dtype == value_then.dtype and torch.equal(t, value_then):
+                self.seen[i] = (weakref.ref(t), t._version)
+                continue
+            if not self.warned:
+                warnings.warn(
+                    f"vfuse: input {i} no longer holds the causal mask its attention was compiled for; "
+                    "running the graph eagerly",
+                    stacklevel=2,
+                )
+                self.warned = True
+            return self.original(*args)
+        return self.fn(*args)
+
+
+def _copy(gm: fx.GraphModule) -> fx.GraphModule:
+    graph = fx.Graph()
+    graph.output(graph.graph_copy(gm.graph, {}))
+    return fx.GraphModule(gm, graph)
 
 
 def _after_softmax(out: fx.Node) -> bool:
@@ -122,35 +186,23 @@ def _after_softmax(out: fx.Node) -> bool:
     return False
 
 
-def _decide(out: fx.Node, gm: fx.GraphModule, target: Callable[[], Target]) -> AttentionDecision:
+def _decide(
+    out: fx.Node, gm: fx.GraphModule, target: Callable[[], Target], inputs: dict[fx.Node, Any]
+) -> tuple[AttentionDecision, Match | None]:
     try:
         m = match(out, gm)
-        _causal_or_mask(m, gm)
+        _causal_or_mask(m, gm, inputs)
         shape = _shape(m)
         _check_flash(m)
     except NoMatch as e:
-        return AttentionDecision(out.name, False, str(e))
+        return AttentionDecision(out.name, False, str(e)), None
     written, flash = costs(shape, m.causal, target())
-    kind = (
-        "none"
-        if m.causal or not (m.keep or m.additive)
-        else "bool"
-        if not m.additive and len(m.keep) == 1
-        else "additive"
-    )
+    kind = "none" if not (m.keep or m.additive) else "bool" if not m.additive and len(m.keep) == 1 else "additive"
+    figures = (shape, m.causal, kind, written, flash)
     if flash >= written:
-        return AttentionDecision(
-            out.name,
-            False,
-            "the cost model predicts the written-out form faster",
-            shape,
-            m.causal,
-            kind,
-            written,
-            flash,
-        )
-    _replace(m, gm)
-    return AttentionDecision(out.name, True, "exact, and predicted faster", shape, m.causal, kind, written, flash)
+        return AttentionDecision(out.name, False, "the cost model predicts the written-out form faster", *figures), None
+    why = "exact, and predicted faster" + (f"; guarded on {', '.join(n.name for n in m.guards)}" if m.guards else "")
+    return AttentionDecision(out.name, True, why, *figures), m
 
 
 def _shape(m: Match) -> tuple[int, ...]:
@@ -158,22 +210,26 @@ def _shape(m: Match) -> tuple[int, ...]:
     return (math.prod(q.shape[:-2]), q.shape[-2], kt.shape[-1], q.shape[-1], v.shape[-1])
 
 
-def _causal_or_mask(m: Match, gm: fx.GraphModule) -> Any:
-    """A single keep-mask that evaluates at compile time to torch's top-left causal pattern becomes
-    `is_causal` (m.causal); one that keeps everything is dropped. Returns the keep-mask's constant value or None."""
+def _causal_or_mask(m: Match, gm: fx.GraphModule, inputs: dict[fx.Node, Any]) -> None:
+    """A single keep-mask that evaluates to torch's top-left causal pattern becomes `is_causal`
+    (m.causal); one that keeps everything is dropped. Evaluated from constants, else from the graph
+    inputs it reads (tensors that need no gradient), which then become m.guards."""
     if len(m.keep) != 1 or m.additive:
-        return None
-    keep = m.keep[0]
+        return
+    keep = _node(m.keep[0])
     try:
-        const = evaluate(_node(keep), gm)
+        const, read = evaluate(keep, gm), []
     except NoMatch:
-        return None
-    const = ~const.bool() if isinstance(keep, tuple) else const.bool()
+        memo = {n: t for n, t in inputs.items() if isinstance(t, torch.Tensor) and not t.requires_grad}
+        try:
+            const = evaluate(keep, gm, memo)
+        except NoMatch:
+            return
+        read = [n for n in ancestors(keep) if n.op == "placeholder"]
+    const = ~const.bool() if isinstance(m.keep[0], tuple) else const.bool()
     lq, lk = value(m.q).shape[-2], value(m.kt).shape[-1]
-    m.causal = is_causal_keep(const, lq, lk)
-    if m.causal or bool(const.all()):
-        m.keep = []
-    return const
+    if is_causal_keep(const, lq, lk) or bool(const.all()):
+        m.causal, m.keep, m.guards = is_causal_keep(const, lq, lk), [], read
 
 
 def _example(t: torch.Tensor, swap: bool = False, rank4: bool = False) -> torch.Tensor:

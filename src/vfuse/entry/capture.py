@@ -68,8 +68,9 @@ class VfuseBackend:
 
     def __call__(self, gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> Callable:
         frozen = _parameter_inputs(gm, example_inputs) if self.options.freeze and not torch.is_grad_enabled() else {}
-        if _needs_grad(gm, example_inputs):  # before AOTAutograd: it would save the N x N probabilities
-            rewrite_attention(gm, self._target, self.attention.append)
+        attention = None  # before AOTAutograd, which would save the N x N probabilities:
+        if _needs_grad(gm, example_inputs):
+            attention = rewrite_attention(gm, example_inputs, self._target, self.attention.append)
         forward = functools.partial(self.compile_aten, frozen=frozen, kind="forward")
         direct: list[Callable] = []  # the inference forward, when AOTAutograd's wrappers add nothing
         inference = functools.partial(self.compile_aten, frozen=frozen, kind="inference")
@@ -87,6 +88,7 @@ class VfuseBackend:
             and not any(_is_symbolic(x) for x in example_inputs),
         )
         wrapped = compiler(gm, example_inputs)
+        wrapped = attention.guard(wrapped) if attention is not None else wrapped
         return unboxed(direct[0]) if direct else wrapped
 
     def _target(self) -> Target:
