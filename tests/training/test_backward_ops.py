@@ -160,17 +160,16 @@ def test_avg_pool2d_divisor_override() -> None:
     assert not backend.stats["fallbacks"], backend.stats
 
 
-def test_pool_backward_beyond_the_cpu_limits_runs_through_torch() -> None:
-    """The cost gate: average pooling's gather form loses to eager on larger inputs (torch);
-    max_pool2d's backward is a SCATTER_ADD on CPU (eager's walk), never gated. Gradients match."""
+def test_pool_backward_of_larger_inputs_is_native() -> None:
+    """No cost gate for the backwards on CPU: max and average pooling's are SCATTER_ADDs (eager's
+    walk, ir/defs/scatter.py) at any size. Gradients match."""
     torch._dynamo.reset()
     x = torch.randn(2, 16, 20, 20, requires_grad=True)
     backend = vfuse.backend()
     got, want, grad, want_grad = _grads(lambda x: F.max_pool2d(x, 3, 2, 1) + F.avg_pool2d(x, 3, 2, 1), x, backend)
     torch.testing.assert_close(got, want)
     torch.testing.assert_close(grad, want_grad)
-    backward = {k: v for k, v in backend.stats["fallbacks"].items() if "backward" in k}
-    assert backward == {"aten.avg_pool2d_backward.default": 1}
+    assert not {k: v for k, v in backend.stats["fallbacks"].items() if "backward" in k}, backend.stats
 
 
 def test_max_pool2d_backward_indices_out_of_range_raise(no_cpu_limits: None) -> None:

@@ -176,9 +176,9 @@ def test_reference_semantics_with_init_and_skip() -> None:
         for n in range(3):
             if index[b, n] != 3:
                 want[b, index[b, n]] += values[b, n]
-    assert torch.equal(ref(values, index, init, Attrs.of(rows=4, skip=3, wrap=False, dim=0)), want)
+    assert torch.equal(ref(values, index, init, Attrs.of(rows=4, skip=3, wrap=False, taps=1, dim=0)), want)
     with pytest.raises(VfuseIndexError, match="index 3 is out of bounds for dimension 1 with size 3"):
-        ref(values, index, Attrs.of(rows=3, skip=None, wrap=False, dim=1))
+        ref(values, index, Attrs.of(rows=3, skip=None, wrap=False, taps=1, dim=1))
 
 
 def test_triton_programs_run_the_scatter_in_torch() -> None:
@@ -188,7 +188,7 @@ def test_triton_programs_run_the_scatter_in_torch() -> None:
     b = GraphBuilder()
     values = b.add(Op.INPUT, name="v", index=0, type=TensorType((4, 6, 5), DType.F32))
     index = b.add(Op.INPUT, name="i", index=1, type=TensorType((4, 6), DType.I64))
-    graph = b.build([b.add(Op.SCATTER_ADD, [values, index], rows=9, skip=None, wrap=False, dim=0)])
+    graph = b.build([b.add(Op.SCATTER_ADD, [values, index], rows=9, skip=None, wrap=False, taps=1, dim=0)])
     h100 = get_target("h100")
     (step,) = build(plan_fusion(graph, h100), h100, triton=True).steps
     assert isinstance(step, TorchStep) and "no Triton template for scatter_add" in step.reason
@@ -300,3 +300,29 @@ def test_large_embedding_backward_on_a_gpu_target_scatters_in_torch() -> None:
     steps = [s for s in compiled.compiled.executor.program.steps if isinstance(s, TorchStep)]
     assert len(steps) == 1 and "no Triton template for scatter_add" in steps[0].reason
     assert torch.equal(compiled(g, idx), fn(g, idx))
+
+
+AVG_POOLS = [
+    # (x shape, kernel, stride, padding, ceil_mode, count_include_pad, divisor_override, walk)
+    ((2, 3, 13, 11), 3, 2, 1, False, True, None, ScatterWalk.SERIAL),
+    ((1, 2, 7, 9), 3, 2, 1, True, False, None, ScatterWalk.SERIAL),  # ceil_mode past the padding
+    ((3, 7, 5), (3, 2), (1, 2), (1, 0), True, True, None, ScatterWalk.SERIAL),  # unbatched
+    ((2, 5, 47, 53), 3, 1, 1, False, False, 5, ScatterWalk.ROW_RANGES),
+    ((4, 8, 37, 41), 3, 2, 1, True, True, None, ScatterWalk.PLANES),
+]
+
+
+@pytest.mark.parametrize(("shape", "k", "s", "p", "ceil", "include", "override", "walk"), AVG_POOLS)
+def test_avg_pool2d_backward_is_one_scatter_and_bit_exact(shape, k, s, p, ceil, include, override, walk, threads):
+    """Each window's gradient divided once, then spread over its taps (a CONSTANT index row, padded
+    taps skipped) in eager's order: bit for bit, every walk and thread count."""
+    torch.manual_seed(0)
+    x = torch.randn(shape)
+    y = F.avg_pool2d(x, k, s, p, ceil, include, override)
+    g = torch.randn_like(y)
+    pair = lambda v: [v, v] if isinstance(v, int) else list(v)  # noqa: E731
+    fn = lambda g, x: aten.avg_pool2d_backward(g, x, pair(k), pair(s), pair(p), ceil, include, override)  # noqa: E731
+    compiled = vfuse.compile(fn, (g, x), strict=True)
+    (kernel,) = _scatter_kernels(compiled)
+    assert kernel.scatter is walk and kernel.attrs["taps"] == pair(k)[0] * pair(k)[1]
+    assert torch.equal(compiled(g, x), fn(g, x))

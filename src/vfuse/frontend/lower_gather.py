@@ -156,7 +156,7 @@ def lower_embedding_dense_backward(em: Emitter, node: torch.fx.Node) -> str:
     pad = a["padding_idx"] if 0 <= a["padding_idx"] < rows else None
     if em.ctx.options.target == "cpu" or hint(rows * n * width) > GPU_ONE_HOT_TERMS:
         values, index = reshape(em, g, (1, n, width)), reshape(em, idx, (1, n))
-        out = em.emit(Op.SCATTER_ADD, (values, index), rows=rows, skip=pad, wrap=False, dim=0)
+        out = em.emit(Op.SCATTER_ADD, (values, index), rows=rows, skip=pad, wrap=False, taps=1, dim=0)
         return reshape(em, out, (rows, width))
     flat = reshape(em, idx, (n,))
     zeros = em.emit(Op.FULL, value=0, shape=(rows, 1), dtype=em.ttype(idx).dtype)
@@ -182,7 +182,7 @@ def _scatter(em: Emitter, x: str, values: str, index: str, *, wrap: bool, dim: i
     b, _, w = em.ttype(values).shape
     rows = em.ttype(x).numel // (b * w)
     ins = (values, index) if _zeros(em, x) else (values, index, reshape(em, x, (b, rows, w)))
-    return em.emit(Op.SCATTER_ADD, ins, rows=rows, skip=None, wrap=wrap, dim=dim)
+    return em.emit(Op.SCATTER_ADD, ins, rows=rows, skip=None, wrap=wrap, taps=1, dim=dim)
 
 
 def _cpu_scatter(em: Emitter, x: str, index: str, what: str) -> None:
@@ -240,7 +240,7 @@ def lower_scatter_add(em: Emitter, node: torch.fx.Node) -> str:
 @lowers(aten.index_add.default)
 def lower_index_add(em: Emitter, node: torch.fx.Node) -> str:
     """x.index_add(dim, index, source) (alpha 1): x viewed as (before dim, dim, after dim), a
-    SCATTER_ADD of source's slices in index order (eager's), the index shared by every leading
+    SCATTER_ADD of source's slices in index order (eager's), one index row serving every leading
     plane; an index outside [0, size) raises, as eager."""
     a = bind(node)
     x, idx, src = em.value(a["self"]), em.value(a["index"]), em.value(a["source"])
@@ -253,8 +253,6 @@ def lower_index_add(em: Emitter, node: torch.fx.Node) -> str:
     if em.ttype(src).shape != (*t.shape[:dim], n, *t.shape[dim + 1 :]):
         raise Fallback("index_add with a source not of x's shape along the other dims")
     planes, width = math.prod(t.shape[:dim]), math.prod(t.shape[dim + 1 :])
-    index = reshape(em, idx, (1, n))
-    if planes != 1:
-        index = em.emit(Op.EXPAND, (index,), shape=(planes, n))
+    index = reshape(em, idx, (1, n))  # one index row serves every plane
     out = _scatter(em, x, reshape(em, src, (planes, n, width)), index, wrap=False, dim=dim)
     return reshape(em, out, t.shape)

@@ -7,9 +7,9 @@ the sum over the taps (ti, tj) of the output gradient *spread* to the positions 
 bounded loop of layout ops instead of a scatter. Taps are added in reverse order, so every input
 element adds its windows' terms in (oh, ow) row-major order, as eager's CPU kernels do; a term
 that does not reach an element adds an exact 0. Max pooling's backward routes each gradient
-through the saved indices (so ties go where eager's forward put them). On CPU, max pooling's
-backward is instead a SCATTER_ADD through the saved indices (eager's walk; the gather form did
-~16x its work).
+through the saved indices (so ties go where eager's forward put them). On CPU both backwards
+are instead SCATTER_ADDs, eager's walk: max through the saved indices (the gather form did ~16x
+its work), avg over each window's taps.
 
 Windows that tile the input (kernel == stride, no padding) keep their cheaper forms: a two-axis
 row sum forward, a broadcast of grad / (k*k) backward.
@@ -32,6 +32,7 @@ from vfuse.frontend.lower_layout import _embed, reshape, slice_
 from vfuse.frontend.registry import lowers
 from vfuse.ir import ConstValue, DType, Op
 from vfuse.ir.defs.layout import IndexBounds
+from vfuse.ir.sym import is_sym
 
 aten = torch.ops.aten
 
@@ -47,9 +48,9 @@ CPU_TERMS: dict[Form, int | None] = {Form.MAX_INDICES: 65536, Form.AVG_BACKWARD:
 """The most window terms (output elements x taps forward, input elements x covering windows
 backward) for which the generated kernel beat eager's on CPU (2 threads, docs/perf-log.md
 2026-11-30). None: no limit. GPU targets have none (the gather form is how GPU compilers write
-these). max_pool2d's backward on CPU is a SCATTER_ADD through the saved indices (eager's own
-walk), so it has no gate: the gather form, every input element checking each window that may
-cover it, never beat eager there."""
+these). On CPU the backwards are SCATTER_ADDs (eager's own walk: through the saved indices for
+max, over each window's taps for avg), so only an avg backward with symbolic sizes (its tap
+table is a constant) still takes the gated gather form."""
 
 
 _SUMMED = (DType.F32, DType.F64)
@@ -289,7 +290,28 @@ def _scatter_back(em: Emitter, g: str, x: str, saved: str, axes: tuple[Axis, Axi
     planes, outs = math.prod(shape[:-2]), h.out * w.out
     values = reshape(em, g, (planes, outs, 1))
     index = reshape(em, saved, (planes, outs))
-    out = em.emit(Op.SCATTER_ADD, (values, index), rows=h.size * w.size, skip=None, wrap=False, dim=h.dim)
+    out = em.emit(Op.SCATTER_ADD, (values, index), rows=h.size * w.size, skip=None, wrap=False, taps=1, dim=h.dim)
+    return reshape(em, out, shape)
+
+
+def _spread(em: Emitter, delta: str, x: str, axes: tuple[Axis, Axis]) -> str:
+    """Eager's CPU walk of an average pool's backward: per plane, each window's divided gradient
+    added to the inputs it covers, windows in row-major order, taps in window order: a SCATTER_ADD
+    with a window's k*k taps per value and one index row (a CONSTANT; -1, skipped, in the padding)
+    for every plane."""
+    h, w = axes
+    shape = em.ttype(x).shape
+    taps = [(h.reads(ti), w.reads(tj)) for ti in range(h.kernel) for tj in range(w.kernel)]
+    table = [
+        ih * w.size + iw if 0 <= ih < h.size and 0 <= iw < w.size else -1
+        for oh in range(h.out)
+        for ow in range(w.out)
+        for rows, cols in taps
+        for ih, iw in ((rows[oh], cols[ow]),)
+    ]
+    index = em.emit(Op.CONSTANT, value=ConstValue(torch.tensor([table], dtype=torch.int32)))
+    values = reshape(em, delta, (math.prod(shape[:-2]), h.out * w.out, 1))
+    out = em.emit(Op.SCATTER_ADD, (values, index), rows=h.size * w.size, skip=-1, wrap=False, taps=len(taps), dim=h.dim)
     return reshape(em, out, shape)
 
 
@@ -370,8 +392,10 @@ def lower_avg_pool2d_backward(em: Emitter, node: torch.fx.Node) -> str:
     if dtype not in _SUMMED or em.ttype(g).dtype is not dtype:
         raise Fallback(f"avg_pool2d backward of {dtype.value} over windows that do not tile the input")
     axes = _axes(em, a, x, em.ttype(g).shape[-2:])
-    _cheap_enough(em, Form.AVG_BACKWARD, em.ttype(x).numel * _windows(axes[0]) * _windows(axes[1]))
     delta = em.emit(Op.DIV, (g, _divisor(em, a, axes, dtype)))
+    if em.ctx.options.target == "cpu" and not any(is_sym(d) for d in em.ttype(x).shape):
+        return _spread(em, delta, x, axes)
+    _cheap_enough(em, Form.AVG_BACKWARD, em.ttype(x).numel * _windows(axes[0]) * _windows(axes[1]))
     zero = em.scalar(0, dtype)
 
     def term(at: list[str], covers: str | None) -> str:

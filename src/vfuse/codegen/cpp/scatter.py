@@ -19,28 +19,30 @@ from vfuse.schedule.kernel import ContractionKernel, Program, ScatterWalk
 
 
 def _term(k: ContractionKernel, w: object, lo_hi: bool) -> list[str]:
-    """The loop over plane b's terms: check, skip, own-range test, the row's add."""
-    skip = k.attrs["skip"]
+    """The loop over plane b's terms (m = n * taps + t reads value n): skip, check, own-range test,
+    the row's add."""
+    skip, taps = k.attrs["skip"], int(k.attrs["taps"])
+    read = "(int64_t)ix[m]"
     lines = [
-        "for (int64_t n = 0; n < N; ++n) {",
-        "  const int64_t r = (int64_t)ix[n] < 0 ? (int64_t)ix[n] + R : (int64_t)ix[n];"
-        if k.attrs["wrap"]
-        else "  const int64_t r = (int64_t)ix[n];",
-        "  if ((uint64_t)r >= (uint64_t)R) { bad = 1; continue; }",
+        f"const int64_t r = {read} < 0 ? {read} + R : {read};" if k.attrs["wrap"] else f"const int64_t r = {read};"
     ]
-    if lo_hi:
-        lines.append("  if (r < lo || r >= hi) continue;")
     if skip is not None:
-        lines.append(f"  if (r == {int(skip)}) continue;")
+        lines.append(f"if (r == {int(skip)}) continue;")
+    lines.append("if ((uint64_t)r >= (uint64_t)R) { bad = 1; continue; }")
+    if lo_hi:
+        lines.append("if (r < lo || r >= hi) continue;")
     if isinstance(w, int) and w == 1:
-        lines.append("  o[r] += vv[n];")
+        lines.append("o[r] += vv[n];")
     else:
         lines += [
-            "  T* d = o + r * W; const T* s = vv + n * W;",
-            "  #pragma omp simd",
-            "  for (int64_t j = 0; j < W; ++j) d[j] += s[j];",
+            "T* d = o + r * W; const T* s = vv + n * W;",
+            "#pragma omp simd",
+            "for (int64_t j = 0; j < W; ++j) d[j] += s[j];",
         ]
-    return [*lines, "}"]
+    if taps == 1:
+        return ["for (int64_t n = 0; n < N; ++n) {", "  const int64_t m = n;", *(f"  {x}" for x in lines), "}"]
+    head = ["for (int64_t n = 0; n < N; ++n) {", f"  for (int64_t t = 0; t < {taps}; ++t) {{"]
+    return [*head, f"    const int64_t m = n * {taps} + t;", *(f"    {x}" for x in lines), "  }", "}"]
 
 
 def _start(k: ContractionKernel, first: str, count: str) -> str:
@@ -51,7 +53,8 @@ def _start(k: ContractionKernel, first: str, count: str) -> str:
 
 
 def _body(k: ContractionKernel, w: object) -> list[str]:
-    plane = ["T* o = out + b * R * W;", "const I* ix = idx + b * N;", "const T* vv = v + b * N * W;"]
+    at = "0" if _shared(k) else f"b * N * {int(k.attrs['taps'])}"
+    plane = ["T* o = out + b * R * W;", f"const I* ix = idx + {at};", "const T* vv = v + b * N * W;"]
     if k.scatter is ScatterWalk.ROW_RANGES:
         head = ["#pragma omp parallel for num_threads(nt) schedule(static, 1) reduction(|: bad)",
                 "for (int t = 0; t < nt; ++t) {",
@@ -65,6 +68,24 @@ def _body(k: ContractionKernel, w: object) -> list[str]:
     return [*head, *(f"  {line}" for line in inner), "}"]
 
 
+def _shared(k: ContractionKernel) -> bool:
+    """One index row serves every plane (index (1, N * taps), values (B, N, W))."""
+    rows, planes = k.shapes[1][0], k.shapes[0][0]
+    return isinstance(rows, int) and rows == 1 and not (isinstance(planes, int) and planes == 1)
+
+
+def _first_bad(k: ContractionKernel) -> str:
+    """After the loops, when some index was bad: record the first in row-major order (skipped
+    values are not bad), as the reference raises it."""
+    lo, skip = "-R" if k.attrs["wrap"] else "0", k.attrs["skip"]
+    count = f"{'' if _shared(k) else 'B * '}N * {int(k.attrs['taps'])}"
+    test = f"(int64_t)idx[i] < {lo} || (int64_t)idx[i] >= R"
+    if skip is not None:
+        test = f"(int64_t)idx[i] != {int(skip)} && ({test})"
+    found = f"{{ vf_raise({FAULT_VAR}, VF_INDEX, {c_string(k.node)}, (int64_t)idx[i], R); break; }}"
+    return f"if (bad) for (int64_t i = 0; i < {count}; ++i) if ({test}) {found}"
+
+
 def render_scatter(k: ContractionKernel, program: Program) -> tuple[str, str]:
     """(the template function, its call from the kernel wrapper)."""
     (b, n, w), rows = k.shapes[0], k.out_shape[1]
@@ -76,8 +97,7 @@ def render_scatter(k: ContractionKernel, program: Program) -> tuple[str, str]:
         "const int64_t W, int nt) {"
     )
     consts = [f"using T = {vt}; using I = {it};", "(void)in; (void)nt; (void)W; int bad = 0;"]
-    lo = "-R" if k.attrs["wrap"] else "0"
-    check = f"if (bad) vf_check_rows(idx, B * N, {lo}, R, {FAULT_VAR}, {c_string(k.node)});"
+    check = _first_bad(k)
     source = "\n".join([sig, *(f"  {line}" for line in (*consts, *_body(k, w), check)), "}"])
     init = pointer(k.operands[2]) if len(k.operands) == 3 else "nullptr"
     fault = f"(vf_fault*)(arena + {fault_offset(program)})"

@@ -2,12 +2,14 @@
 
 SCATTER_ADD(values (B, N, W), index (B, N)[, init (B, R, W)]) -> out (B, R, W):
 out starts as zeros (or `init`), then for n = 0, 1, ... in order, out[b, index[b, n], :] +=
-values[b, n, :]. Each output element adds its terms in ascending n, the order eager's CPU kernels
+values[b, n, :]. With `taps` T > 1 each value feeds T consecutive terms (index (B, N * T): term m
+adds values[b, m // T], an average pool's window), and an index of one row (1, N * T) serves
+every plane b. Each output element adds its terms in ascending n, the order eager's CPU kernels
 (embedding_dense_backward, max_pool2d backward, index_put_ with accumulate) add them, so the
 result is bit-reproducible whatever the threads (the schedule splits planes or output rows
 between threads, never one element's terms). An index outside [0, R) ([-R, R) with `wrap`, where
 negative ones count from the end) raises VfuseIndexError (the first in row-major order); `skip`
-(embedding's padding_idx) drops the terms at that index.
+(embedding's padding_idx, a pool tap in the padding) drops the terms at that index.
 It is Kind.CONTRACTION: a standalone template kernel (`codegen/cpp/scatter.py`), no epilogue.
 """
 
@@ -25,9 +27,12 @@ SCATTER_DTYPES = (DType.F32, DType.F64)
 
 def _infer(ins: tuple[TensorType, ...], attrs: Attrs) -> Type:
     values, index = ins[:2]
-    rows = attrs["rows"]
-    if values.rank != 3 or index.rank != 2 or values.shape[:2] != index.shape:
-        raise rules.TypeRuleError(f"scatter_add needs values (B, N, W) and index (B, N), got {values}, {index}")
+    rows, taps = attrs["rows"], attrs["taps"]
+    terms = (values.shape[1] * taps,) if values.rank == 3 else ()
+    if values.rank != 3 or index.rank != 2 or index.shape not in ((values.shape[0], *terms), (1, *terms)):
+        raise rules.TypeRuleError(
+            f"scatter_add needs values (B, N, W) and index (B or 1, N * {taps} taps), got {values}, {index}"
+        )
     if values.dtype not in SCATTER_DTYPES or index.dtype not in (DType.I32, DType.I64):
         raise rules.TypeRuleError(f"scatter_add of {values.dtype.value} at {index.dtype.value} indices")
     out = TensorType((values.shape[0], rows, values.shape[2]), values.dtype)
@@ -38,12 +43,15 @@ def _infer(ins: tuple[TensorType, ...], attrs: Attrs) -> Type:
 
 def _ref(values: torch.Tensor, index: torch.Tensor, *rest: object) -> torch.Tensor:
     attrs: Attrs = rest[-1]  # type: ignore[assignment]
-    b, n, w = values.shape
+    b, _, w = values.shape
     rows, skip = attrs["rows"], attrs["skip"]
-    bad = (index < (-rows if attrs["wrap"] else 0)) | (index >= rows)
+    values = values.repeat_interleave(attrs["taps"], dim=1)
+    index, n = index.expand(b, values.shape[1]), values.shape[1]
+    counted = index != skip if skip is not None else torch.ones_like(index, dtype=torch.bool)
+    bad = ((index < (-rows if attrs["wrap"] else 0)) | (index >= rows)) & counted
     if bool(bad.any()):  # the first offending index in row-major order, as the kernel reports
         raise index_out_of_bounds(int(index.flatten()[bad.flatten()][0]), attrs["dim"], rows)
-    index = torch.where(index < 0, index + rows, index)
+    index = torch.where((index < 0) & counted, index + rows, index)
     init = rest[0] if len(rest) == 2 else None
     out = init.clone() if isinstance(init, torch.Tensor) else values.new_zeros((b, rows, w))
     flat = (index.long() + torch.arange(b, device=index.device).unsqueeze(1) * rows).flatten()
@@ -73,10 +81,11 @@ register(
         _infer,
         _ref,
         lambda ins, out, attrs: ins[0].numel,
-        attrs=("rows", "skip", "wrap", "dim"),
+        attrs=("rows", "skip", "wrap", "taps", "dim"),
         bytes=_bytes,
-        doc="inputs (values (B, N, W), index (B, N)[, init (B, R, W)]); out[b, index[b, n]] += values[b, n] "
-        "in ascending n from zeros (or init); rows R, skip (an index whose terms are dropped, or None), "
+        doc="inputs (values (B, N, W), index (B or 1, N * taps)[, init (B, R, W)]); out[b, index[b, m]] += "
+        "values[b, m // taps] in ascending m from zeros (or init); rows R, skip (an index whose terms are "
+        "dropped, in range or not, or None), taps (terms per value: a pool window's), "
         "wrap (indices in [-R, 0) count from the end, as x[idx]), dim (the frontend op's dim, for messages)",
     )
 )
