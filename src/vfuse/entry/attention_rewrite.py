@@ -39,6 +39,7 @@ from vfuse.entry.attention_match import (
     trace_k,
     value,
 )
+from vfuse.fusion.cost import memory_bw
 from vfuse.targets import Target
 
 log = logging.getLogger("vfuse")  # entry/observe.py registers it with torch's logging
@@ -78,13 +79,12 @@ class AttentionDecision:
 def costs(shape: tuple[int, ...], causal: bool, target: Target) -> tuple[float, float]:
     """Predicted forward + backward seconds: (written out, flash templates). Both do the same matmul
     flops, 6 E (D + Dv) over E = BH Lq Lk scores; the written-out form moves the N x N tensors
-    WRITTEN_PASSES times (from cache if one fits in the last level), the flash backward recomputes
-    S = Q K^T (2 E D) and exp, and skips the tiles above a causal diagonal."""
+    WRITTEN_PASSES times, each at the cost model's bandwidth for its size (fusion.cost.memory_bw);
+    the flash backward recomputes S = Q K^T (2 E D) and exp, and skips tiles above a causal diagonal."""
     bh, lq, lk, d, dv = shape
     e = bh * lq * lk
     exp_rate = target.transcendental_f32 or target.vector_f32
-    bw = target.cache_bw if 4 * e <= target.llc_bytes else target.dram_bw
-    written = 6 * e * (d + dv) / target.peak_f32 + e / exp_rate + WRITTEN_PASSES * 4 * e / bw
+    written = 6 * e * (d + dv) / target.peak_f32 + e / exp_rate + WRITTEN_PASSES * 4 * e / memory_bw(target, 4 * e)
     fe = e / 2 if causal else e
     flash = (6 * fe * (d + dv) + 2 * fe * d) / target.peak_f32 + 2 * fe / exp_rate
     return written + WRITTEN_KERNELS * target.launch_s, flash + FLASH_KERNELS * target.launch_s
