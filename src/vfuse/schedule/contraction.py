@@ -257,11 +257,11 @@ def _check_scatter(graph: Graph, node: str, dtypes: frozenset[DType]) -> None:
         raise Unsupported(f"%{node} is empty")
 
 
-def scatter_walk(values: tuple[int, ...], out: tuple[int, ...]) -> ScatterWalk:
+def scatter_walk(values: tuple[int, ...], out: tuple[int, ...], taps: int = 1) -> ScatterWalk:
     """Who adds which terms (`ScatterWalk`): one thread for small scatters, planes between threads
     where there are enough, else ranges of output rows (each thread reads every index)."""
     b, n, w = (hint(d) for d in values)
-    if b * (n + hint(out[1])) * w < SCATTER_THREADED:
+    if b * (n * taps + hint(out[1])) * w < SCATTER_THREADED:
         return ScatterWalk.SERIAL
     return ScatterWalk.PLANES if b >= SCATTER_PLANES else ScatterWalk.ROW_RANGES
 
@@ -340,7 +340,8 @@ def plan_contraction(graph: Graph, nodes: tuple[str, ...], outputs: tuple[str, .
         prepacked_b=op is Op.MATMUL and dtypes is not GPU_DTYPES and _constant_b(graph, ops)
         and not any(is_sym(d) for s in ops.shapes for d in s),
         blocks=_attention_blocks(graph, node, unit, caches) if op in ATTENTION else (64, 64),
-        scatter=scatter_walk(ops.shapes[0], graph[node].tensor_type.shape) if op is Op.SCATTER_ADD else None,
+        scatter=scatter_walk(ops.shapes[0], graph[node].tensor_type.shape, graph[node].attrs["taps"])
+        if op is Op.SCATTER_ADD else None,
     )  # fmt: skip
     # Split: the leftover kernels recompute the (cheap) prologue values they read, and store
     # those other groups read, as torch used to leave them in its env.
