@@ -130,7 +130,7 @@ class Dynamic:
         self.gm = gm
         self._compile_variant = compile_variant  # (gm, env, kind) -> CompiledGraph
         self._per_shape = per_shape
-        self.variants: list[tuple[SymbolicExecutor, Callable[[list], list]]] = []
+        self.variants: list[tuple[SymbolicExecutor, Callable[[tuple[int, ...], list], list]]] = []
         self.fallback: Callable | None = None
         self._slots: tuple[Any, ...] | None = None  # size_slots(gm), once the per-shape path needs it
 
@@ -140,7 +140,7 @@ class Dynamic:
         for ex, run in self.variants:
             values = ex.values(args)
             if ex.serves(values):
-                return run(args, values)
+                return run(values, args)
         run_new = self._new_variant(args)
         if run_new is None:
             return self._per_shape_call(args)
@@ -184,19 +184,21 @@ class Dynamic:
         values = executor.values(args)
         if not executor.serves(values):
             raise RuntimeError(f"vfuse: a program compiled for sizes {values} rejects them (guards {env.guards})")
-        return lambda a: run(a, executor.values(a))  # the first call (then the loop in __call__)
+        return lambda a: run(executor.values(a), a)  # the first call (then the loop in __call__)
 
 
-def _runner(compiled: Any, slots: tuple[Any, ...], views: Any = None) -> Callable[[list, tuple[int, ...]], list]:
+def _runner(compiled: Any, slots: tuple[Any, ...], views: Any = None) -> Callable[[tuple[int, ...], list], list]:
+    """`run(values, args)`: the call at sizes `values` already read (in the common case the
+    executor's own `run`: no frame of ours in between)."""
     if compiled.unchecked_runner is compiled.executor:  # no output can alias: sizes read once
         execute = compiled.executor.run
     else:
         runner = compiled.unchecked_runner
         execute = lambda values, args: runner(args)  # noqa: E731
     if all(s is COMPUTED for s in slots):
-        return lambda args, values: execute(values, args)
+        return execute
 
-    def run(args: list, values: tuple[int, ...]) -> list:
+    def run(values: tuple[int, ...], args: list) -> list:
         made = views(*args) if views is not None else ()  # before the kernels: they may write outputs in place
         it = iter(execute(values, args))
         return [
