@@ -232,21 +232,27 @@ def test_inference_graphs_are_left_to_the_ir_pass() -> None:
 class _BufferCausal(torch.nn.Module):
     """Causal through a tril buffer sliced to T (HF GPT-2's eager attention): the buffer is a graph input."""
 
-    def __init__(self, max_t: int) -> None:
+    def __init__(self, max_t: int, finfo: bool) -> None:
         super().__init__()
         self.register_buffer("causal", torch.ones(max_t, max_t, dtype=torch.bool).tril().view(1, 1, max_t, max_t))
+        self.finfo = finfo
 
     def forward(self, q, k, v):
         t = q.shape[-2]
-        s = (q @ k.transpose(-2, -1)).masked_fill(~self.causal[:, :, :t, :t], float("-inf"))
-        return torch.softmax(s, -1) @ v
+        s = q @ k.transpose(-2, -1)
+        if self.finfo:  # older HF GPT-2: where(bias[..], s, finfo.min), exact as no row is fully masked
+            s = torch.where(self.causal[:, :, :t, :t], s.to(s.dtype), torch.finfo(s.dtype).min)
+        else:
+            s = s.masked_fill(~self.causal[:, :, :t, :t], float("-inf"))
+        return torch.softmax(s, -1).type(v.dtype) @ v
 
 
-def test_causal_buffer_is_guarded() -> None:
+@pytest.mark.parametrize("finfo", [False, True], ids=["masked_fill-inf", "where-finfo-min"])
+def test_causal_buffer_is_guarded(finfo: bool) -> None:
     """A tril buffer is read at compile time: is_causal under a guard on its value. Updated in place
     (no longer causal) the graph runs eagerly with a warning: eager's values, not the causal ones."""
     torch._dynamo.reset()
-    module = _BufferCausal(9)
+    module = _BufferCausal(9, finfo)
     backend = vfuse.backend(strict=True)
     compiled = torch.compile(module, backend=backend)
     inputs = _inputs(1, 2, 7, 8)

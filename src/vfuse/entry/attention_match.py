@@ -27,6 +27,8 @@ ADDS = {operator.add, torch.add, torch.Tensor.add}
 MASKED_FILLS = {torch.masked_fill, torch.Tensor.masked_fill}
 NOTS = {operator.invert, torch.logical_not, torch.bitwise_not, torch.Tensor.logical_not, torch.Tensor.bitwise_not}
 TRANSPOSES = {torch.transpose, torch.Tensor.transpose}
+# Casts and copies that leave an fp32 tensor's values as they are (every node of a match is fp32).
+IDENTITIES = {torch.Tensor.to, torch.Tensor.float, torch.Tensor.type, torch.Tensor.type_as, torch.Tensor.contiguous}
 # Constant subgraphs are evaluated at compile time; nothing random is.
 RANDOM_WORDS = ("rand", "dropout", "bernoulli", "normal", "multinomial", "uniform", "seed")
 
@@ -47,7 +49,8 @@ class Match:
     additive: list[tuple[Any, float]] = field(default_factory=list)  # (mask, factor applied after it)
     keep: list[Any] = field(default_factory=list)  # boolean keep-masks (True: attend): a node or ("not", node)
     causal: bool = False
-    guards: list[fx.Node] = field(default_factory=list)  # graph inputs the causal decision read (their values)
+    guards: list[fx.Node] = field(default_factory=list)  # graph inputs whose values a decision read
+    inputs: dict[fx.Node, torch.Tensor] = field(default_factory=dict)  # what may be read: no-grad tensor inputs
     chain: list[fx.Node] = field(default_factory=list)  # every node the SDPA makes dead
 
 
@@ -157,7 +160,7 @@ def _probabilities(p: fx.Node, out: fx.Node, chain: list[fx.Node]) -> fx.Node:
             )
             if rate > 0 and training:
                 raise NoMatch(f"attention dropout ({p.name}, p={rate}): its mask is not SDPA's")
-        elif fn in (torch.Tensor.to, torch.Tensor.float, torch.Tensor.type_as, torch.Tensor.contiguous):
+        elif fn in IDENTITIES:
             pass  # fp32 in and out (checked on every node of the chain): the same tensor
         elif fn in SOFTMAXES:
             dim, dtype = arg(p, 1, "dim"), arg(p, 2, "dtype")
@@ -172,7 +175,8 @@ def _probabilities(p: fx.Node, out: fx.Node, chain: list[fx.Node]) -> fx.Node:
 def _fill(node: fx.Node, fill: Any, cond: Any, keep_when: bool, m: Match, gm: fx.GraphModule) -> None:
     """A masked score: `cond == keep_when` keeps it, elsewhere `fill`. -inf is SDPA's boolean mask;
     a huge finite fill (finfo.min) is the same only if every row keeps a key (a fully masked row is
-    uniform in eager): checked on a constant cond, else no match."""
+    uniform in eager): checked on a constant cond, or on one read from graph inputs that need no
+    gradient (a causal buffer), which then become m.guards; else no match."""
     f = scalar(fill, gm)
     if f == -math.inf:
         m.keep.append(cond if keep_when else _negated(cond))
@@ -181,8 +185,12 @@ def _fill(node: fx.Node, fill: Any, cond: Any, keep_when: bool, m: Match, gm: fx
         raise NoMatch(f"{node.name}: fill {f} is not -inf or finfo.min (a fully masked row differs from SDPA's)")
     try:
         keep = evaluate(cond, gm) == keep_when
-    except NoMatch as e:
-        raise NoMatch(f"{node.name}: finfo.min fill of a run-time mask (fully masked rows differ): {e}") from None
+    except NoMatch:
+        try:
+            keep = evaluate(cond, gm, dict(m.inputs)) == keep_when
+        except NoMatch as e:
+            raise NoMatch(f"{node.name}: finfo.min fill of a run-time mask (fully masked rows differ): {e}") from None
+        m.guards += [n for n in ancestors(cond) if n in m.inputs and n not in m.guards]
     if not torch.broadcast_to(keep, value(node).shape).any(-1).all():
         raise NoMatch(f"{node.name}: finfo.min fill with a fully masked row (uniform in eager, 0 in SDPA)")
     m.keep.append(cond if keep_when else _negated(cond))
@@ -206,6 +214,9 @@ def _scores(s: fx.Node, m: Match, gm: fx.GraphModule) -> None:
         if fn in MATMULS:
             m.q, m.kt, m.scale = a[0], a[1], after
             return
+        if fn in IDENTITIES:
+            user, s = s, a[0]
+            continue
         tensors = [x for x in a[:2] if isinstance(x, fx.Node) and isinstance(value(x), torch.Tensor)]
         if fn in MULS | DIVS and len(a) == 2:
             i = 0 if a[0] in tensors and value(a[0]).shape == value(s).shape else 1
@@ -285,14 +296,15 @@ def _check_types(m: Match) -> None:
         raise NoMatch(f"{m.out.name}: output {tuple(out.shape)}")
 
 
-def match(out: fx.Node, gm: fx.GraphModule) -> Match:
-    """The SDPA that computes `out`, or NoMatch naming why not."""
+def match(out: fx.Node, gm: fx.GraphModule, inputs: dict[fx.Node, torch.Tensor] | None = None) -> Match:
+    """The SDPA that computes `out`, or NoMatch naming why not. `inputs`: graph inputs whose values
+    (at compile time, then guarded) a mask decision may read."""
     if target_of(out) not in MATMULS or len(out.args) != 2 or out.kwargs:
         raise NoMatch(f"{out.name} is not a matmul")
     p, v = out.args
     if not isinstance(p, fx.Node) or not isinstance(v, fx.Node):
         raise NoMatch(f"{out.name}: operands are not tensors")
-    m = Match(out, out, out, v)
+    m = Match(out, out, out, v, inputs=inputs or {})
     s = _probabilities(p, out, m.chain)
     if not isinstance(s, fx.Node):
         raise NoMatch("softmax of a constant")

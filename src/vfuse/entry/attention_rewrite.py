@@ -99,7 +99,13 @@ def rewrite_attention(
     """Rewrite, in place, every written-out attention of a training Dynamo graph that an SDPA computes
     exactly and the cost model prefers. A causal mask read from a graph input (a tril buffer) becomes
     `is_causal` under a guard on that input's value (`Rewritten.guard`)."""
-    inputs = dict(zip((n for n in gm.graph.nodes if n.op == "placeholder"), example_inputs))
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    positions = {n: i for i, n in enumerate(placeholders)}
+    inputs = {  # what a mask decision may read, under a guard: module buffers (not data, which changes per call)
+        n: t
+        for n, t in zip(placeholders, example_inputs)
+        if isinstance(t, torch.Tensor) and not t.requires_grad and _is_buffer(n)
+    }
     chosen: list[Match] = []
     for out in list(gm.graph.nodes):
         if not _after_softmax(out):
@@ -108,7 +114,6 @@ def rewrite_attention(
         record(decision)
         log.info("vfuse: %s", decision.text())
         chosen += [m] if m is not None else []
-    positions = {n: i for i, n in enumerate(inputs)}
     guarded = {positions[n]: inputs[n] for m in chosen for n in m.guards}
     original = _copy(gm) if guarded else None
     for m in chosen:
@@ -165,6 +170,11 @@ class ValueGuard:
         return self.fn(*args)
 
 
+def _is_buffer(node: fx.Node) -> bool:
+    source = getattr(node.meta.get("grapharg"), "source", None)
+    return source is not None and "._buffers[" in source.name
+
+
 def _copy(gm: fx.GraphModule) -> fx.GraphModule:
     graph = fx.Graph()
     graph.output(graph.graph_copy(gm.graph, {}))
@@ -190,8 +200,8 @@ def _decide(
     out: fx.Node, gm: fx.GraphModule, target: Callable[[], Target], inputs: dict[fx.Node, Any]
 ) -> tuple[AttentionDecision, Match | None]:
     try:
-        m = match(out, gm)
-        _causal_or_mask(m, gm, inputs)
+        m = match(out, gm, inputs)
+        _causal_or_mask(m, gm)
         shape = _shape(m)
         _check_flash(m)
     except NoMatch as e:
@@ -210,7 +220,7 @@ def _shape(m: Match) -> tuple[int, ...]:
     return (math.prod(q.shape[:-2]), q.shape[-2], kt.shape[-1], q.shape[-1], v.shape[-1])
 
 
-def _causal_or_mask(m: Match, gm: fx.GraphModule, inputs: dict[fx.Node, Any]) -> None:
+def _causal_or_mask(m: Match, gm: fx.GraphModule) -> None:
     """A single keep-mask that evaluates to torch's top-left causal pattern becomes `is_causal`
     (m.causal); one that keeps everything is dropped. Evaluated from constants, else from the graph
     inputs it reads (tensors that need no gradient), which then become m.guards."""
@@ -220,16 +230,16 @@ def _causal_or_mask(m: Match, gm: fx.GraphModule, inputs: dict[fx.Node, Any]) ->
     try:
         const, read = evaluate(keep, gm), []
     except NoMatch:
-        memo = {n: t for n, t in inputs.items() if isinstance(t, torch.Tensor) and not t.requires_grad}
         try:
-            const = evaluate(keep, gm, memo)
+            const = evaluate(keep, gm, dict(m.inputs))
         except NoMatch:
             return
-        read = [n for n in ancestors(keep) if n.op == "placeholder"]
+        read = [n for n in ancestors(keep) if n in m.inputs]
     const = ~const.bool() if isinstance(m.keep[0], tuple) else const.bool()
     lq, lk = value(m.q).shape[-2], value(m.kt).shape[-1]
     if is_causal_keep(const, lq, lk) or bool(const.all()):
-        m.causal, m.keep, m.guards = is_causal_keep(const, lq, lk), [], read
+        m.causal, m.keep = is_causal_keep(const, lq, lk), []
+        m.guards += [n for n in read if n not in m.guards]
 
 
 def _example(t: torch.Tensor, swap: bool = False, rank4: bool = False) -> torch.Tensor:
