@@ -13,6 +13,7 @@ from vfuse.frontend import (  # noqa: F401  (imported for their table entries)
     lower_backward,
     lower_conv_backward,
     lower_foreach,
+    lower_fp8,
     lower_gather,
     lower_layout,
     lower_linalg,

@@ -23,6 +23,9 @@ class DType(enum.Enum):
     F64 = "f64"
     F16 = "f16"
     BF16 = "bf16"
+    # fp8 (OCP): loaded and widened by kernels, never computed in; rounding to fp8 stays in torch.
+    F8E4M3 = "f8e4m3"  # torch.float8_e4m3fn: no infinities, 0x7f / 0xff are NaN
+    F8E5M2 = "f8e5m2"  # torch.float8_e5m2: fp16's upper byte
     I8 = "i8"
     U8 = "u8"
     I16 = "i16"
@@ -40,7 +43,11 @@ class DType(enum.Enum):
 
     @property
     def is_float(self) -> bool:
-        return self in (DType.F32, DType.F64, DType.F16, DType.BF16)
+        return self in (DType.F32, DType.F64, DType.F16, DType.BF16, DType.F8E4M3, DType.F8E5M2)
+
+    @property
+    def is_fp8(self) -> bool:
+        return self in (DType.F8E4M3, DType.F8E5M2)
 
     @property
     def is_int(self) -> bool:
@@ -63,6 +70,8 @@ _TO_TORCH = {
     DType.F64: torch.float64,
     DType.F16: torch.float16,
     DType.BF16: torch.bfloat16,
+    DType.F8E4M3: torch.float8_e4m3fn,
+    DType.F8E5M2: torch.float8_e5m2,
     DType.I8: torch.int8,
     DType.U8: torch.uint8,
     DType.I16: torch.int16,

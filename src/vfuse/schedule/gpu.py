@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 from vfuse.ir import DType, Graph, Op
 from vfuse.schedule import expr
+from vfuse.schedule.fp8dot import with_fp8_dot
 from vfuse.schedule.kernel import (
     Compute,
     ContractionKernel,
@@ -231,6 +232,7 @@ class ContractionTable:
     attention32: TileRow
     smem: int  # shared memory per SM (bytes): no candidate may need more
     conv32: TileRow = TileRow(64, 64, 16, 8, 8, 3)  # fp32 implicit GEMM: its gathers' addresses take registers
+    gemm8: TileRow | None = None  # fp8 operands (schedule/fp8dot.py); None: no fp8 tensor cores (sm_80)
 
 
 # sm_90 (228 KB shared): 128x128x64 fp16 tiles over 3 stages use 96 KB, 8 warps (two warpgroups)
@@ -238,9 +240,12 @@ class ContractionTable:
 # tiles 16 deep (32 deep spilled 96 bytes with a GELU epilogue, offline for sm_90); fp32
 # attention 32 x 32 (64 x 32 spilled at head dim 64); fp32 conv over 8 warps (4 spilled 20
 # bytes on a 3-channel 3x3 conv).
+# fp8 (sm_89+): wgmma takes fp8 in K steps of 32; 128-deep tiles hold the same
+# bytes as fp16's 64 (3 stages: 96 KB).
 _SM90 = ContractionTable(
     TileRow(128, 128, 64, 8, 8, 3), TileRow(64, 64, 16, 8, 4, 3),
     TileRow(128, 64, 0, 1, 8, 2), TileRow(32, 32, 0, 1, 4, 2), 228 << 10,
+    gemm8=TileRow(128, 128, 128, 8, 8, 3),
 )  # fmt: skip
 _SM80 = ContractionTable(
     TileRow(128, 128, 32, 8, 4, 4), TileRow(64, 64, 16, 8, 4, 3),
@@ -248,8 +253,9 @@ _SM80 = ContractionTable(
 )  # fmt: skip
 CONTRACTION_TABLES: dict[str, ContractionTable] = {"a100": _SM80, "h100": _SM90, "h200": _SM90}
 _DOT = {DType.F16: "fp16", DType.BF16: "bf16", DType.F32: "fp32"}
-_BYTES = {"fp16": 2, "bf16": 2, "fp32": 4}
+_BYTES = {"fp8": 1, "fp16": 2, "bf16": 2, "fp32": 4}
 MIN_DOT = 16  # tl.dot needs every tile dim >= 16
+MIN_DOT_FP8 = 32
 
 
 def contraction_table(name: str) -> ContractionTable:
@@ -298,6 +304,8 @@ def contraction_tiles(k: ContractionKernel, row: TileRow, dot: str) -> GpuTiles:
         return GpuTiles(bm, bn, 0, 1, row.warps, row.stages, programs, dot, _wide(k))
     batch, m, n, kk = gemm_dims(k)
     bm, bn, bk = _clamp(row.m, m), _clamp(row.n, n), _clamp(row.k, kk)
+    if dot == "fp8":  # fp8 wgmma / mma take K in steps of 32 (a shorter K is masked)
+        bk = max(bk, MIN_DOT_FP8)
     programs = batch * _cdiv(m, bm) * _cdiv(n, bn)
     return GpuTiles(bm, bn, bk, row.group_m, row.warps, row.stages, programs, dot, _wide(k))
 
@@ -308,6 +316,8 @@ def _wide(k: ContractionKernel) -> bool:
 
 
 def _row_for(k: ContractionKernel, table: ContractionTable, dot: str) -> TileRow:
+    if dot == "fp8" and table.gemm8 is not None:
+        return table.gemm8
     wide = dot != "fp32"
     if k.op is Op.SDPA:
         return table.attention16 if wide else table.attention32
@@ -334,8 +344,9 @@ def decide_contraction(k: ContractionKernel, target: object, graph: Graph, retil
         raise Unsupported(f"no Triton template for {k.op.value}")
     if k.op is Op.SDPA and max(k.shapes[0][-1], k.shapes[2][-1]) > 256:
         raise Unsupported(f"%{k.node}: head dim past 256 (the template keeps a row of Q and O in registers)")
-    dot = dot_dtype(k, graph)
     table = contraction_table(str(getattr(target, "name", "")))
+    k = with_fp8_dot(k, graph, table.gemm8 is not None)
+    dot = "fp8" if k.fp8 is not None else dot_dtype(k, graph)
     return dataclasses.replace(k, gpu=contraction_tiles(k, retiled_row(_row_for(k, table, dot), retile), dot))
 
 

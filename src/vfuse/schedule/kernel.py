@@ -232,7 +232,8 @@ class GpuTiles:
     """A contraction template's tiling on a GPU target (`schedule/gpu.py`). GEMM and implicit-GEMM
     conv: `block_m` x `block_n` output tiles, `block_k` per step of the reduction, `group_m` rows of
     tiles walked together (grouped order: L2 reuse); attention: `block_m` query rows x `block_n` keys
-    per step. `dot` is the dtype tl.dot takes ("fp16", "bf16" or "fp32": exact fp32, no TF32)."""
+    per step. `dot` is the dtype tl.dot takes ("fp16", "bf16", "fp32": exact fp32, no TF32; "fp8": the fp8
+    operand buffers as they are, `ContractionKernel.fp8`)."""
 
     block_m: int
     block_n: int
@@ -363,6 +364,16 @@ class OperandPrologue:
     inner: int = -1
 
 
+@dataclass(frozen=True)
+class Fp8Dot:
+    """A MATMUL whose operands are fp8 buffers widened in the group (`x.to(f32) * s`, per-tensor
+    `s`), computed as an fp8 dot (`schedule/fp8dot.py`): the operands are the fp8 buffers
+    themselves, and the accumulator is multiplied by `scales` (per operand: a literal, or a
+    one-element fp32 buffer among `extras`) before the epilogue."""
+
+    scales: tuple[float | str, float | str]
+
+
 class DotKind(enum.Enum):
     """The int8 dot-product instruction an `Int8Dot` GEMM is built on (codegen/cpp/gemm/int8.py)."""
 
@@ -432,6 +443,7 @@ class ContractionKernel:
     nr: int = 32
     gpu: GpuTiles | None = None  # GPU targets: the Triton template's tiles (`schedule/gpu.py`)
     int8: Int8Dot | None = None  # MATMUL: dequantized int8 operands as an int32 dot product
+    fp8: Fp8Dot | None = None  # GPU MATMUL: widened fp8 operands read as fp8, scales on the accumulator
     # MATMUL on CPU: B is a graph constant (a frozen weight, or computed from constants by its
     # prologue), packed into the micro-kernel's layout once, on the first call, into the arena's
     # persistent region (codegen/cpp/gemm/prepack.py) instead of on every call.

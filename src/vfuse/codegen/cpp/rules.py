@@ -15,6 +15,10 @@ STORAGE_TYPE: dict[DType, str] = {
     DType.F64: "double",
     DType.F16: "uint16_t",
     DType.BF16: "uint16_t",
+    # fp8: never rendered in C++ (schedule/fp8dot.py keeps every group touching fp8 in torch on
+    # CPU targets); the bytes' type, so a buffer of them could still be named.
+    DType.F8E4M3: "uint8_t",
+    DType.F8E5M2: "uint8_t",
     DType.I8: "int8_t",
     DType.U8: "uint8_t",
     DType.I16: "int16_t",
@@ -23,7 +27,10 @@ STORAGE_TYPE: dict[DType, str] = {
     DType.BOOL: "bool",
 }
 
-COMPUTE_TYPE: dict[DType, str] = {**STORAGE_TYPE, DType.F16: "float", DType.BF16: "float"}
+COMPUTE_TYPE: dict[DType, str] = {
+    **STORAGE_TYPE,
+    **{d: "float" for d in (DType.F16, DType.BF16, DType.F8E4M3, DType.F8E5M2)},
+}
 
 # Storage -> compute conversion on load, and back on store ({0} is the value).
 LOAD_CONVERT: dict[DType, str] = {DType.F16: "vf_h2f({0})", DType.BF16: "vf_bf2f({0})"}

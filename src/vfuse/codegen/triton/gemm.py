@@ -19,7 +19,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
-from vfuse.codegen.triton.names import LoopGroup, param
+from vfuse.codegen.triton.names import WIDEN_FP8, LoopGroup, literal, param
 from vfuse.codegen.triton.writer import SEEDS, FaultTable, TritonWriter
 from vfuse.ir import DType
 from vfuse.schedule import expr
@@ -27,7 +27,7 @@ from vfuse.schedule.expr import Lin, Var
 from vfuse.schedule.kernel import BufKind, ContractionKernel, Kernel, Loop, Pass, Program, Stmt, Store
 
 INTERPRETED = "_VF_INTERPRETED"  # module constant: true when the loader wraps the module for the interpreter
-TL_DOT = {"fp16": "tl.float16", "bf16": "tl.bfloat16", "fp32": "tl.float32"}
+TL_DOT = {"fp16": "tl.float16", "bf16": "tl.bfloat16", "fp32": "tl.float32"}  # "fp8": the buffers' own
 
 
 class Section:
@@ -132,17 +132,18 @@ def epilogue(
 _SIDE = {"er_": "rows", "en_": "rows", "ep_": "rows", "ec_": "cols", "eo_": "cols", "ef_": "full"}
 
 
-def dot_lines(a: str, b: str, dot: str, depth: int) -> list[str]:
-    """`acc_ += a @ b` at the schedule's dot dtype (fp32: exact, no TF32; bf16: widened in the
-    interpreter)."""
+def dot_lines(a: str, b: str, dot: str, depth: int, widen: tuple[str, str] = ("_vf_bf2f", "_vf_bf2f")) -> list[str]:
+    """`acc_ += a @ b` at the schedule's dot dtype (fp32: exact, no TF32; bf16, fp8: widened in
+    the interpreter by `widen`'s helpers, exactly)."""
     pad = "    " * depth
+    wa, wb = widen
     if dot == "fp32":
         return [f'{pad}acc_ = tl.dot({a}, {b}, acc_, input_precision="ieee")']
     if dot == "fp16":
         return [f"{pad}acc_ = tl.dot({a}, {b}, acc_)"]
     return [
         f"{pad}if {INTERPRETED}:",
-        f'{pad}    acc_ = tl.dot(_vf_bf2f({a}), _vf_bf2f({b}), acc_, input_precision="ieee")',
+        f'{pad}    acc_ = tl.dot({wa}({a}), {wb}({b}), acc_, input_precision="ieee")',
         f"{pad}else:",
         f"{pad}    acc_ = tl.dot({a}, {b}, acc_)",
     ]
@@ -210,6 +211,25 @@ def _operand_tile(sec: Section, i: int, depth: int) -> list[str]:
     return [*lines, f"{pad}{name} = tl.where({mask}, {to_dot(pro.result, g.dot)}, 0.0)"]
 
 
+def _widen(k: ContractionKernel, program: Program) -> tuple[str, str]:
+    """The interpreter's exact widening of each operand tile (fp8 dots: by the buffer's format)."""
+    if k.fp8 is None:
+        return ("_vf_bf2f", "_vf_bf2f")
+    a, b = (WIDEN_FP8[program.buffers[v].type.dtype] for v in k.operands[:2])
+    return a, b
+
+
+def _scales(k: ContractionKernel) -> str:
+    """The fp8 dot's per-tensor scales, applied to the fp32 accumulator (`schedule/fp8dot.py`)."""
+    if k.fp8 is None:
+        return ""
+    return "".join(f" * {tl_scale(s)}" for s in k.fp8.scales if s != 1.0)
+
+
+def tl_scale(s: float | str) -> str:
+    return literal(s, DType.F32) if isinstance(s, float) else f"tl.load({param(s)}).to(tl.float32)"
+
+
 def _dims(k: ContractionKernel) -> tuple[int, int, int, int]:
     m, n = k.out_shape[-2:]
     return math.prod(k.out_shape[:-2]), m, n, k.shapes[0][-1]
@@ -236,8 +256,8 @@ def render_gemm(k: ContractionKernel, program: Program, faults: FaultTable) -> t
         f"    mk_ = tl.full([{g.block_k}], 1, tl.int1)" if kk % g.block_k == 0 else f"    mk_ = rk_ < {kk}",
     ]
     lines = ["    " + ln for ln in body]
-    lines += _operand_tile(sec, 0, 2) + _operand_tile(sec, 1, 2) + dot_lines("a_", "b_", g.dot, 2)
-    lines += ["    v = acc_", "    om_ = mm_[:, None] & mn_[None, :]"]
+    lines += _operand_tile(sec, 0, 2) + _operand_tile(sec, 1, 2) + dot_lines("a_", "b_", g.dot, 2, _widen(k, program))
+    lines += [f"    v = acc_{_scales(k)}", "    om_ = mm_[:, None] & mn_[None, :]"]
     lines += epilogue(sec, f"(bz_ * {m} + rm_)[:, None]", "rn_[None, :]", n, "om_")
     names, values = signature_params(k, program)
     return lines, names, values

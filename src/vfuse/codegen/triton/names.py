@@ -23,6 +23,8 @@ TL: dict[DType, str] = {
     DType.F64: "tl.float64",
     DType.F16: "tl.float16",
     DType.BF16: "tl.bfloat16",
+    DType.F8E4M3: "tl.float8e4nv",
+    DType.F8E5M2: "tl.float8e5",
     DType.I8: "tl.int8",
     DType.U8: "tl.uint8",
     DType.I16: "tl.int16",
@@ -30,13 +32,20 @@ TL: dict[DType, str] = {
     DType.I64: "tl.int64",
     DType.BOOL: "tl.int1",
 }
-COMPUTE: dict[DType, str] = {**TL, DType.F16: "tl.float32", DType.BF16: "tl.float32"}
+COMPUTE: dict[DType, str] = {
+    **TL,
+    **{d: "tl.float32" for d in (DType.F16, DType.BF16, DType.F8E4M3, DType.F8E5M2)},
+}
+# fp8 -> fp32 by integer ops (exact, NaN and inf included: the interpreter's own conversion is not).
+WIDEN_FP8: dict[DType, str] = {DType.F8E4M3: "_vf_e4m3_2f", DType.F8E5M2: "_vf_e5m2_2f"}
 # Pointer element types of an offline compile's signature (triton.compile).
 SIGNATURE: dict[DType, str] = {
     DType.F32: "*fp32",
     DType.F64: "*fp64",
     DType.F16: "*fp16",
     DType.BF16: "*bf16",
+    DType.F8E4M3: "*fp8e4nv",
+    DType.F8E5M2: "*fp8e5",
     DType.I8: "*i8",
     DType.U8: "*u8",
     DType.I16: "*i16",

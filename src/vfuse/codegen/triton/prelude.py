@@ -60,6 +60,28 @@ def _vf_bf2f(x):
     return (x.to(tl.uint16, bitcast=True).to(tl.uint32) << 16).to(tl.float32, bitcast=True)
 
 
+def _vf_e4m3_2f(x):
+    """fp8 e4m3fn -> fp32 by its bits, exact (0x7f / 0xff are NaN), signed zeros kept."""
+    b = x.to(tl.uint8, bitcast=True).to(tl.uint32)
+    e = (b >> 3) & 15
+    m = b & 7
+    normal = (((e + 120) << 23) | (m << 20)).to(tl.float32, bitcast=True)
+    v = tl.where(e == 0, m.to(tl.float32) * 0.001953125, normal)
+    v = tl.where((b & 127) == 127, float("nan"), v)
+    return tl.where(b >= 128, v * -1.0, v)
+
+
+def _vf_e5m2_2f(x):
+    """fp8 e5m2 -> fp32 by its bits, exact, inf and NaN included."""
+    b = x.to(tl.uint8, bitcast=True).to(tl.uint32)
+    e = (b >> 2) & 31
+    m = b & 3
+    normal = (((e + 112) << 23) | (m << 21)).to(tl.float32, bitcast=True)
+    v = tl.where(e == 0, m.to(tl.float32) * 0.0000152587890625, normal)
+    v = tl.where(e == 31, tl.where(m == 0, float("inf"), float("nan")), v)
+    return tl.where(b >= 128, v * -1.0, v)
+
+
 def _vf_bf_bits(x):
     """fp32 -> the upper 16 bits of the nearest bf16 (ties to even, NaN stays quiet NaN), as torch."""
     b = x.to(tl.uint32, bitcast=True)

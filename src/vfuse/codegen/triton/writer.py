@@ -13,8 +13,8 @@ import enum
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
-from vfuse.codegen.triton.names import COMPUTE, IndexWriter, LoopGroup, literal, param
-from vfuse.codegen.triton.ops import compute, is_fault_site
+from vfuse.codegen.triton.names import COMPUTE, WIDEN_FP8, IndexWriter, LoopGroup, literal, param
+from vfuse.codegen.triton.ops import TritonUnsupported, compute, is_fault_site
 from vfuse.ir import DType, Op
 from vfuse.ir.defs.rng import GOLDEN, MASK32
 from vfuse.schedule import expr
@@ -174,11 +174,14 @@ class TritonWriter:
         if expr.dyn_names(s.index):
             idx = f"tl.minimum(tl.maximum({idx}, 0), {max(b.type.numel - 1, 0)})"
         moves = bool(expr.var_ids(s.index) or expr.dyn_names(s.index))
-        text = f"tl.load({param(s.buf)} + {idx}" + (f", mask={self.mask}, other=0)" if moves else ")")
+        other = "0.0" if s.dtype.is_fp8 else "0"  # the interpreter casts no int array to fp8
+        text = f"tl.load({param(s.buf)} + {idx}" + (f", mask={self.mask}, other={other})" if moves else ")")
         if s.dtype is DType.F16:
             return f"{text}.to(tl.float32)"
         if s.dtype is DType.BF16:
             return f"_vf_bf2f({text})"
+        if s.dtype.is_fp8:
+            return f"{WIDEN_FP8[s.dtype]}({text})"
         return text
 
     def iota(self, s: Iota) -> str:
@@ -193,6 +196,8 @@ class TritonWriter:
             v = f"{v}.to(tl.float16)"
         elif s.dtype is DType.BF16:
             v = f"_vf_f2bf({v})"
+        elif s.dtype.is_fp8:  # the schedule keeps fp8 results in torch (schedule/fp8dot.py)
+            raise TritonUnsupported(f"{self.k.name}: store of {s.dtype.value} %{s.buf}")
         idx = self.index.render(s.index)
         if not expr.var_ids(s.index):  # one element per row (or kernel): the pointer takes the mask's shape
             idx = f"{idx} + 0 * {self.mask}.to(tl.int32)"
