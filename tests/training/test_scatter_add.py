@@ -179,6 +179,15 @@ def test_reference_semantics_with_init_and_skip() -> None:
     assert torch.equal(ref(values, index, init, Attrs.of(rows=4, skip=3, wrap=False, taps=1, dim=0)), want)
     with pytest.raises(VfuseIndexError, match="index 3 is out of bounds for dimension 1 with size 3"):
         ref(values, index, Attrs.of(rows=3, skip=None, wrap=False, taps=1, dim=1))
+    # Two taps per value, one index row for both planes, -1 skipped (never an error).
+    shared = torch.tensor([[2, -1, 0, 2, -1, 1]])
+    want = torch.zeros(2, 3, 2, dtype=torch.float64)
+    for b in range(2):
+        for m, r in enumerate(shared[0].tolist()):
+            if r != -1:
+                want[b, r] += values[b, m // 2]
+    got = ref(values, shared, Attrs.of(rows=3, skip=-1, wrap=False, taps=2, dim=0))
+    assert torch.equal(got, want)
 
 
 def test_triton_programs_run_the_scatter_in_torch() -> None:
