@@ -90,13 +90,21 @@ def test_bf16_cast_then_scale_keeps_the_per_tile_prologue() -> None:
     assert k.gpu is not None and k.gpu.dot == "bf16" and k.fp8 is None
 
 
-def test_a100_has_no_fp8_dot_and_widens_per_tile() -> None:
-    fn, inputs, tol = CASES["e4m3_gelu_33x96x80"]
-    compiled = vfuse.compile(fn, inputs, backend="triton", target="a100")
-    torch.testing.assert_close(compiled(*inputs), fn(*inputs), rtol=tol, atol=1e-3)
-    (k,) = compiled.compiled.executor.program.kernels
-    assert k.gpu is not None and k.gpu.dot == "fp32" and k.fp8 is None
-    assert "_vf_e4m3_2f(tl.load(" in compiled.compiled.executor.source
+def test_a100_has_no_fp8_dot_and_widens_e5m2_per_tile() -> None:
+    """sm_80: no fp8 tensor cores, so e5m2 operands are widened per tile for an exact fp32 dot; Triton
+    has no e4m3 type there at all, so e4m3 is widened in torch and the GEMM compiled after it."""
+    for case, dot in (("e5m2_gelu_1x7x16", "fp32"), ("e4m3_gelu_33x96x80", "fp32")):
+        fn, inputs, tol = CASES[case]
+        compiled = vfuse.compile(fn, inputs, backend="triton", target="a100")
+        torch.testing.assert_close(compiled(*inputs), fn(*inputs), rtol=tol, atol=1e-3)
+        (k,) = compiled.compiled.executor.program.kernels
+        assert k.gpu is not None and k.gpu.dot == dot and k.fp8 is None
+        source = compiled.compiled.executor.source
+        if case.startswith("e5m2"):
+            assert "_vf_e5m2_2f(tl.load(" in source and not _reasons(compiled)
+        else:
+            assert "fp8e4" not in source and "_vf_e4m3_2f(" not in source.split("_VF_INTERPRETED =")[-1]
+            assert all("e4m3 on a GPU before sm_89" in r for r in _reasons(compiled)) and _reasons(compiled)
 
 
 def test_every_fp8_value_widens_exactly() -> None:

@@ -32,7 +32,7 @@ from vfuse.schedule.contraction import (
 )
 from vfuse.schedule.expr import Lin, Var
 from vfuse.schedule.fp8dot import fp8_split
-from vfuse.schedule.gpu import decide_contraction, decide_gpu
+from vfuse.schedule.gpu import decide_contraction, decide_gpu, fp8_cores
 from vfuse.schedule.horizontal import LABEL as HORIZONTAL
 from vfuse.schedule.horizontal import components, computed_by, join_horizontal
 from vfuse.schedule.int8dot import with_int8_dot
@@ -194,7 +194,7 @@ def group_steps(
     if all(graph[o].tensor_type.numel == 0 for o in g.outputs):
         # Nothing to compute, and index maps over a size-0 dim would divide by zero.
         return [TorchStep(g.id, g.label, g.nodes, "empty tensors")]
-    if split := fp8_split(graph, g, triton=gpu is not None):
+    if split := fp8_split(graph, g, gpu is not None, fp8_cores(gpu)):
         side, rest, why = split  # the fp8 part in torch, the rest of the group compiled after it
         after = group_steps(graph, rest, caches, templates, unit, gpu) if rest is not None else []
         return [TorchStep(g.id, g.label, side, f"fallback: {why}"), *after]

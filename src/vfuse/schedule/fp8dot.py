@@ -20,6 +20,7 @@ scaled, rounded, the contraction's dtype on the tensor cores), as does every oth
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 
 from vfuse.fusion.plan import Group
 from vfuse.ir import DType, Graph, Kind, Op, TensorType
@@ -30,24 +31,37 @@ from vfuse.schedule.kernel import ContractionKernel, Fp8Dot
 _VIEWS = frozenset({Kind.SOURCE, Kind.BROADCAST, Kind.INJECTIVE})
 
 
-def _fp8(graph: Graph, v: str) -> bool:
+def _any_fp8(d: DType) -> bool:
+    return d.is_fp8
+
+
+def _fp8(graph: Graph, v: str, which: Callable[[DType], bool] = _any_fp8) -> bool:
     t = graph[v].type
-    return isinstance(t, TensorType) and t.dtype.is_fp8
+    return isinstance(t, TensorType) and which(t.dtype)
 
 
-def fp8_split(graph: Graph, g: Group, triton: bool) -> tuple[tuple[str, ...], Group | None, str] | None:
+def _touching(graph: Graph, g: Group, which: Callable[[DType], bool]) -> list[str]:
+    """The nodes of `g` giving or reading a value of a dtype `which` accepts."""
+    return [n for n in g.nodes if any(_fp8(graph, v, which) for v in (n, *graph[n].inputs))]
+
+
+def fp8_split(
+    graph: Graph, g: Group, triton: bool, e4m3: bool = True
+) -> tuple[tuple[str, ...], Group | None, str] | None:
     """Where fp8 values keep part of group `g` in torch: (the nodes torch runs, in order, with their
     in-group inputs; the rest of the group, or None; why), or None when no fp8 value needs it. On
     the C++ backend every node giving or reading an fp8 value goes; on Triton every fp8 value
-    computed (not a view) or stored."""
+    computed (not a view) or stored, and without `e4m3` (sm_80: Triton has no e4m3 type there,
+    not even for a pointer) every node giving or reading e4m3."""
+    seeds, why = _touching(graph, g, _any_fp8), "fp8 values (the C++ backend has no fp8 type)"
     if triton:
         seeds = [n for n in g.nodes if _fp8(graph, n) and (graph[n].kind not in _VIEWS or n in g.outputs)]
-        why = f"%{seeds[0]}: fp8 computed or stored (rounding to fp8 stays in torch)" if seeds else ""
-    else:
-        seeds = [n for n in g.nodes if _fp8(graph, n) or any(_fp8(graph, i) for i in graph[n].inputs)]
-        why = f"%{seeds[0]}: fp8 values (the C++ backend has no fp8 type)" if seeds else ""
+        why = "fp8 computed or stored (rounding to fp8 stays in torch)"
+        if not seeds and not e4m3:
+            seeds, why = _touching(graph, g, lambda d: d is DType.F8E4M3), "e4m3 on a GPU before sm_89"
     if not seeds:
         return None
+    why = f"%{seeds[0]}: {why}"
     members, side, stack = set(g.nodes), set(), list(seeds)
     while stack:
         n = stack.pop()

@@ -262,6 +262,11 @@ def contraction_table(name: str) -> ContractionTable:
     return CONTRACTION_TABLES.get(name, _SM90)
 
 
+def fp8_cores(target: object) -> bool:
+    """The GPU target has fp8 tensor cores (sm_89+), and Triton its e4m3 type."""
+    return contraction_table(str(getattr(target, "name", ""))).gemm8 is not None
+
+
 def dot_dtype(k: ContractionKernel, graph: Graph) -> str:
     """What tl.dot multiplies: the contraction's own dtype (a prologue's result is rounded to it)."""
     dtype = graph[k.node].tensor_type.dtype
@@ -345,7 +350,7 @@ def decide_contraction(k: ContractionKernel, target: object, graph: Graph, retil
     if k.op is Op.SDPA and max(k.shapes[0][-1], k.shapes[2][-1]) > 256:
         raise Unsupported(f"%{k.node}: head dim past 256 (the template keeps a row of Q and O in registers)")
     table = contraction_table(str(getattr(target, "name", "")))
-    k = with_fp8_dot(k, graph, table.gemm8 is not None)
+    k = with_fp8_dot(k, graph, fp8_cores(target))
     dot = "fp8" if k.fp8 is not None else dot_dtype(k, graph)
     return dataclasses.replace(k, gpu=contraction_tiles(k, retiled_row(_row_for(k, table, dot), retile), dot))
 
