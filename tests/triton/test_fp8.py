@@ -179,3 +179,15 @@ def test_fp8_gemm_compiles_to_fp8_wgmma_without_spills(dtypes: tuple, tmp_path: 
     names = {E4: "e4m3", E5: "e5m2"}
     assert kinds == {(names[da], names[db])}, kinds
     print(dtypes, ln.warps, ln.stages, res.as_dict())  # docs/gpu.md's figures (pytest -s)
+
+
+def test_large_fp8_gemm_stays_a_template() -> None:
+    """torch's alternative is an fp32 matmul of the widened operands (the IR's MATMUL is fp32): the
+    library verdict that sends a 4096^3 fp32 GEMM to cuBLAS must not take the fp8 dot there."""
+    fn, _, _ = CASES["e4m3_gelu_33x96x80"]
+    inputs = (_q((4096, 4096), E4), _q((4096, 4096), E4), *_scales(), torch.randn(4096))
+    program = compile_triton(fn, inputs).compiled.executor.program  # compiled, never run here
+    assert not [s for s in program.steps if isinstance(s, TorchStep)]
+    (k,) = program.kernels
+    # 128 deep in K (the on-chip rule may halve the 128 x 128 output tile: it measured 40 B spilled)
+    assert k.fp8 is not None and k.gpu is not None and k.gpu.dot == "fp8" and k.gpu.block_k == 128

@@ -31,7 +31,7 @@ from vfuse.schedule.contraction import (
     plan_contraction,
 )
 from vfuse.schedule.expr import Lin, Var
-from vfuse.schedule.fp8dot import fp8_split
+from vfuse.schedule.fp8dot import fp8_split, with_fp8_dot
 from vfuse.schedule.gpu import decide_contraction, decide_gpu, fp8_cores
 from vfuse.schedule.horizontal import LABEL as HORIZONTAL
 from vfuse.schedule.horizontal import components, computed_by, join_horizontal
@@ -153,7 +153,7 @@ def _contraction_steps(
     try:
         dtypes = GPU_DTYPES if gpu is not None else FP32_ONLY
         cp = plan_contraction(graph, g.nodes, g.outputs, g.id, g.label, caches, unit, dtypes)
-        choice = library_choice(graph, g.cost, cp) if gpu is None else gpu_library_choice(graph, g.cost, cp)
+        choice = library_choice(graph, g.cost, cp) if gpu is None else gpu_library_choice(graph, g.cost, cp, gpu)
         if choice.library:
             raise Unsupported(choice.reason())  # torch is predicted faster: fuse around it instead
         kernel = decide_contraction(cp.kernel, gpu, graph, g.retile) if gpu is not None else cp.kernel
@@ -166,12 +166,15 @@ def _contraction_steps(
         return [TorchStep(g.id, g.label, tuple(torch_nodes), f"contraction through torch: {e}")], rest
 
 
-def gpu_library_choice(graph: Graph, cost: Cost, cp: ContractionPlan) -> ContractionChoice:
+def gpu_library_choice(graph: Graph, cost: Cost, cp: ContractionPlan, gpu: object = None) -> ContractionChoice:
     """`fusion/library.py`'s GPU verdict for a planned contraction group (attention with dropout
-    stays a template: torch's path would not draw vfuse's mask)."""
+    stays a template: torch's path would not draw vfuse's mask; so does an fp8 dot, which torch
+    would compute as an fp32 matmul of the widened operands, at a thirtieth of fp8's peak)."""
     k = cp.kernel
     family = "attention" if k.op in ATTENTION else "conv" if k.op is Op.CONV2D else "gemm"
     if family == "attention" and sdpa_dropout(k.attrs):
+        return ContractionChoice(0.0, math.inf)
+    if gpu is not None and with_fp8_dot(k, graph, fp8_cores(gpu)).fp8 is not None:
         return ContractionChoice(0.0, math.inf)
     epilogue = bool(k.epilogue) or bool(cp.rest)
     return choose_gpu(cost, family, hint(graph[k.node].type.nbytes), epilogue)
