@@ -28,6 +28,7 @@ import torch.nn.functional as F
 from torch import fx
 
 from vfuse.entry.attention_match import (
+    MATMULS,
     SOFTMAXES,
     Match,
     NoMatch,
@@ -119,7 +120,6 @@ def rewrite_attention(
     for m in chosen:
         _replace(m, gm)
     if chosen:
-        gm.graph.eliminate_dead_code()
         gm.graph.lint()
         gm.recompile()
     return Rewritten(len(chosen), guarded, original)
@@ -183,9 +183,8 @@ def _copy(gm: fx.GraphModule) -> fx.GraphModule:
 
 def _after_softmax(out: fx.Node) -> bool:
     """A matmul whose left operand is a softmax within a few identity ops: what looks like attention."""
-    if out.op not in ("call_function", "call_method") or len(out.args) != 2 or "matmul" not in str(out.target):
-        if target_of(out) is not torch.bmm:
-            return False
+    if target_of(out) not in MATMULS or len(out.args) != 2:
+        return False
     p = out.args[0]
     for _ in range(4):
         if not isinstance(p, fx.Node):
@@ -298,9 +297,19 @@ def _replace(m: Match, gm: fx.GraphModule) -> None:
             new = g.call_function(torch.squeeze, (new, 0))
     new.meta = dict(m.out.meta)
     m.out.replace_all_uses_with(new)
-    for node in [m.out, *m.chain]:
-        if not node.users:
+    _erase_dead(g, [m.out])
+
+
+def _erase_dead(g: fx.Graph, todo: list[fx.Node]) -> None:
+    """Erase what the SDPA left without users: the chain and its masks' computation; never a graph
+    input (Dynamo passes every argument) nor anything impure (graph-wide DCE could drop Dynamo's
+    grad-mode switches)."""
+    while todo:
+        node = todo.pop()
+        if not node._erased and not node.users and node.op in ("call_function", "call_method") and not node.is_impure():
+            inputs = node.all_input_nodes
             g.erase_node(node)
+            todo += inputs
 
 
 def _mask(m: Match, g: fx.Graph, rank3: bool) -> fx.Node | None:
