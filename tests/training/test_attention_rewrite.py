@@ -60,6 +60,13 @@ def _hf_finfo_where(q, k, v):
     return torch.matmul(torch.nn.functional.dropout(p, p=0.0, training=True), v)
 
 
+def _additive_causal(q, k, v):
+    """HF's eager masks: an additive 0 / finfo.min triu built in the graph -> is_causal (no row fully masked)."""
+    n = q.shape[-2]
+    mask = torch.full((n, n), torch.finfo(torch.float32).min).triu(1)[None, None]
+    return torch.softmax(torch.matmul(q, k.transpose(-1, -2)) * 0.5 + mask, dim=-1) @ v
+
+
 def _tril_updated_in_place(q, k, v):
     """A constant mask updated in place is not evaluated (no longer causal): a boolean mask."""
     keep = torch.ones(q.shape[-2], q.shape[-2], dtype=torch.bool).tril()
@@ -114,6 +121,7 @@ CASES = [
     ),
     ("hf-finfo-where-L65", _hf_finfo_where, (2, 2, 65, 8), True, "none"),
     ("bmm-3d-L7", _bmm_3d, (2, 2, 7, 8), False, "none"),
+    ("additive-finfo-causal-L7", _additive_causal, (1, 2, 7, 8), True, "none"),
     ("tril-updated-in-place", _tril_updated_in_place, (1, 2, 7, 8), False, "bool"),
 ]
 

@@ -220,24 +220,32 @@ def _shape(m: Match) -> tuple[int, ...]:
 
 
 def _causal_or_mask(m: Match, gm: fx.GraphModule) -> None:
-    """A single keep-mask that evaluates to torch's top-left causal pattern becomes `is_causal`
-    (m.causal); one that keeps everything is dropped. Evaluated from constants, else from the graph
-    inputs it reads (tensors that need no gradient), which then become m.guards."""
-    if len(m.keep) != 1 or m.additive:
+    """The only mask, if it evaluates to torch's top-left causal pattern, becomes `is_causal` (m.causal);
+    one that keeps everything is dropped. A keep-mask, or an additive mask of 0 and -inf / <= -1e30
+    (HF's `finfo.min` masks: exact here, as a causal mask leaves no row fully masked). Evaluated from
+    constants, else from the module buffers it reads (m.inputs), which then become m.guards."""
+    if len(m.keep) + len(m.additive) != 1:
         return
-    keep = _node(m.keep[0])
+    node = _node(m.keep[0]) if m.keep else m.additive[0][0]
     try:
-        const, read = evaluate(keep, gm), []
+        const, read = evaluate(node, gm), []
     except NoMatch:
         try:
-            const = evaluate(keep, gm, dict(m.inputs))
+            const = evaluate(node, gm, dict(m.inputs))
         except NoMatch:
             return
-        read = [n for n in ancestors(keep) if n in m.inputs]
-    const = ~const.bool() if isinstance(m.keep[0], tuple) else const.bool()
+        read = [n for n in ancestors(node) if n in m.inputs]
+    if not isinstance(const, torch.Tensor):
+        return
+    if m.keep:
+        keep = ~const.bool() if isinstance(m.keep[0], tuple) else const.bool()
+    elif const.is_floating_point() and bool(((const == 0) | (const <= -1e30)).all()):
+        keep = const == 0
+    else:
+        return
     lq, lk = value(m.q).shape[-2], value(m.kt).shape[-1]
-    if is_causal_keep(const, lq, lk) or bool(const.all()):
-        m.causal, m.keep = is_causal_keep(const, lq, lk), []
+    if is_causal_keep(keep, lq, lk) or bool(keep.all()):
+        m.causal, m.keep, m.additive = is_causal_keep(keep, lq, lk), [], []
         m.guards += [n for n in read if n not in m.guards]
 
 
