@@ -44,6 +44,14 @@ def scaled_mm(a8: torch.Tensor, b8: torch.Tensor, sa: torch.Tensor, sb: torch.Te
     return torch._scaled_mm(a8, b8.t(), scale_a=sa, scale_b=sb, bias=bias, out_dtype=BF16)
 
 
+def linear_3d(x8: torch.Tensor, w8: torch.Tensor, sx: torch.Tensor, sw: torch.Tensor, bias: torch.Tensor):
+    return F.linear(x8.to(F32) * sx, w8.to(F32) * sw, bias)
+
+
+def batched(a8: torch.Tensor, b8: torch.Tensor) -> torch.Tensor:
+    return (a8.to(F32) * 0.5) @ b8.to(F32).transpose(1, 2)
+
+
 def _scales() -> tuple[torch.Tensor, torch.Tensor]:
     return torch.tensor(0.37), torch.tensor(1.7)
 
@@ -55,6 +63,8 @@ CASES: dict[str, tuple[Callable, tuple[torch.Tensor, ...], float]] = {
     "e5m2_floats_130x7x80": (scaled_bias, (_q((130, 80), E5), _q((7, 80), E5), torch.randn(7)), 1e-4),
     "e4m3_e5m2_33x7x16": (scaled_bias, (_q((33, 16), E4), _q((7, 16), E5), torch.randn(7)), 1e-4),
     "e4m3_bf16_130x96x16": (plain_bf16, (_q((130, 16), E4), _q((96, 16), E4)), 1e-2),
+    "linear_3d_e4m3_2x17x7x80": (linear_3d, (_q((2, 17, 80), E4), _q((7, 80), E4), *_scales(), torch.randn(7)), 1e-4),
+    "batched_e5m2_3x33x7x16": (batched, (_q((3, 33, 16), E5), _q((3, 7, 16), E5)), 1e-4),
     "scaled_mm_33x96x80": (scaled_mm, (_q((33, 80), E4), _q((96, 80), E4), *_scales(), torch.randn(96).to(BF16)), 1e-2),
 }
 

@@ -2,19 +2,21 @@
 
 Kernels read fp8 buffers (and views of them) and widen them exactly: every fp8 value is an fp32,
 bf16 and fp16 value. Rounding to fp8 (a cast to fp8, a quantize) and storing fp8 stay in torch:
-its conversion (ties to even, e4m3fn overflowing to NaN, e5m2 to inf) is neither Triton's
-saturating `cvt` nor the interpreter's. The C++ renderer has no fp8 loads, so on CPU targets a
-group's nodes that give or read fp8 run in torch (`fp8_split`: a counted `TorchStep`, the rest
-of the group, a GEMM on the widened values included, still compiled).
+its conversion (ties to even; on CPU in torch 2.13 e4m3fn saturates at 448, e5m2 overflows to
+inf) is neither Triton's `cvt` (saturating both) nor the interpreter's. The C++ renderer has no
+fp8 loads, so on CPU targets a group's nodes that give or read fp8 run in torch (`fp8_split`: a
+counted `TorchStep`, the rest of the group, a GEMM on the widened values included, still
+compiled).
 
-`with_fp8_dot`: a GPU MATMUL of `(a8.to(f32) * sa) @ (b8.to(f32) * sb)` (either operand's
-transpose read in place as `trans_b`, scales per tensor: a python float or a one-element fp32
-buffer, or none; without scales the cast may also be to bf16 / fp16) reads the fp8 buffers
-straight into `tl.dot` and multiplies the fp32 accumulator by sa * sb before the epilogue:
-`sum_k (a_k sa)(b_k sb) = sa sb sum_k a_k b_k`, exact up to fp32 rounding (products of fp8
-values are exact in fp32). A bf16 / fp16 cast followed by a scale rounds the scaled operand to
-bf16 in eager, which folding would skip: that operand keeps its per-tile prologue (widened,
-scaled, rounded, the contraction's dtype on the tensor cores), as does every other prologue.
+`with_fp8_dot`: a GPU MATMUL of `(a8.to(f32) * sa) @ (b8.to(f32) * sb)` (batched or broadcast
+as the template takes them, B's transpose read in place as `trans_b`, reshapes of A read in
+place, scales per tensor: a python float or a one-element fp32 buffer, or none; without scales
+the cast may also be to bf16 / fp16) reads the fp8 buffers straight into `tl.dot` and
+multiplies the fp32 accumulator by sa * sb before the epilogue: `sum_k (a_k sa)(b_k sb) =
+sa sb sum_k a_k b_k`, exact up to fp32 rounding (products of fp8 values are exact in fp32). A
+bf16 / fp16 cast followed by a scale rounds the scaled operand to bf16 in eager, which folding
+would skip: that operand keeps its per-tile prologue (widened, scaled, rounded, the
+contraction's dtype on the tensor cores), as does every other prologue.
 """
 
 from __future__ import annotations
@@ -23,8 +25,9 @@ import dataclasses
 from collections.abc import Callable
 
 from vfuse.fusion.plan import Group
-from vfuse.ir import DType, Graph, Kind, Op, TensorType
+from vfuse.ir import DType, Graph, Kind, Node, Op, TensorType
 from vfuse.ir.shapes import numel
+from vfuse.ir.sym import same
 from vfuse.schedule.kernel import ContractionKernel, Fp8Dot
 
 # Layout ops: an fp8 value they give is still read from its buffer through an index map.
@@ -79,6 +82,7 @@ class _Widened:
     buf: str  # the fp8 buffer
     scale: float | str  # a literal, or a one-element fp32 buffer
     transposed: bool  # the operand is the buffer's transpose
+    shape: tuple[int, ...]  # the shape the template reads the buffer as (row-major, the same bytes)
 
 
 def with_fp8_dot(k: ContractionKernel, graph: Graph, fp8_cores: bool) -> ContractionKernel:
@@ -88,13 +92,11 @@ def with_fp8_dot(k: ContractionKernel, graph: Graph, fp8_cores: bool) -> Contrac
         return k
     a, b = graph[k.node].inputs
     dtype = graph[k.node].tensor_type.dtype
-    if graph[a].tensor_type.rank != 2 or graph[b].tensor_type.rank != 2:
-        return k
     loads = [set(p.loads) for p in k.prologues if p is not None]
     wa, wb = _widened(graph, a, dtype, loads[0]), _widened(graph, b, dtype, loads[1])
     if wa is None or wb is None or wa.transposed:
         return k
-    shapes = (graph[wa.buf].tensor_type.shape, graph[wb.buf].tensor_type.shape)
+    shapes = (wa.shape, wb.shape)
     # `extras` keep the prologues' loads: the fp8 buffers (also operands now) and the scales.
     return dataclasses.replace(
         k,
@@ -108,9 +110,11 @@ def with_fp8_dot(k: ContractionKernel, graph: Graph, fp8_cores: bool) -> Contrac
 
 def _widened(graph: Graph, v: str, dtype: DType, loads: set[str]) -> _Widened | None:
     """`v` as [transpose of] cast(fp8 buffer) [* per-tensor scale], the buffer and scale among
-    `loads` (read by the operand's prologue, so not computed in the group)."""
-    node, transposed, scale = graph[v], False, 1.0
-    if _is_transpose(graph, v):
+    `loads` (read by the operand's prologue, so not computed in the group). Without a transpose,
+    reshapes anywhere in the chain are the same bytes (Linear on 3-D input: `view` of the cast):
+    the buffer is read as `v`'s shape."""
+    node, transposed, scale = _through_reshapes(graph, v), False, 1.0
+    if _is_transpose(graph, node.name):
         transposed, node = True, graph[node.inputs[0]]
     if node.op is Op.MUL:
         for inner, factor in (node.inputs, node.inputs[::-1]):
@@ -124,17 +128,34 @@ def _widened(graph: Graph, v: str, dtype: DType, loads: set[str]) -> _Widened | 
             return None  # eager rounds the scaled operand to bf16 / fp16: keep the prologue
     if node.op is not Op.CAST or node.tensor_type.dtype is not dtype:
         return None
-    src = node.inputs[0]
+    src = _through_reshapes(graph, node.inputs[0]).name
     if _is_transpose(graph, src):
         transposed, src = not transposed, graph[src].inputs[0]
-    if not _fp8(graph, src) or src not in loads or graph[src].tensor_type.rank != 2:
+    shape = tuple(graph[v].tensor_type.shape)
+    if transposed:
+        shape = (*shape[:-2], shape[-1], shape[-2])
+        chain_reshaped = graph[v].op is Op.RESHAPE or graph[node.inputs[0]].op is Op.RESHAPE
+        if chain_reshaped or not same(graph[src].tensor_type.shape, shape):
+            return None  # a transpose reads the buffer as its own shape, swapped
+    if not _fp8(graph, src) or src not in loads:
         return None
-    return _Widened(src, scale, transposed)
+    return _Widened(src, scale, transposed, shape)
+
+
+def _through_reshapes(graph: Graph, v: str) -> Node:
+    node = graph[v]
+    while node.op is Op.RESHAPE:
+        node = graph[node.inputs[0]]
+    return node
 
 
 def _is_transpose(graph: Graph, v: str) -> bool:
+    """`v` swaps the last two dims of its input (and no other)."""
     n = graph[v]
-    return n.op is Op.PERMUTE and tuple(n.attrs["perm"]) == (1, 0)
+    if n.op is not Op.PERMUTE:
+        return False
+    r = len(n.attrs["perm"])
+    return r >= 2 and tuple(n.attrs["perm"]) == (*range(r - 2), r - 1, r - 2)
 
 
 def _scale(graph: Graph, v: str, loads: set[str]) -> float | str | None:
