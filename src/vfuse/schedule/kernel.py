@@ -14,7 +14,8 @@ from typing import Any
 from vfuse.ir import DType, Op
 from vfuse.ir.types import TensorType
 from vfuse.schedule.expr import Lin
-from vfuse.schedule.rowmerge import RowMerge
+from vfuse.schedule.gpu_types import GpuLaunch, GpuTiles
+from vfuse.schedule.gpu_types import GpuWalk as GpuWalk  # re-exported: the schedule's types live here
 from vfuse.targets.isa import Isa
 
 NAN_TRACKED = (Op.AMAX, Op.AMIN)
@@ -202,48 +203,6 @@ class Reduction:
     whole_row: bool = False  # LANES: the row is one block, its folded lanes are the row's result
     chains: int = 0  # STRIPS: accumulator chains per lane
     vector: int = 0  # STRIPS: lanes of the lane loop (one vector of fp32)
-
-
-class GpuWalk(enum.Enum):
-    """How GPU programs walk a kernel (`schedule/gpu.py`); the Triton renderer is chosen by it."""
-
-    FLAT = "flat"  # no reductions: each program takes `block` consecutive elements of the flattened nest
-    ROWS = "rows"  # `rows` rows per program, each reduced along the row in chunks of `block` elements
-    COLUMNS = "columns"  # `rows` adjacent columns (kept elements) per program, reduced in chunks of `block` rows
-
-
-@dataclass(frozen=True)
-class GpuLaunch:
-    """A kernel's GPU launch and tiling, decided from the target's preset table (`schedule/gpu.py`)."""
-
-    walk: GpuWalk
-    block: int  # FLAT: elements per program; ROWS / COLUMNS: reduced elements per chunk (a power of two)
-    rows: int  # ROWS / COLUMNS: rows (columns) per program (a power of two); FLAT: 1
-    programs: int  # the grid
-    warps: int
-    persistent: bool = False  # the row is one chunk: loaded once, every pass reads it from registers
-    wide: bool = False  # 64-bit index arithmetic: an index or the grid's span reaches 2^31
-    check_block: int = 0  # elements per program of the kernel's gather-index checks (0: none)
-    merges: tuple[RowMerge, ...] = ()  # looped rows: pairs of passes read in one walk of the row
-
-
-@dataclass(frozen=True)
-class GpuTiles:
-    """A contraction template's tiling on a GPU target (`schedule/gpu.py`). GEMM and implicit-GEMM
-    conv: `block_m` x `block_n` output tiles, `block_k` per step of the reduction, `group_m` rows of
-    tiles walked together (grouped order: L2 reuse); attention: `block_m` query rows x `block_n` keys
-    per step. `dot` is the dtype tl.dot takes ("fp16", "bf16", "fp32": exact fp32, no TF32; "fp8": the fp8
-    operand buffers as they are, `ContractionKernel.fp8`)."""
-
-    block_m: int
-    block_n: int
-    block_k: int
-    group_m: int
-    warps: int
-    stages: int
-    programs: int  # the grid (1-D: batch, group or head, then the tiles)
-    dot: str = "fp32"
-    wide: bool = False  # 64-bit offsets: a buffer reaches 2^31 elements
 
 
 @dataclass(frozen=True)
