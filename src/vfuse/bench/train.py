@@ -34,6 +34,7 @@ from torch import Tensor, nn
 
 from vfuse.bench import models as model_registry
 from vfuse.bench.workloads_compute import Attention, ConvBnRelu, Gpt2Block, _layernorm, _linear, _randn
+from vfuse.runtime.pool import is_idle
 
 CONTENDERS = ("eager", "inductor", "vfuse")
 LR = 1e-3
@@ -210,18 +211,24 @@ def step_peak_bytes(step: Callable[[], Any]) -> int:
 
 
 def retained_bytes(backend: Any) -> int:
-    """Bytes vfuse's compiled graphs keep between calls: arenas and output-pool buffers."""
+    """Bytes vfuse's compiled graphs keep between calls that nothing else holds: arenas (each
+    counted once: graphs share one, runtime/arenas.py) and output-pool buffers no tensor reaches
+    (a pool buffer that is a parameter's `.grad` now is counted in `state`, as eager's is)."""
     if backend is None:
         return 0
-    total = 0
+    storages: dict[int, int] = {}
+    arenas = [getattr(g.executor, "_arena", None) for g in backend.compiled]
+    lender = getattr(backend, "arenas", None)
+    for arena in [*arenas, *getattr(lender, "_free", ())]:
+        if isinstance(arena, Tensor):
+            storages[arena.untyped_storage().data_ptr()] = arena.untyped_storage().nbytes()
     for g in backend.compiled:
-        ex = g.executor
-        arena = getattr(ex, "_arena", None)
-        total += arena.untyped_storage().nbytes() if isinstance(arena, Tensor) else 0
-        pool = getattr(ex, "_pool", None)
+        pool = getattr(g.executor, "_pool", None)
         for ring in getattr(pool, "_slots", {}).values():
-            total += sum(slot[0].untyped_storage().nbytes() for slot in ring)
-    return total
+            for slot in ring:
+                if is_idle(slot):
+                    storages[slot[3]] = slot[1].nbytes()
+    return sum(storages.values())
 
 
 def _state_bytes(tr: _Trainer) -> int:

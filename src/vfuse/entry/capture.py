@@ -38,6 +38,7 @@ from vfuse.entry.specialize import FixedGraphs
 from vfuse.entry.trace import trace_aten
 from vfuse.errors import VfuseCodegenError, VfuseCompileError, VfuseOptionError
 from vfuse.frontend.decompositions import decomposition_table
+from vfuse.runtime.arenas import ArenaLender
 from vfuse.runtime.compiled import CompiledGraph
 from vfuse.targets import Target, get_target
 
@@ -65,6 +66,7 @@ class VfuseBackend:
         self.remat: list[RematPlan] = []  # per training graph: what its backward keeps or recomputes (entry/remat.py)
         self.attention: list[AttentionDecision] = []  # written-out training attention: SDPA or not, and why
         self._ids = itertools.count()
+        self.arenas = ArenaLender()  # one arena lent to its graphs in turn (runtime/arenas.py)
 
     def __call__(self, gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> Callable:
         frozen = _parameter_inputs(gm, example_inputs) if self.options.freeze and not torch.is_grad_enabled() else {}
@@ -160,6 +162,12 @@ class VfuseBackend:
             self.eager_fallbacks.append(describe_failure(e))
             observe.ran_eagerly()
             return make_boxed_func(gm.forward)
+        mutated = _mutated_inputs(len(example_inputs)) if kind == "forward" else None
+        if mutated is not None and not _copies(tensor_gm):  # training: saved inputs are not copied,
+            compiled.return_inputs_as_is(mutated)  # but those AOTAutograd updates after the call
+        share = getattr(compiled.executor, "share_arenas", None)
+        if share is not None:  # its graphs run one after the other (runtime/arenas.py)
+            share(self.arenas)
         self.compiled.append(compiled)
         observe.compiled(compiled, ctx, kind)
         return _calling_convention(compiled, frozen, present, lifted)
@@ -223,6 +231,21 @@ def _replaces(lifted: Lifted | None, frozen: dict[int, torch.Tensor], example_in
         for o, i in lifted.replaces().items()
         if i not in frozen and i not in skip
     }
+
+
+def _mutated_inputs(n: int) -> tuple[int, ...] | None:
+    """Positions of the inputs AOTAutograd updates in place after the forward graph it is
+    compiling (BatchNorm's running statistics), or None where its metadata does not say."""
+    meta = getattr(torch._guards.TracingContext.try_get(), "fw_metadata", None)
+    info = getattr(meta, "input_info", None)
+    if info is None or len(info) != n:
+        return None
+    return tuple(i for i, x in enumerate(info) if x.mutates_data or x.mutates_metadata or x.mutates_storage_metadata)
+
+
+def _copies(gm: torch.fx.GraphModule) -> bool:
+    """Whether the graph still writes into an input (a copy_ `lift` could not turn into an output)."""
+    return any(n.target is torch.ops.aten.copy_.default for n in gm.graph.nodes)
 
 
 def _calling_convention(

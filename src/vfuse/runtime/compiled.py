@@ -7,7 +7,7 @@ available; the native one (`vfuse.runtime.native`, generated C++) is used when a
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -95,10 +95,25 @@ class CompiledGraph:
             or len(set(outs)) != len(outs)
             or any(graph[o].op is Op.INPUT for o in outs)
         )
+        self._copied: tuple[int, ...] = ()  # outputs copied without `_may_alias` (return_inputs_as_is)
 
     @property
     def stats(self) -> Any:
         return self.executor.stats
+
+    def return_inputs_as_is(self, except_inputs: Collection[int] = ()) -> None:
+        """Let outputs that are graph inputs be the input tensors themselves, as Inductor does, for
+        callers that only keep them (AOTAutograd's training forward returns the weights and inputs
+        the backward reads): not a copy of each per step. Inputs at `except_inputs` (those the
+        caller updates in place after the call) are still copied, as are the reference
+        executor's views and an output returned twice."""
+        g, outs = self.graph, self.graph.outputs
+        if isinstance(self.executor, InterpExecutor) or len(set(outs)) != len(outs):
+            return
+        self._may_alias = False
+        self._copied = tuple(
+            k for k, o in enumerate(outs) if g[o].op is Op.INPUT and g[o].attrs["index"] in except_inputs
+        )
 
     def check_inputs(self, inputs: Sequence[object]) -> None:
         """Raise VfuseInputError naming the first input that differs from what was compiled for."""
@@ -131,7 +146,11 @@ class CompiledGraph:
         """Run without input checks, for callers whose own guards already ensure the types
         (Dynamo guards every input's shape, dtype and device before calling a compiled graph)."""
         outputs = self.executor(list(inputs))
-        return _unalias(outputs, inputs) if self._may_alias else outputs
+        if self._may_alias:
+            return _unalias(outputs, inputs)
+        for k in self._copied:
+            outputs[k] = outputs[k].clone()
+        return outputs
 
     def profile(self, *inputs: torch.Tensor, reps: int = 20, threads: int | None = None) -> list[Any]:
         """Run the graph `reps` times (after 2 warm-up runs) on a timing build of its kernels; one
@@ -147,7 +166,7 @@ class CompiledGraph:
     def unchecked_runner(self) -> Callable[[Sequence[torch.Tensor]], list[torch.Tensor]]:
         """`run_unchecked` as the shortest callable: the executor itself when no output can
         alias (executors only index their input sequence, so a tuple or list will do)."""
-        return self.run_unchecked if self._may_alias else self.executor
+        return self.run_unchecked if self._may_alias or self._copied else self.executor
 
 
 def _shape_fits(got: torch.Size, shape: tuple) -> bool:

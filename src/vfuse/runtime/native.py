@@ -26,6 +26,7 @@ from vfuse.fusion.plan import FusionPlan
 from vfuse.ir import Op
 from vfuse.ir.defs.layout import index_out_of_bounds
 from vfuse.ir.defs.pointwise import integer_division_by_zero
+from vfuse.runtime.arenas import LEND_MIN_BYTES, ArenaLender
 from vfuse.runtime.callplan import CallPlan, make_call_plan
 from vfuse.runtime.compiled import ExecStats
 from vfuse.runtime.pool import OutputPool
@@ -77,6 +78,8 @@ class NativeExecutor(StepRunner):
         # Tensors are allocated on the first call: compilation may run under a FakeTensorMode.
         self._arena: torch.Tensor | None = None
         self._arena_off = 0
+        self._lender: ArenaLender | None = None  # lends the arena per call instead (share_arenas)
+        self._arena_need = 0
         self._ready = False  # seeds, sizes, constants and arena set up (`_allocate`, first call)
         self._seeds = torch.zeros(0, dtype=torch.int64)
         self._constants: dict[str, torch.Tensor] = {}
@@ -151,6 +154,19 @@ class NativeExecutor(StepRunner):
             self._arena_off = -arena.data_ptr() % ARENA_ALIGN
             self._arena_arg.value = arena.data_ptr() + self._arena_off
 
+    def share_arenas(self, lender: ArenaLender) -> bool:
+        """Borrow the arena from `lender` for each call instead of keeping one (runtime/arenas.py);
+        False where the program keeps its own: prepacked operands persist in it, or it is small."""
+        offsets, _, _ = prepack_layout(self.program)
+        need = self.arena_bytes()
+        if offsets or need < LEND_MIN_BYTES:
+            return False
+        with self._lock:
+            self._lender, self._arena_need = lender, need
+            if self._arena is not None and self._arena_off + need <= self._arena.numel():
+                lender.give(self._arena)  # the one it had becomes the lender's
+        return True
+
     def _arena_view(self, value: str) -> torch.Tensor:
         b = self.program.buffers[value]
         start = self._arena_off + b.slot
@@ -161,9 +177,23 @@ class NativeExecutor(StepRunner):
     def __call__(self, inputs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
         # The arena, pointer table and seed array are shared: one call at a time.
         with self._lock:
+            if self._lender is not None:
+                return self._run_lent(self._lender, inputs)
             if self._plan is not None and self._ready:
                 return self._run_planned(self._plan, inputs)
             return self._run(inputs)
+
+    def _run_lent(self, lender: ArenaLender, inputs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+        # Kept bound after the call: the next call usually gets the same arena back (no rebind),
+        # and a dropped smaller one is released when this executor next binds another.
+        arena = lender.take(self._arena_need)
+        try:
+            self.bind_arena(arena)
+            if self._plan is not None and self._ready:
+                return self._run_planned(self._plan, inputs)
+            return self._run(inputs)
+        finally:
+            lender.give(arena)
 
     def _run(self, inputs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
         if not self._ready:

@@ -50,6 +50,12 @@ def _idle_counts() -> tuple[int, int]:
 _IDLE_REFS, _IDLE_USERS = _idle_counts()
 
 
+def is_idle(slot: _Slot) -> bool:
+    """Whether no tensor, view or storage object but the pool's own reaches the slot's storage
+    (what `take` checks before reusing it): its bytes are the pool's alone."""
+    return _getrefcount(slot[1]) == _IDLE_REFS and _storage_users(slot[2]) == _IDLE_USERS
+
+
 class OutputPool:
     def __init__(self) -> None:
         # Two slots per output: in `y = f(x)` in a loop the previous output is still held while

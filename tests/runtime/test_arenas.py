@@ -1,0 +1,166 @@
+"""Arenas lent to a backend's graphs in turn (runtime/arenas.py) and what a training step keeps
+between steps: one arena for forward and backward, saved inputs not copied."""
+
+from __future__ import annotations
+
+import threading
+
+import torch
+from torch import nn
+
+import vfuse
+from vfuse.bench.train import retained_bytes
+from vfuse.runtime.arenas import LEND_MIN_BYTES, ArenaLender
+
+
+def _mlp() -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.LayerNorm(61), nn.Linear(61, 257), nn.GELU(), nn.Linear(257, 61))
+
+
+def _step(model: nn.Module, fwd, x: torch.Tensor) -> tuple[torch.Tensor, list[torch.Tensor]]:
+    for p in model.parameters():
+        p.grad = None
+    loss = fwd(x).square().mean()
+    loss.backward()
+    return loss.detach(), [p.grad.clone() for p in model.parameters()]
+
+
+def _arenas(backend) -> dict[int, int]:
+    """Distinct arena storages of the backend's graphs: data pointer -> bytes."""
+    out = {}
+    for g in backend.compiled:
+        a = g.executor._arena
+        if a is not None:
+            out[a.untyped_storage().data_ptr()] = a.numel()
+    return out
+
+
+def test_training_graphs_share_one_arena_and_match_eager():
+    torch._dynamo.reset()
+    x = torch.randn(509, 61)
+    eager = _mlp()
+    model = _mlp()
+    backend = vfuse.backend(strict=True)
+    fwd = torch.compile(model, backend=backend)
+    for _ in range(3):  # the steady state: the second and third steps reuse what the first made
+        want, want_grads = _step(eager, eager, x)
+        got, got_grads = _step(model, fwd, x)
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+        for g, w in zip(got_grads, want_grads, strict=True):
+            torch.testing.assert_close(g, w, rtol=1e-4, atol=1e-5)
+    executors = [g.executor for g in backend.compiled]
+    lent = [ex for ex in executors if ex._lender is backend.arenas]
+    assert len(lent) == 2  # forward and backward (each needs more than LEND_MIN_BYTES)
+    needs = [ex.arena_bytes() for ex in lent]
+    assert min(needs) >= LEND_MIN_BYTES
+    # One arena, the larger need, where each graph used to keep its own.
+    assert list(_arenas(backend).values()) == [max(needs)]
+    assert backend.arenas.allocated == 1
+    # Between steps: that arena and the forward's pooled outputs no one holds (the saved
+    # activations autograd freed); the backward's pooled outputs are the parameters' .grad.
+    fwd_ex = lent[0]
+    idle = sum(ring[0][1].nbytes() for ring in fwd_ex._pool._slots.values())
+    assert all(len(ring) == 1 for ex in executors for ring in ex._pool._slots.values())
+    assert retained_bytes(backend) == max(needs) + idle
+    assert retained_bytes(backend) < sum(needs) + idle
+
+
+def test_training_forward_saves_weights_without_copying_them():
+    torch._dynamo.reset()
+    model = _mlp()
+    fwd = torch.compile(model, backend=vfuse.backend(strict=True))
+    x = torch.randn(509, 61)
+    _step(model, fwd, x)
+    saved: list[int] = []
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        saved.append(t.untyped_storage().data_ptr())
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        loss = fwd(x).square().mean()
+    weights = {p.untyped_storage().data_ptr() for p in model.parameters() if p.dim() == 2}
+    assert weights <= set(saved)  # the parameters themselves, not per-step copies
+    loss.backward()
+
+
+def test_lender_gives_overlapping_calls_their_own_arena():
+    lender = ArenaLender()
+    a = lender.take(100)
+    b = lender.take(50)  # a is still lent out: a second arena
+    assert a.data_ptr() != b.data_ptr() and a.numel() >= 100 and b.numel() >= 50
+    lender.give(b)
+    lender.give(a)
+    assert lender.take(80) is a  # the largest first
+    small = lender.take(10)
+    assert small is b
+    lender.give(small)
+    c = lender.take(200)  # b is too small: dropped, a new one
+    assert c.numel() >= 200 and lender.allocated == 3
+    assert lender.nbytes() == 0
+
+
+def test_threads_running_one_backends_graphs_at_once():
+    """Two graphs of one backend called from two threads at once: overlapping calls each get an
+    arena of their own, and every result is right."""
+    torch._dynamo.reset()
+    backend = vfuse.backend(strict=True)
+    models = [_mlp(), nn.Sequential(nn.Linear(61, 263), nn.ReLU(), nn.Linear(263, 7))]
+    fns = [torch.compile(m, backend=backend) for m in models]
+    x = torch.randn(509, 61)
+    with torch.no_grad():
+        want = [m(x) for m in models]
+        for f in fns:
+            f(x)
+    assert sum(1 for g in backend.compiled if g.executor._lender is not None) == 2
+    errors: list[BaseException] = []
+
+    def work(f, w: torch.Tensor) -> None:
+        try:
+            for _ in range(30):
+                with torch.no_grad():
+                    torch.testing.assert_close(f(x), w, rtol=1e-5, atol=1e-5)
+        except BaseException as e:  # reported by the main thread
+            errors.append(e)
+
+    threads = [threading.Thread(target=work, args=(f, w)) for f, w in zip(fns * 2, want * 2, strict=True)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors[0]
+    assert 1 <= backend.arenas.allocated <= 4
+
+
+class _ReturnsInput(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv, self.bn = nn.Conv2d(3, 5, 3, padding=1), nn.BatchNorm2d(5)
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return x, torch.relu(self.bn(self.conv(x)))
+
+
+def test_saved_inputs_returned_as_is_keep_eager_semantics():
+    """A user output that is the input itself, and BatchNorm's running statistics (updated in
+    place after the forward, and saved by it): results, gradients and statistics as eager's."""
+    torch._dynamo.reset()
+    torch.manual_seed(1)
+    eager = _ReturnsInput().train()
+    model = _ReturnsInput().train()
+    model.load_state_dict(eager.state_dict())
+    fwd = torch.compile(model, backend=vfuse.backend(strict=True))
+    for _ in range(3):
+        x = torch.randn(2, 3, 7, 11)
+        xe, xv = x.clone().requires_grad_(), x.clone().requires_grad_()
+        (ye, oe), (yv, ov) = eager(xe), fwd(xv)
+        torch.testing.assert_close(yv, x)
+        ((oe * 3).sum() + ye.square().sum()).backward()
+        ((ov * 3).sum() + yv.square().sum()).backward()
+        torch.testing.assert_close(ov, oe, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(xv.grad, xe.grad, rtol=1e-4, atol=1e-5)
+    for (name, a), b in zip(eager.state_dict().items(), model.state_dict().values(), strict=True):
+        torch.testing.assert_close(b, a, rtol=1e-4, atol=1e-5, msg=name)
+    for a, b in zip(eager.parameters(), model.parameters(), strict=True):
+        torch.testing.assert_close(b.grad, a.grad, rtol=1e-4, atol=1e-4)
