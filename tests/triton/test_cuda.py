@@ -55,6 +55,10 @@ CASES: dict[str, tuple[Callable, Callable[[], tuple[torch.Tensor, ...]]]] = {
         lambda: (torch.randn(64, 256), torch.randn(256)),
     ),
     "linear_gelu": (lambda x, w: F.gelu(x @ w.t()), lambda: (torch.randn(130, 96), torch.randn(70, 96))),
+    "fp8_linear": (  # fp8 operands straight into an fp8 wgmma, the scales on the accumulator
+        lambda a, b: (a.float() * 0.5) @ (b.float() * 0.25).t(),
+        lambda: (torch.randn(130, 96).to(torch.float8_e4m3fn), torch.randn(70, 96).to(torch.float8_e4m3fn)),
+    ),
     "attention_causal": (
         lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True),
         lambda: tuple(torch.randn(2, 3, 65, 32) for _ in range(3)),
