@@ -35,11 +35,13 @@ def _causal_tril(q, k, v):
     return torch.softmax(s, dim=-1) @ v
 
 
-def _additive(mask):
-    def fn(q, k, v):  # explicit scale applied after the mask: SDPA gets mask * 0.3
-        return torch.softmax((torch.matmul(q, k.transpose(2, 3)) + mask) * 0.3, -1) @ v
-
-    return fn
+def _alibi(q, k, v):
+    """An additive ALiBi-style bias built in the graph (a constant), scaled after it is added: SDPA
+    gets bias * 0.3. Run-time additive masks are left written out (see NEGATIVE)."""
+    n = q.shape[-2]
+    pos = torch.arange(n, dtype=torch.float32)
+    bias = -(pos[:, None] - pos[None, :]).abs() * 0.5
+    return torch.softmax((torch.matmul(q, k.transpose(2, 3)) + bias) * 0.3, -1) @ v
 
 
 def _bool_input(keep):
@@ -112,13 +114,7 @@ CASES = [
     ("causal-tril-L1", _causal_tril, (1, 2, 1, 8), True, "none"),
     ("causal-tril-L7", _causal_tril, (1, 2, 7, 8), True, "none"),
     ("causal-tril-L65", _causal_tril, (1, 3, 65, 16), True, "none"),
-    (
-        "additive-scale-L7",
-        _additive(torch.randn(7, 7, generator=torch.Generator().manual_seed(5))),
-        (1, 2, 7, 8),
-        False,
-        "additive",
-    ),
+    ("additive-alibi-scale-L7", _alibi, (1, 2, 7, 8), False, "additive"),
     ("hf-finfo-where-L65", _hf_finfo_where, (2, 2, 65, 8), True, "none"),
     ("bmm-3d-L7", _bmm_3d, (2, 2, 7, 8), False, "none"),
     ("additive-finfo-causal-L7", _additive_causal, (1, 2, 7, 8), True, "none"),
@@ -201,15 +197,30 @@ def _finfo_full_row(q, k, v):
     return torch.softmax((q @ k.transpose(-2, -1)).masked_fill(~keep, torch.finfo(torch.float32).min), -1) @ v
 
 
+def _additive_run_time(q, k, v):  # the mask is a data input (a closure): not known at compile time
+    return torch.softmax(q @ k.transpose(-2, -1) + _RUN_TIME_MASK, -1) @ v
+
+
+_RUN_TIME_MASK = torch.randn(7, 7, generator=_gen(6))
+
+
+def _additive_full_row(q, k, v):
+    n = q.shape[-2]  # row 2 masked to finfo.min throughout: the flash backward's lse rounding differs
+    mask = torch.zeros(n, n).index_fill(0, torch.tensor([2]), torch.finfo(torch.float32).min)
+    return torch.softmax(q @ k.transpose(-2, -1) + mask, -1) @ v
+
+
 NEGATIVE = [
     ("probabilities-returned", _returns_probs, "used outside the attention"),
     ("dropout", _dropout, "attention dropout"),
     (
         "finfo-min-run-time-mask",
-        _finfo_run_time(torch.rand(7, 7, generator=torch.Generator().manual_seed(4)) > 0.3),
+        _finfo_run_time(torch.rand(7, 7, generator=_gen(4)) > 0.3),
         "run-time mask",
     ),
     ("finfo-min-fully-masked-row", _finfo_full_row, "fully masked row"),
+    ("additive-fully-masked-row", _additive_full_row, "fully masked row"),
+    ("additive-run-time", _additive_run_time, "run-time additive mask"),
 ]
 
 
@@ -274,3 +285,40 @@ def test_causal_buffer_is_guarded(finfo: bool) -> None:
     torch.testing.assert_close(got, module(*inputs), rtol=1e-5, atol=1e-6)
     module.causal[..., 3, 5] = False  # equal again: the rewritten graph (checked by value)
     _check(compiled, inputs, backend)
+
+
+class _HfGpt2(torch.nn.Module):
+    """Hugging Face GPT-2 with its eager attention (one layer), a padding mask optional: its hidden state."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        from transformers import GPT2Config, GPT2Model
+
+        sizes = {"vocab_size": 64, "n_positions": 16, "n_embd": 32, "n_layer": 1, "n_head": 2}
+        no_dropout = {"attn_pdrop": 0.0, "resid_pdrop": 0.0, "embd_pdrop": 0.0}
+        config = GPT2Config(**sizes, **no_dropout, bos_token_id=0, eos_token_id=0, attn_implementation="eager")
+        self.model = GPT2Model(config)
+
+    def forward(self, ids, padding=None):
+        return self.model(ids, attention_mask=padding).last_hidden_state
+
+
+@pytest.mark.parametrize("padded", [False, True], ids=["causal", "padding-mask"])
+def test_hf_gpt2_eager_attention(padded: bool) -> None:
+    """HF's eager attention: its causal mask (additive finfo.min, built in the graph) becomes is_causal.
+    With a left-padding mask input the combined mask reads data, and its padded query rows are fully
+    masked with finfo.min (uniform in eager, its gradient flowing): left written out. Gradients of every
+    parameter within 1e-4 relative of eager either way."""
+    pytest.importorskip("transformers")
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    ids = torch.randint(0, 64, (2, 11))
+    padding = torch.ones(2, 11, dtype=torch.long)
+    padding[1, :3] = 0  # left padding: every row still keeps a key
+    backend = vfuse.backend(strict=True)
+    check_training_step(_HfGpt2().train(), [ids, padding] if padded else [ids], 1e-4, backend)
+    (decision,) = backend.attention
+    if padded:
+        assert not decision.rewritten and "run-time additive mask" in decision.reason, decision.text()
+    else:
+        assert decision.rewritten and decision.causal and _native_flash(backend), decision.text()

@@ -49,7 +49,10 @@ FLASH = int(torch.nn.attention.SDPBackend.FLASH_ATTENTION)
 # S, P written and read (P @ V, kept for the backward); backward dP written, P, dP read and dS
 # written, dS read twice (dQ, dK), P read (dV).
 WRITTEN_PASSES = 10
-WRITTEN_KERNELS, FLASH_KERNELS = 7, 3  # matmuls and softmax rows vs SDPA_LSE, delta, SDPA_BACKWARD
+WRITTEN_KERNELS, FLASH_KERNELS = 7, 3
+# An additive mask row whose largest entry is below this is "fully masked" (see _check_additive): at
+# |lse| ~ 1e3 fp32 rounding of lse is ~6e-5, within the 1e-4 the gradients are held to.
+ADDITIVE_ROW_MIN = -1e3  # matmuls and softmax rows vs SDPA_LSE, delta, SDPA_BACKWARD
 
 
 @dataclass(frozen=True)
@@ -201,6 +204,7 @@ def _decide(
     try:
         m = match(out, gm, inputs)
         _causal_or_mask(m, gm)
+        _check_additive(m, gm)
         shape = _shape(m)
         _check_flash(m)
     except NoMatch as e:
@@ -247,6 +251,25 @@ def _causal_or_mask(m: Match, gm: fx.GraphModule) -> None:
     if is_causal_keep(keep, lq, lk) or bool(keep.all()):
         m.causal, m.keep, m.additive = is_causal_keep(keep, lq, lk), [], []
         m.guards += [n for n in read if n not in m.guards]
+
+
+def _check_additive(m: Match, gm: fx.GraphModule) -> None:
+    """Additive masks must be known at compile time (constants, guarded buffers) and keep every row's
+    largest entry above ADDITIVE_ROW_MIN: for a row masked to finfo.min throughout eager's softmax is
+    uniform and its gradient flows, but the flash backward's P = exp(S - lse) loses log(l) to the
+    rounding of lse at that magnitude (P = 1, not 1 / Lk)."""
+    total: torch.Tensor | float = 0.0
+    for mask, after in m.additive:
+        try:
+            total = total + evaluate(mask, gm) * after
+        except NoMatch:
+            try:
+                total = total + evaluate(mask, gm, dict(m.inputs)) * after
+            except NoMatch:
+                raise NoMatch(f"run-time additive mask {mask.name}: a fully masked row would differ") from None
+            m.guards += [n for n in ancestors(mask) if n in m.inputs and n not in m.guards]
+    if isinstance(total, torch.Tensor) and total.numel() and float(total.amax(-1).min()) < ADDITIVE_ROW_MIN:
+        raise NoMatch(f"additive mask with a fully masked row (row max {float(total.amax(-1).min()):.3g})")
 
 
 def _example(t: torch.Tensor, swap: bool = False, rank4: bool = False) -> torch.Tensor:
