@@ -232,7 +232,7 @@ def _scores(s: fx.Node, m: Match, gm: fx.GraphModule) -> None:
             if value(a[i]).shape != value(s).shape:
                 raise NoMatch(f"{s.name}: the mask broadcasts the scores up")
             m.additive.append((a[1 - i], after))
-        elif fn in MASKED_FILLS:
+        elif fn in MASKED_FILLS and a[0] in tensors and value(a[0]).shape == value(s).shape:
             _fill(s, arg(s, 2, "value"), arg(s, 1, "mask"), False, m, gm)
             i = 0
         elif fn is torch.where and len(a) == 3 and a[1] in tensors and value(a[1]).shape == value(s).shape:
