@@ -322,3 +322,19 @@ def test_hf_gpt2_eager_attention(padded: bool) -> None:
         assert not decision.rewritten and "run-time additive mask" in decision.reason, decision.text()
     else:
         assert decision.rewritten and decision.causal and _native_flash(backend), decision.text()
+
+
+def test_one_attention_feeding_the_next() -> None:
+    """The first attention's output is the second's q and k: both rewritten, the second reading the first's SDPA."""
+
+    def attend(q, k, v):
+        return torch.softmax(q @ k.transpose(-2, -1) * 0.3, -1) @ v
+
+    def two(q, k, v):
+        o = attend(q, k, v)
+        return attend(o, o, v)
+
+    torch._dynamo.reset()
+    backend = vfuse.backend(strict=True)
+    _check(two, _inputs(1, 2, 7, 8), backend)
+    assert [d.rewritten for d in backend.attention] == [True, True], backend.attention
