@@ -51,10 +51,10 @@ FLASH = int(torch.nn.attention.SDPBackend.FLASH_ATTENTION)
 # S, P written and read (P @ V, kept for the backward); backward dP written, P, dP read and dS
 # written, dS read twice (dQ, dK), P read (dV).
 WRITTEN_PASSES = 10
-WRITTEN_KERNELS, FLASH_KERNELS = 7, 3
+WRITTEN_KERNELS, FLASH_KERNELS = 7, 3  # matmuls and softmax rows vs SDPA_LSE, delta, SDPA_BACKWARD
 # An additive mask row whose largest entry is below this is "fully masked" (see _check_additive): at
 # |lse| ~ 1e3 fp32 rounding of lse is ~6e-5, within the 1e-4 the gradients are held to.
-ADDITIVE_ROW_MIN = -1e3  # matmuls and softmax rows vs SDPA_LSE, delta, SDPA_BACKWARD
+ADDITIVE_ROW_MIN = -1e3
 
 
 @dataclass(frozen=True)
@@ -300,9 +300,7 @@ def _check_flash(m: Match) -> None:
     v = _example(value(m.v), rank4=rank4)
     mask = None
     if m.additive or m.keep:
-        shape = torch.broadcast_shapes(
-            *(tuple(value(x if not isinstance(x, tuple) else x[1]).shape) for x in _mask_nodes(m))
-        )
+        shape = torch.broadcast_shapes(*(tuple(value(_node(x)).shape) for x in _mask_nodes(m)))
         shape = (1, *shape) if rank4 and len(shape) == 3 else shape
         mask = torch.empty(shape, dtype=torch.float32 if m.additive or len(m.keep) > 1 else torch.bool)
     choice = torch._fused_sdp_choice(q, kk, v, attn_mask=mask, dropout_p=0.0, is_causal=m.causal, scale=m.scale)
