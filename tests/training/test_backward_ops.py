@@ -172,6 +172,17 @@ def test_pool_backward_of_larger_inputs_is_native() -> None:
     assert not {k: v for k, v in backend.stats["fallbacks"].items() if "backward" in k}, backend.stats
 
 
+def test_max_pool2d_with_indices_of_a_large_input_is_native() -> None:
+    """No CPU gate on the forward with indices either: past 65536 window terms (where it used to go
+    to torch) the kernel gives eager's values and indices (ties: the first tap)."""
+    x = torch.randn(2, 8, 57, 61).round()  # 2*8*29*31*9 = 129456 terms; rounded: ties
+    fn = lambda x: F.max_pool2d(x, 3, 2, 1, return_indices=True)  # noqa: E731
+    compiled = vfuse.compile(fn, (x,), strict=True)
+    (got, got_i), (want, want_i) = compiled(x), fn(x)
+    assert torch.equal(got, want) and torch.equal(got_i, want_i)
+    assert compiled.stats.torch_calls == 0
+
+
 def test_max_pool2d_backward_indices_out_of_range_raise(no_cpu_limits: None) -> None:
     aten = torch.ops.aten
     x = torch.randn(2, 3, 7, 7)
