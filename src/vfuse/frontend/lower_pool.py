@@ -32,7 +32,7 @@ from vfuse.frontend.lower_layout import _embed, reshape, slice_
 from vfuse.frontend.registry import lowers
 from vfuse.ir import ConstValue, DType, Op
 from vfuse.ir.defs.layout import IndexBounds
-from vfuse.ir.sym import is_sym
+from vfuse.ir.sym import is_sym, proved
 
 aten = torch.ops.aten
 
@@ -91,9 +91,15 @@ class Axis:
         return [o * self.stride + self.start(tap) for o in range(self.out)]
 
     def all_inside(self, tap: int) -> bool:
+        if is_sym(self.out) or is_sym(self.size):  # the ends, proved or not: "no" adds a mask
+            lo, hi = self.start(tap), (self.out - 1) * self.stride + self.start(tap)
+            return proved(0, "<=", lo) and proved(hi, "<", self.size)
         return all(0 <= p < self.size for p in self.reads(tap))
 
     def any_inside(self, tap: int) -> bool:
+        if is_sym(self.out) or is_sym(self.size):  # without a guard: "yes" keeps a masked tap
+            lo, hi = self.start(tap), (self.out - 1) * self.stride + self.start(tap)
+            return not (proved(hi, "<", 0) or proved(self.size, "<=", lo))
         return any(0 <= p < self.size for p in self.reads(tap))
 
 

@@ -194,9 +194,13 @@ class KernelWriter:
     def iota(self, s: Iota) -> str:
         ct = COMPUTE_TYPE[s.dtype]
         i = self.idx(s.index)
+        # A symbolic start or step (a tap's offset times a run-time width) is read at run time,
+        # not turned into this size's number (which would guard the program to it).
         if s.dtype.is_float:
-            return f"({ct})((double){float(s.start)!r} + (double){float(s.step)!r} * (double)({i}))"
-        return f"({ct})({int(s.start)}LL + {int(s.step)}LL * ({i}))"
+            start, step = (f"(double)({v})" if is_sym(v) else f"(double){float(v)!r}" for v in (s.start, s.step))
+            return f"({ct})({start} + {step} * (double)({i}))"
+        start, step = (f"(int64_t)({v})" if is_sym(v) else f"{int(v)}LL" for v in (s.start, s.step))
+        return f"({ct})({start} + {step} * ({i}))"
 
     # ---- a pass's row facts ----
     def begin_pass(self, p: Pass) -> None:
