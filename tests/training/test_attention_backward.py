@@ -13,6 +13,7 @@ import torch
 import torch.nn.functional as F
 from tests.models.train_zoo import check_training_step
 from tests.models.zoo import SdpaBlock
+from tests.training.attention_checks import check_attention_grads
 from torch._functorch.aot_autograd import aot_module_simplified
 
 import vfuse
@@ -56,22 +57,6 @@ def _inputs(shape: tuple[int, ...], seed: int = 0) -> list[torch.Tensor]:
     return [torch.randn(s, generator=g).requires_grad_() for s in sizes]
 
 
-def _check_grads(fn, inputs: list[torch.Tensor], backend, compiled=None) -> None:
-    """Output and grads of q, k, v against eager within 1e-4 relative (to each tensor's largest element)."""
-    out = (compiled or torch.compile(fn, backend=backend))(*inputs)
-    grad_out = torch.randn(out.shape, generator=torch.Generator().manual_seed(1))
-    got = torch.autograd.grad(out, inputs, grad_out)
-    want_out = fn(*inputs)
-    want = torch.autograd.grad(want_out, inputs, grad_out)
-    torch.testing.assert_close(out, want_out, rtol=1e-4, atol=1e-4 * want_out.abs().max().item())
-    # A gradient that is 0 in exact arithmetic (one key: dS = P (dP - delta) cancels) is rounding of the
-    # others' size: each tensor's scale is at least 1% of the largest gradient of the three.
-    largest = max(w.abs().max().item() for w in want)
-    for name, g, w in zip("qkv", got, want, strict=True):
-        scale = max(w.abs().max().item(), 1e-2 * largest)
-        torch.testing.assert_close(g, w, rtol=1e-4, atol=1e-4 * scale, msg=f"gradient of {name}")
-
-
 def _attention_steps(backend) -> dict[Op, list]:
     """Per training attention op, the steps of the compiled programs that run it."""
     found: dict[Op, list] = {Op.SDPA_LSE: [], Op.SDPA_BACKWARD: []}
@@ -91,7 +76,7 @@ def _attention_steps(backend) -> dict[Op, list]:
 def test_attention_gradients_match_eager_without_fallback(shape, causal, share) -> None:
     torch._dynamo.reset()
     backend = vfuse.backend(strict=True)
-    _check_grads(_attention(causal, share), _inputs(shape), backend)
+    check_attention_grads(_attention(causal, share), _inputs(shape), backend)
     assert backend.stats["graphs"] == 2 and not backend.stats["fallbacks"], backend.stats
     # Structure: one template kernel each for the forward (with its logsumexp) and the backward.
     steps = _attention_steps(backend)
@@ -111,7 +96,7 @@ def test_masked_attention_gradients(kind: str) -> None:
         mask = torch.rand(1, 1, lq, lk, generator=g) > 0.4
         mask[..., 0] = True  # every row keeps a key (eager gives NaN rows otherwise)
     backend = vfuse.backend(strict=True)
-    _check_grads(_attention(False, None, mask), _inputs((2, 2, 2, lq, lk, 8)), backend)
+    check_attention_grads(_attention(False, None, mask), _inputs((2, 2, 2, lq, lk, 8)), backend)
     assert not backend.stats["fallbacks"], backend.stats
     assert [type(s) for s in _attention_steps(backend)[Op.SDPA_BACKWARD]] == [ContractionKernel]
 
@@ -124,7 +109,7 @@ def test_a_row_that_keeps_no_key_has_zero_output_and_gradients() -> None:
     mask[4] = False
     backend = vfuse.backend(strict=True)
     inputs = _inputs((1, 2, 2, 9, 9, 8))
-    _check_grads(_attention(False, None, mask), inputs, backend)
+    check_attention_grads(_attention(False, None, mask), inputs, backend)
     out = torch.compile(_attention(False, None, mask), backend=backend)(*inputs)
     (dq,) = torch.autograd.grad(out, inputs[:1], torch.ones_like(out))
     assert not out[:, :, 4].any() and not dq[:, :, 4].any()
@@ -210,7 +195,7 @@ def test_triton_backend_runs_training_attention_in_torch() -> None:
     pytest.importorskip("triton", reason="triton is not installed (pip install 'vfuse[gpu]')")
     torch._dynamo.reset()
     backend = vfuse.backend(backend="triton", target="h100")
-    _check_grads(_attention(True, None), _inputs((1, 2, 2, 5, 5, 8)), backend)
+    check_attention_grads(_attention(True, None), _inputs((1, 2, 2, 5, 5, 8)), backend)
     steps = _attention_steps(backend)
     assert [type(s) for s in steps[Op.SDPA_LSE] + steps[Op.SDPA_BACKWARD]] == [TorchStep, TorchStep], steps
     assert all("no Triton template" in s.reason for s in steps[Op.SDPA_LSE] + steps[Op.SDPA_BACKWARD])
@@ -225,7 +210,7 @@ def test_fewer_tasks_than_threads_split_the_key_tiles(threads: int) -> None:
     torch.set_num_threads(threads)
     try:
         backend = vfuse.backend(strict=True)
-        _check_grads(_attention(True, "gqa"), _inputs((1, 3, 1, 200, 200, 8)), backend)
+        check_attention_grads(_attention(True, "gqa"), _inputs((1, 3, 1, 200, 200, 8)), backend)
     finally:
         torch.set_num_threads(before)
     assert [type(s) for s in _attention_steps(backend)[Op.SDPA_BACKWARD]] == [ContractionKernel]
@@ -240,6 +225,6 @@ def test_dynamic_lengths_compile_once() -> None:
     compiled = torch.compile(fn, backend=backend, dynamic=True)
     for n in (33, 70, 129):
         inputs = _inputs((1, 2, 2, n, n, 16), seed=n)
-        _check_grads(fn, inputs, backend, compiled)
+        check_attention_grads(fn, inputs, backend, compiled)
     assert backend.stats["graphs"] == 2 and not backend.stats["fallbacks"], backend.stats
     assert all(type(c.executor).__name__ == "SymbolicExecutor" for c in backend.compiled)

@@ -10,6 +10,7 @@ import math
 import pytest
 import torch
 from tests.models.train_zoo import check_training_step
+from tests.training.attention_checks import check_attention_grads
 from tests.training.test_attention_backward import _attention_steps
 
 import vfuse
@@ -91,19 +92,6 @@ def _inputs(b: int, h: int, n: int, d: int, seed: int = 0) -> list[torch.Tensor]
     return [torch.randn(b, h, n, d, generator=g).requires_grad_() for _ in range(3)]
 
 
-def _check(fn, inputs, backend) -> None:
-    out = torch.compile(fn, backend=backend)(*inputs)
-    grad_out = torch.randn(out.shape, generator=torch.Generator().manual_seed(1))
-    got = torch.autograd.grad(out, inputs, grad_out)
-    want_out = fn(*inputs)
-    want = torch.autograd.grad(want_out, inputs, grad_out)
-    torch.testing.assert_close(out, want_out, rtol=1e-4, atol=1e-4 * want_out.abs().max().item())
-    largest = max(w.abs().max().item() for w in want)
-    for name, g, w in zip("qkv", got, want, strict=True):
-        scale = max(w.abs().max().item(), 1e-2 * largest)
-        torch.testing.assert_close(g, w, rtol=1e-4, atol=1e-4 * scale, msg=f"gradient of {name}")
-
-
 def _native_flash(backend) -> bool:
     steps = _attention_steps(backend)
     kinds = [type(s) for s in steps[Op.SDPA_LSE] + steps[Op.SDPA_BACKWARD]]
@@ -126,7 +114,7 @@ CASES = [
 def test_written_out_attention_trains_with_flash_kernels(fn, shape, causal, mask) -> None:
     torch._dynamo.reset()
     backend = vfuse.backend(strict=True)
-    _check(fn, _inputs(*shape), backend)
+    check_attention_grads(fn, _inputs(*shape), backend)
     (decision,) = backend.attention
     assert decision.rewritten and (decision.causal, decision.mask) == (causal, mask), decision.text()
     assert decision.flash_s < decision.written_s
@@ -139,7 +127,7 @@ def test_run_time_bool_mask_is_sdpa_attn_mask() -> None:
     keep = torch.rand(1, 1, 9, 9, generator=torch.Generator().manual_seed(2)) > 0.5
     keep[..., 0] = True  # eager gives NaN for a row that keeps no key
     backend = vfuse.backend(strict=True)
-    _check(_bool_input(keep), _inputs(1, 2, 9, 8), backend)
+    check_attention_grads(_bool_input(keep), _inputs(1, 2, 9, 8), backend)
     (decision,) = backend.attention
     assert decision.rewritten and (decision.causal, decision.mask) == (False, "bool")
     assert _native_flash(backend)
@@ -275,7 +263,7 @@ def test_causal_buffer_is_guarded(finfo: bool) -> None:
     backend = vfuse.backend(strict=True)
     compiled = torch.compile(module, backend=backend)
     inputs = _inputs(1, 2, 7, 8)
-    _check(compiled, inputs, backend)
+    check_attention_grads(compiled, inputs, backend)
     (decision,) = backend.attention
     assert decision.rewritten and decision.causal and "guarded on l_self_buffers_causal_" in decision.reason
     assert _native_flash(backend)
@@ -284,7 +272,7 @@ def test_causal_buffer_is_guarded(finfo: bool) -> None:
         got = compiled(*inputs)
     torch.testing.assert_close(got, module(*inputs), rtol=1e-5, atol=1e-6)
     module.causal[..., 3, 5] = False  # equal again: the rewritten graph (checked by value)
-    _check(compiled, inputs, backend)
+    check_attention_grads(compiled, inputs, backend)
 
 
 class _HfGpt2(torch.nn.Module):
@@ -336,5 +324,5 @@ def test_one_attention_feeding_the_next() -> None:
 
     torch._dynamo.reset()
     backend = vfuse.backend(strict=True)
-    _check(two, _inputs(1, 2, 7, 8), backend)
+    check_attention_grads(two, _inputs(1, 2, 7, 8), backend)
     assert [d.rewritten for d in backend.attention] == [True, True], backend.attention
