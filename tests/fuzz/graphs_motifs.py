@@ -2,7 +2,8 @@
 
 Each motif is a few ordinary steps with their choices steered (a reshape that merges the dims a
 reduction then reads; a conv feeding a training BatchNorm; a norm -> linear -> residual block; a
-softmax over a permuted view). The steps are the same as the generic builders', so a failing
+softmax over a permuted view; attention written out, which training graphs rewrite into the flash
+kernels). The steps are the same as the generic builders', so a failing
 program prints like any other.
 """
 
@@ -12,11 +13,11 @@ import math
 from collections.abc import Callable
 
 from hypothesis import strategies as st
-from tests.fuzz.graphs import Gen, Val
+from tests.fuzz.graphs import Gen, Val, weight
 from tests.fuzz.graphs_layout import merge_split
 from tests.fuzz.graphs_nn import add_norm, conv, linear_of
 from tests.fuzz.graphs_ops import add_reduce
-from tests.fuzz.ops import B, N, R, U, V
+from tests.fuzz.ops import B, N, R, S, U, V
 from tests.fuzz.program import Kind, Step
 
 
@@ -89,4 +90,39 @@ def permuted_softmax(g: Gen) -> int | None:
     return add_reduce(g, s, R.SUM, dims, g.flag()) if bound < 1e6 else s
 
 
-MOTIFS: tuple[Callable[[Gen], int | None], ...] = (reshape_reduce, conv_norm, norm_block, permuted_softmax)
+def written_attention(g: Gen) -> int | None:
+    """softmax(q @ k^T * scale, -1) @ v with k and v fresh (or q itself): the pattern the training
+    capture rewrites into SDPA_LSE / SDPA_BACKWARD (entry/attention_rewrite.py) and inference into SDPA."""
+    q = g.pick(lambda v: v.is_float and len(v.shape) in (3, 4) and v.shape[-2] >= 1 and v.shape[-1] >= 1)
+    if q is None:
+        return None
+    vq = g.vals[q]
+    batch, e = vq.shape[:-2], vq.shape[-1]
+    # At least 2 keys: over one key q's gradient is 0 exactly, and the flash backward's
+    # P * (dP - delta) leaves rounding noise there (~1e-7; docs/attention.md) against a 0 tolerance.
+    keys = vq.shape[-2] if g.flag(3) and vq.shape[-2] >= 2 else g.choice((5, 2, 16, 7))
+    k = q if keys == vq.shape[-2] else weight(g, (*batch, keys, e), vq.dtype)
+    v = q if k == q else weight(g, (*batch, keys, g.choice((e, 8, 3))), vq.dtype)
+    kt = g.add(Step(Kind.VIEW, V.TRANSPOSE, (k,), (-1, -2)), g.vals[k].bound, g.vals[k].exact)
+    if kt is None:
+        return None
+    scores = g.add(Step(Kind.MATMUL, None, (q, kt)), max(e, 1) * vq.bound * max(g.vals[k].bound, 1.0), False)
+    if scores is None:
+        return None
+    scale = g.choice((1 / math.sqrt(max(e, 1)), 0.3))
+    scaled = g.add(Step(Kind.SCALAR, S.MUL, (scores,), (scale,)), g.vals[scores].bound * scale, False)
+    if scaled is None:
+        return scores
+    probs = g.add(Step(Kind.NORM, N.SOFTMAX, (scaled,), (-1, 0.0, False, False)), 1.0, False)
+    if probs is None:
+        return scaled
+    return g.add(Step(Kind.MATMUL, None, (probs, v)), max(keys, 1) * max(g.vals[v].bound, 1.0), False)
+
+
+MOTIFS: tuple[Callable[[Gen], int | None], ...] = (
+    reshape_reduce,
+    conv_norm,
+    norm_block,
+    permuted_softmax,
+    written_attention,
+)
