@@ -10,7 +10,7 @@ from tests.fusion.fusion_patterns import FIXED_CPU, _input, elementwise_chain, l
 from vfuse.fusion import estimate, lower_bound_bytes
 from vfuse.fusion.cost import GAMMA, default_outputs, pressure_of
 from vfuse.fusion.forms import classify
-from vfuse.ir import GraphBuilder, Op, verify
+from vfuse.ir import DType, GraphBuilder, Op, verify
 from vfuse.targets import get_target
 
 N = 1 << 20
@@ -112,3 +112,13 @@ def test_illegal_node_set_is_an_error() -> None:
     g = verify(b.build([b.add(Op.MATMUL, (m1, w), name="m2")]))
     with pytest.raises(ValueError, match="two-contractions"):
         estimate(["m1", "m2"], g, FIXED_CPU)
+
+
+def test_scatter_add_is_priced_at_the_vector_rate_not_the_matrix_peak() -> None:
+    # A scatter-add only adds: pricing its flops at the matrix unit's rate made it look free.
+    b = GraphBuilder()
+    values, index = _input(b, 0, (1, 4096, 256)), _input(b, 1, (1, 4096), DType.I64)
+    g = verify(b.build([b.add(Op.SCATTER_ADD, (values, index), rows=512, skip=None, wrap=False, taps=1, dim=0)]))
+    target = dataclasses.replace(FIXED_CPU, peak_f32=100 * FIXED_CPU.vector_f32)
+    node = g.nodes[-1].name
+    assert estimate([node], g, target).compute_s == pytest.approx(4096 * 256 / target.vector_f32)

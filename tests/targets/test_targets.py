@@ -23,6 +23,14 @@ def test_gpu_presets_match_spec_sheets() -> None:
     assert (a100.cores, a100.dram_bw, a100.smem_per_sm) == (108, 2.039 * TERA, 164 * 1024)
     assert a100.matrix_peak(DType.F16) == 312 * TERA and a100.matrix_peak(DType.I8) == 624 * TERA
     assert all(t.is_gpu and t.llc_bytes == t.l2_bytes for t in (h100, h200, a100))
+    # fp8 tensor cores on Hopper; an A100 widens fp8 operands and runs them at the fp16 rate.
+    assert h100.matrix_peak(DType.F8E4M3) == h200.matrix_peak(DType.F8E5M2) == 1979 * TERA
+    assert a100.matrix_peak(DType.F8E4M3) == 312 * TERA
+
+
+def test_cpu_fp8_contractions_price_at_the_fp32_rate() -> None:
+    t = get_target("cpu")
+    assert t.peak_f8 == 0 and t.matrix_peak(DType.F8E4M3) == t.matrix_peak(DType.F32)
 
 
 def test_unknown_target_is_an_error() -> None:

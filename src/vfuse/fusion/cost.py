@@ -138,6 +138,14 @@ def pressure_of(nodes: Sequence[Node], form: Form, graph: Graph, target: Target)
     return Pressure(live_values(nodes, graph), register_budget(target, form.kind), ws, ws_budget(target), passes)
 
 
+def fixed_rate(node: Node, graph: Graph, target: Target) -> float:
+    """flop/s of a reduction or contraction node's whole-op flops: the matrix peak of its first
+    operand's dtype where it runs on the matrix unit (OpDef.matrix_unit), the vector rate otherwise."""
+    if node.kind is Kind.CONTRACTION and opdef(node.op).matrix_unit:
+        return target.matrix_peak(graph[node.inputs[0]].tensor_type.dtype)
+    return target.vector_f32
+
+
 def _flops(nodes: Sequence[Node], form: Form, graph: Graph, target: Target) -> tuple[int, float]:
     """(total flops, compute seconds); broadcast nodes count once per point that evaluates them,
     which is how recompute of a duplicated or broadcast producer shows up."""
@@ -148,11 +156,10 @@ def _flops(nodes: Sequence[Node], form: Form, graph: Graph, target: Target) -> t
         else:
             f = int(per_element_flops(n, graph) * hint(form.space.get(n.name, numel_of(n))))
         total += f
+        if n.kind in (Kind.REDUCE, Kind.CONTRACTION):
+            seconds += f / fixed_rate(n, graph, target)
         if n.kind is Kind.CONTRACTION:
-            seconds += f / target.matrix_peak(graph[n.inputs[0]].tensor_type.dtype)
             seconds += attention_extra_s(n, graph, target, f)
-        elif n.kind is Kind.REDUCE:
-            seconds += f / target.vector_f32
         else:
             pointwise_s += f * time_weight(n, graph, target) / target.vector_f32
             chain += transcendental(n, graph, target)

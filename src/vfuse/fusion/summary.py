@@ -19,6 +19,7 @@ from vfuse.fusion.cost import (
     Pressure,
     chain_factor,
     cost_from,
+    fixed_rate,
     register_budget,
     registers,
     time_weight,
@@ -59,9 +60,8 @@ def node_facts(node: Node, graph: Graph, target: Target) -> Facts:
     if node.kind in (Kind.REDUCE, Kind.CONTRACTION):
         fixed = opdef(node.op).flops(tuple(graph[i].type for i in node.inputs), node.type, node.attrs)  # type: ignore[arg-type]
         first = graph[node.inputs[0]].tensor_type
-        peak = target.matrix_peak(first.dtype) if node.kind is Kind.CONTRACTION else target.vector_f32
         fixed = hint(fixed)  # costs at the example sizes (ir/sym.py)
-        fixed_s = fixed / peak
+        fixed_s = fixed / fixed_rate(node, graph, target)
         if node.kind is Kind.REDUCE:
             sig = (first.shape, tuple(node.attrs["axes"]), numel_of(node))
     # In cheap-arithmetic flops: transcendental ops weigh more on a calibrated target (cost.time_weight).

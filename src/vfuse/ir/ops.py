@@ -197,7 +197,9 @@ class OpDef:
     `arity` None means variadic. Facts the passes and backends ask about:
     `pure`: same inputs give the same output (CSE may merge it, constant folding evaluate it);
     `layout_only`: the output's elements are input elements moved (an index map in a consumer);
-    `returns_index`: a reduction whose result is the position of its winner (argmax/argmin).
+    `returns_index`: a reduction whose result is the position of its winner (argmax/argmin);
+    `matrix_unit`: a contraction whose flops run at the matrix (FMA/tensor-core) rate; False for
+    one that only adds (scatter-add), priced at the vector rate.
     """
 
     op: Op
@@ -212,6 +214,7 @@ class OpDef:
     pure: bool = True
     layout_only: bool = False
     returns_index: bool = False
+    matrix_unit: bool = True
 
 
 REGISTRY: dict[Op, OpDef] = {}

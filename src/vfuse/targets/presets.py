@@ -3,11 +3,12 @@
 Sources (NVIDIA data sheets and architecture whitepapers; dense, i.e. without 2:4 sparsity):
 - A100 SXM4 80GB: 108 SMs, HBM2e 2.039 TB/s, 40 MB L2, up to 164 KB shared memory per SM
   (192 KB L1/smem), 65536 32-bit registers per SM, 255 per thread, 2048 threads per SM;
-  fp32 19.5 TFLOPS, fp16/bf16 tensor 312 TFLOPS, int8 624 TOPS.
+  fp32 19.5 TFLOPS, fp16/bf16 tensor 312 TFLOPS, int8 624 TOPS, no fp8 tensor cores.
   (NVIDIA A100 Tensor Core GPU data sheet; "NVIDIA A100 Tensor Core GPU Architecture" whitepaper.)
 - H100 SXM5 80GB: 132 SMs, HBM3 3.35 TB/s, 50 MB L2, 228 KB shared memory per SM (256 KB L1/smem),
   65536 registers per SM, 2048 threads per SM; fp32 67 TFLOPS, fp16/bf16 tensor 989 TFLOPS,
-  int8 1979 TOPS. (NVIDIA H100 data sheet; "NVIDIA H100 Tensor Core GPU Architecture" whitepaper.)
+  int8 1979 TOPS, fp8 tensor 1979 TFLOPS. (NVIDIA H100 data sheet; "NVIDIA H100 Tensor Core GPU
+  Architecture" whitepaper.)
 - H200 SXM 141GB: the same GH100 compute die as H100 SXM (132 SMs, same peaks) with HBM3e
   at 4.8 TB/s. (NVIDIA H200 data sheet.)
 
@@ -27,7 +28,9 @@ LAUNCH_S = 3e-6
 L2_OVER_HBM = 2.5
 
 
-def _gpu(name: str, sms: int, hbm: float, l2: int, smem: int, l1: int, f32: float, f16: float, i8: float) -> Target:
+def _gpu(
+    name: str, sms: int, hbm: float, l2: int, smem: int, l1: int, f32: float, f16: float, i8: float, f8: float = 0.0
+) -> Target:
     return Target(
         name=name,
         kind="gpu",
@@ -49,11 +52,14 @@ def _gpu(name: str, sms: int, hbm: float, l2: int, smem: int, l1: int, f32: floa
         launch_s=LAUNCH_S,
         max_threads=sms * 2048,
         source="spec sheet",
+        peak_f8=f8,
     )
 
 
 PRESETS: dict[str, Target] = {
     "a100": _gpu("a100", 108, 2.039 * TERA, 40 * MB, 164 * KB, 192 * KB, 19.5 * TERA, 312 * TERA, 624 * TERA),
-    "h100": _gpu("h100", 132, 3.35 * TERA, 50 * MB, 228 * KB, 256 * KB, 67 * TERA, 989 * TERA, 1979 * TERA),
-    "h200": _gpu("h200", 132, 4.8 * TERA, 50 * MB, 228 * KB, 256 * KB, 67 * TERA, 989 * TERA, 1979 * TERA),
+    "h100": _gpu(
+        "h100", 132, 3.35 * TERA, 50 * MB, 228 * KB, 256 * KB, 67 * TERA, 989 * TERA, 1979 * TERA, 1979 * TERA
+    ),
+    "h200": _gpu("h200", 132, 4.8 * TERA, 50 * MB, 228 * KB, 256 * KB, 67 * TERA, 989 * TERA, 1979 * TERA, 1979 * TERA),
 }

@@ -41,6 +41,8 @@ class Target:
         the first (their constants compete for registers), 0 when unknown; attention_task_s: the
         fixed cost of one (batch, head) task of the attention template, 0 when unknown.
         Set by calibrating vfuse's own kernels (`targets/calibrate.py`).
+        peak_f8: fp8 matrix flop/s (0: no fp8 matrix unit; fp8 operands are widened first and
+        run at the fp16 rate on GPUs, the fp32 rate on CPUs, where torch computes them).
     """
 
     name: str
@@ -73,6 +75,7 @@ class Target:
     op_rates: tuple[tuple[str, float], ...] = ()
     chain_weight: float = 0.0
     attention_task_s: float = 0.0
+    peak_f8: float = 0.0
 
     @property
     def is_gpu(self) -> bool:
@@ -96,6 +99,8 @@ class Target:
             return self.peak_f16
         if dtype in (DType.I8, DType.U8):
             return self.peak_i8
+        if dtype.is_fp8:
+            return self.peak_f8 or (self.peak_f16 if self.is_gpu else self.peak_f32)
         if dtype is DType.F64:
             # No fp64 figure is kept: every target here runs fp64 at <= half the fp32 rate.
             return self.peak_f32 / 2

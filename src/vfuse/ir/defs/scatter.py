@@ -83,6 +83,7 @@ register(
         lambda ins, out, attrs: ins[0].numel,
         attrs=("rows", "skip", "wrap", "taps", "dim"),
         bytes=_bytes,
+        matrix_unit=False,
         doc="inputs (values (B, N, W), index (B or 1, N * taps)[, init (B, R, W)]); out[b, index[b, m]] += "
         "values[b, m // taps] in ascending m from zeros (or init); rows R, skip (an index whose terms are "
         "dropped, in range or not, or None), taps (terms per value: a pool window's), "
