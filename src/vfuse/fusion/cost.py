@@ -153,16 +153,14 @@ def _flops(nodes: Sequence[Node], form: Form, graph: Graph, target: Target) -> t
     for n in nodes:
         if n.kind in (Kind.REDUCE, Kind.CONTRACTION):
             f = hint(opdef(n.op).flops(tuple(graph[i].type for i in n.inputs), n.type, n.attrs))  # type: ignore[arg-type]
+            seconds += f / fixed_rate(n, graph, target)
+            if n.kind is Kind.CONTRACTION:
+                seconds += attention_extra_s(n, graph, target, f)
         else:
             f = int(per_element_flops(n, graph) * hint(form.space.get(n.name, numel_of(n))))
-        total += f
-        if n.kind in (Kind.REDUCE, Kind.CONTRACTION):
-            seconds += f / fixed_rate(n, graph, target)
-        if n.kind is Kind.CONTRACTION:
-            seconds += attention_extra_s(n, graph, target, f)
-        else:
             pointwise_s += f * time_weight(n, graph, target) / target.vector_f32
             chain += transcendental(n, graph, target)
+        total += f
     return total, seconds + pointwise_s * chain_factor(chain, target)
 
 
