@@ -195,6 +195,12 @@ OFFLINE: dict[str, tuple[Callable, tuple[torch.Tensor, ...]]] = {
         lambda x, w: F.relu(F.conv2d(x, w, padding=1)),
         (torch.randn(8, 64, 32, 32).to(F16), torch.randn(128, 64, 3, 3).to(F16)),
     ),
+    # the device bench's conv_bn_relu at a quarter of its batch: NHWC, K steps within a tap
+    "conv_bf16_nhwc_bn_relu": (
+        lambda x, w, m, v: F.batch_norm(F.conv2d(x, w, padding=1), m, v, training=False).relu(),
+        (torch.randn(8, 128, 56, 56).to(BF16).contiguous(memory_format=torch.channels_last),
+         torch.randn(128, 128, 3, 3).to(BF16), torch.randn(128).to(BF16), (torch.rand(128) + 0.5).to(BF16)),
+    ),  # fmt: skip
     "attention_f16_causal": (
         lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True),
         tuple(torch.randn(1, 8, 512, 64).to(F16) for _ in range(3)),
@@ -204,7 +210,10 @@ OFFLINE: dict[str, tuple[Callable, tuple[torch.Tensor, ...]]] = {
         tuple(torch.randn(1, 8, 256, 64) for _ in range(3)),
     ),
 }
-WGMMA = {"gemm_f16_bias_gelu", "gemm_bf16", "conv_f16", "attention_f16_causal"}
+WGMMA = {"gemm_f16_bias_gelu", "gemm_bf16", "conv_f16", "conv_bf16_nhwc_bn_relu", "attention_f16_causal"}
+# Every global load of these is 16 bytes wide (cp.async into shared memory or ld.global.v4): their
+# operand tiles are read once each, as vectors, with no per-element gathers.
+ALL_WIDE = {"conv_bf16_nhwc_bn_relu"}
 
 
 def compile_template(fn: Callable, inputs: tuple[torch.Tensor, ...], tmp_path: Path) -> tuple[Any, Any, Any]:
@@ -238,6 +247,10 @@ def test_template_compiles_for_sm90_without_spills(case: str, tmp_path: Path) ->
     wide = len(re.findall(r"cp\.async\.c[ag]\.shared\.global \[[^]]*\], \[[^]]*\], 0x10", ptx))
     wide += len(re.findall(r"ld\.global(\.\w+)*\.v4", ptx))
     assert wide > 0, case
+    if case in ALL_WIDE:
+        narrow = len(re.findall(r"cp\.async\.c[ag]\.shared\.global \[[^]]*\], \[[^]]*\], 0x0", ptx))
+        narrow += len(re.findall(r"ld\.global(?!(\.\w+)*\.v4)", ptx))
+        assert narrow == 0, (case, narrow)
     print(case, ln.warps, ln.stages, res.as_dict())  # the figures docs/gpu.md quotes (pytest -s)
 
 

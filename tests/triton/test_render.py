@@ -27,7 +27,9 @@ ALLOWED_TL = {
     "max_contiguous", "PropagateNan", "float16", "float32", "float64", "bfloat16", "int1", "int8", "uint8",
     "int16", "uint16", "int32", "uint32", "int64",
 }  # fmt: skip
-SCHEDULE_DATA = {"vfuse.schedule.kernel", "vfuse.schedule.expr", "vfuse.schedule.rowmerge", "vfuse.schedule"}
+SCHEDULE_DATA = {
+    "vfuse.schedule.kernel", "vfuse.schedule.gpu_types", "vfuse.schedule.expr", "vfuse.schedule.rowmerge", "vfuse.schedule",
+}  # fmt: skip
 
 
 def _imports(path: Path) -> set[str]:

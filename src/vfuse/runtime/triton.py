@@ -198,7 +198,9 @@ class TritonExecutor(StepRunner):
         seeds = torch.zeros(max(len(self.program.seeds), 1), dtype=torch.int64, device=device)
         faults = torch.full((max(len(self.rendered.faults), 1),), NO_FAULT, dtype=torch.int64, device=device)
         constants = {
-            n.name: n.attrs["value"].tensor.contiguous().to(device) for n in self.graph.nodes if n.op is Op.CONSTANT
+            n.name: n.attrs["value"].tensor.to(device).contiguous(memory_format=self._format(n.name))
+            for n in self.graph.nodes
+            if n.op is Op.CONSTANT
         }
         rendered, path = self._tuned(device)
         module = load_module(path, interpret=device.type == "cpu")
@@ -207,6 +209,10 @@ class TritonExecutor(StepRunner):
         if plan is not None:
             mem.lean = bind(plan, device, lambda v: _fixed(mem, v), lambda ln: self._launcher(ln, mem))
         return mem
+
+    def _format(self, value: str) -> torch.memory_format:
+        """The memory format the kernels read `value` in (channels-last: an NHWC conv's x or w)."""
+        return torch.channels_last if value in self.rendered.channels_last else torch.contiguous_format
 
     def _tuned(self, device: torch.device) -> tuple[TritonProgram, Path]:
         """The module `device` runs: on a tuned device with contraction templates, their tiles
@@ -283,7 +289,8 @@ class TritonExecutor(StepRunner):
             t = inputs[n.attrs["index"]]
             # Kernels index row-major; an input only torch reads keeps its layout (a channels-last
             # image stays channels-last for cuDNN instead of being transposed for it).
-            env[n.name] = t.contiguous() if n.name in self._kernel_reads else t
+            # NHWC conv templates read theirs channels-last (`TritonProgram.channels_last`).
+            env[n.name] = t.contiguous(memory_format=self._format(n.name)) if n.name in self._kernel_reads else t
         if outputs is None:
             self._outputs(env, mem)
         else:

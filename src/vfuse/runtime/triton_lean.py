@@ -5,8 +5,9 @@ vfuse 24.6 us per call of a one-kernel graph against eager's 20.3 us for three k
 Decided once per program (`LeanPlan`): which graph input, output buffer or fixed tensor (arena
 view, constant, seeds) each kernel parameter reads, and which output buffer each graph output
 is. Bound once per device (`bind`): the fixed tensors and each launch's callable. A call then
-makes the kernel-read inputs contiguous, allocates the outputs, and launches: no name-keyed
-environment, no per-value lookups. Programs that need more keep `TritonExecutor`'s general path.
+makes the kernel-read inputs contiguous (channels-last for NHWC convs), allocates the outputs,
+and launches: no name-keyed environment, no per-value lookups. Programs that need more keep
+`TritonExecutor`'s general path.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ class LeanPlan:
     outputs: tuple[tuple[str, tuple[int, ...], torch.dtype], ...]  # output buffers: (value, shape, dtype)
     launches: tuple[tuple[Launch, tuple[Source, ...]], ...]
     results: tuple[int, ...]  # for each graph output, its index in `outputs`
+    channels_last: tuple[bool, ...] = ()  # per entry of `inputs`: bound channels-last (an NHWC conv's)
 
 
 def make_lean_plan(program: Program, graph: Graph, rendered: TritonProgram) -> LeanPlan | None:
@@ -57,7 +59,9 @@ def make_lean_plan(program: Program, graph: Graph, rendered: TritonProgram) -> L
                 sources.append((FIXED, v))
         launches.append((ln, tuple(sources)))
     results = tuple(index[o] for o in graph.outputs)
-    return LeanPlan(tuple(inputs), tuple(outputs), tuple(launches), results)
+    names = {i: n for n, i in position.items()}
+    nhwc = tuple(names[i] in rendered.channels_last for i in inputs)
+    return LeanPlan(tuple(inputs), tuple(outputs), tuple(launches), results, nhwc)
 
 
 LeanCall = Callable[[Sequence[torch.Tensor], "dict[str, torch.Tensor] | None"], list[torch.Tensor]]
@@ -76,9 +80,11 @@ def bind(
         for ln, sources in plan.launches
     ]
     positions, specs, results = plan.inputs, plan.outputs, plan.results
+    nhwc = plan.channels_last or (False,) * len(positions)
+    formats = [torch.channels_last if cl else torch.contiguous_format for cl in nhwc]
 
     def call(inputs: Sequence[torch.Tensor], given: dict[str, torch.Tensor] | None) -> list[torch.Tensor]:
-        ins = [inputs[i].contiguous() for i in positions]
+        ins = [inputs[i].contiguous(memory_format=f) for i, f in zip(positions, formats, strict=True)]
         if given is None:
             outs = [torch.empty(shape, dtype=dtype, device=device) for _, shape, dtype in specs]
         else:

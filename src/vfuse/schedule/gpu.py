@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from vfuse.ir import DType, Graph, Op
 from vfuse.schedule import expr
 from vfuse.schedule.fp8dot import with_fp8_dot
+from vfuse.schedule.gpu_types import ConvLayout
 from vfuse.schedule.kernel import (
     Compute,
     ContractionKernel,
@@ -299,8 +300,9 @@ def _smem(row: TileRow, dot: str, k: ContractionKernel) -> int:
     return row.stages * (row.m + row.n) * row.k * _BYTES[dot]
 
 
-def contraction_tiles(k: ContractionKernel, row: TileRow, dot: str) -> GpuTiles:
-    """`row` fitted to `k`'s sizes: blocks no larger than the (power-of-two) dims, at least 16."""
+def contraction_tiles(k: ContractionKernel, row: TileRow, dot: str, layout: ConvLayout | None = None) -> GpuTiles:
+    """`row` fitted to `k`'s sizes: blocks no larger than the (power-of-two) dims, at least 16
+    (`layout`: a conv's, see `conv_layout`; NHWC K steps shrink to divide the input channels)."""
     if k.op is Op.SDPA:
         q = k.shapes[0]
         lq, lk = q[-2], k.shapes[1][-2]
@@ -312,7 +314,51 @@ def contraction_tiles(k: ContractionKernel, row: TileRow, dot: str) -> GpuTiles:
     if dot == "fp8":  # fp8 wgmma / mma take K in steps of 32 (a shorter K is masked)
         bk = max(bk, MIN_DOT_FP8)
     programs = batch * _cdiv(m, bm) * _cdiv(n, bn)
-    return GpuTiles(bm, bn, bk, row.group_m, row.warps, row.stages, programs, dot, _wide(k))
+    taps = False
+    if layout is ConvLayout.NHWC:
+        step = _tap_step(k.shapes[1][1], row.k)
+        bk, taps = (step, True) if step >= MIN_DOT else (bk, False)
+    tiles = GpuTiles(bm, bn, bk, row.group_m, row.warps, row.stages, programs, dot, _wide(k))
+    return dataclasses.replace(tiles, layout=layout, tap_steps=taps) if k.op is Op.CONV2D else tiles
+
+
+def _tap_step(channels: int, block_k: int) -> int:
+    """The largest power of two up to `block_k` dividing `channels` (a group's input channels)."""
+    step = block_k
+    while step > 1 and channels % step:
+        step //= 2
+    return step
+
+
+def conv_layout(k: ContractionKernel, graph: Graph) -> ConvLayout:
+    """NHWC when the conv's x and w are graph inputs or constants read as they are, and every
+    conv reading them (transitively through shared operands) can read them so too: the runtime
+    then binds them channels-last (a channels-last image and weight as given, others copied
+    once per call, the weight OHWI), and no kernel reads them row-major. Otherwise NCHW."""
+    node = graph[k.node]
+    if tuple(k.operands[:2]) != tuple(node.inputs[:2]):
+        return ConvLayout.NCHW
+    if any(tuple(graph[v].tensor_type.shape) != tuple(s) for v, s in zip(k.operands[:2], k.shapes[:2], strict=True)):
+        return ConvLayout.NCHW
+    seen, stack = {k.node}, [k.node]
+    while stack:  # the convs sharing an operand with this one, and theirs
+        conv = graph[stack.pop()]
+        for pos, v in enumerate(conv.inputs[:2]):
+            if not _nhwc_operand(graph, v, pos):
+                return ConvLayout.NCHW
+            fresh = [u for u in graph.users(v) if u not in seen]
+            seen.update(fresh)
+            stack += fresh
+    return ConvLayout.NHWC
+
+
+def _nhwc_operand(graph: Graph, v: str, pos: int) -> bool:
+    """`v` is a 4-D graph input or constant, not a graph output, read only by convs at `pos`."""
+    n = graph[v]
+    if n.op not in (Op.INPUT, Op.CONSTANT) or len(n.tensor_type.shape) != 4 or graph.is_output(v):
+        return False
+    return all(graph[u].op is Op.CONV2D and list(graph[u].inputs).index(v) == pos
+               and graph[u].inputs.count(v) == 1 for u in graph.users(v))  # fmt: skip
 
 
 def _wide(k: ContractionKernel) -> bool:
@@ -352,7 +398,8 @@ def decide_contraction(k: ContractionKernel, target: object, graph: Graph, retil
     table = contraction_table(str(getattr(target, "name", "")))
     k = with_fp8_dot(k, graph, fp8_cores(target))
     dot = "fp8" if k.fp8 is not None else dot_dtype(k, graph)
-    return dataclasses.replace(k, gpu=contraction_tiles(k, retiled_row(_row_for(k, table, dot), retile), dot))
+    layout = conv_layout(k, graph) if k.op is Op.CONV2D else None
+    return dataclasses.replace(k, gpu=contraction_tiles(k, retiled_row(_row_for(k, table, dot), retile), dot, layout))
 
 
 _CANDIDATE_ROWS = (
@@ -382,7 +429,7 @@ def candidates(k: ContractionKernel, target: object) -> list[GpuTiles]:
     for r in rows:
         if _smem(r, k.gpu.dot, k) > table.smem:
             continue
-        t = contraction_tiles(k, r, k.gpu.dot)
+        t = contraction_tiles(k, r, k.gpu.dot, k.gpu.layout)
         if t not in out:
             out.append(t)
     return out

@@ -33,6 +33,15 @@ class GpuLaunch:
     merges: tuple[RowMerge, ...] = ()  # looped rows: pairs of passes read in one walk of the row
 
 
+class ConvLayout(enum.Enum):
+    """How an implicit-GEMM conv template reads its operands (`schedule/gpu.py` `conv_layout`)."""
+
+    NCHW = "nchw"  # the IR's row-major x and OIHW w; K over (cin, kh, kw): gathered, scalar loads
+    # x bound channels-last (NHWC memory), w too (OHWI memory: a [Cout, KH*KW*Cin] matrix); K over
+    # (kh, kw, cin), so an A tile's rows are runs of contiguous channels (16-byte loads)
+    NHWC = "nhwc"
+
+
 @dataclass(frozen=True)
 class GpuTiles:
     """A contraction template's tiling on a GPU target (`schedule/gpu.py`). GEMM and implicit-GEMM
@@ -50,6 +59,11 @@ class GpuTiles:
     programs: int  # the grid (1-D: batch, group or head, then the tiles)
     dot: str = "fp32"
     wide: bool = False  # 64-bit offsets: a buffer reaches 2^31 elements
+    layout: ConvLayout | None = None  # CONV2D: how x and w are read (None: not a conv)
+    # NHWC conv: each K step stays within one (kh, kw) tap (`block_k` divides the group's input
+    # channels), so a step's A tile is one row offset per pixel plus `block_k` contiguous channels
+    # and its mask is per pixel only
+    tap_steps: bool = False
 
 
-__all__ = ["GpuLaunch", "GpuTiles", "GpuWalk"]
+__all__ = ["ConvLayout", "GpuLaunch", "GpuTiles", "GpuWalk"]

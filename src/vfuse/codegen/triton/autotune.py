@@ -35,7 +35,8 @@ def tune_key(k: ContractionKernel, preset: str) -> str:
     assert k.gpu is not None
     geometry = {a: k.attrs[a] for a in ("stride", "padding", "dilation", "groups", "causal", "gqa") if a in k.attrs}
     epilogue = hashlib.sha256(repr([(type(s).__name__, getattr(s, "op", None)) for s in k.epilogue]).encode())
-    fields = [preset, k.op.value, [list(s) for s in k.shapes], list(k.out_shape), k.gpu.dot, k.trans_b]
+    layout = k.gpu.layout.value if k.gpu.layout is not None else ""  # a conv's NHWC / NCHW reads
+    fields = [preset, k.op.value, [list(s) for s in k.shapes], list(k.out_shape), k.gpu.dot, k.trans_b, layout]
     fields += [[p is not None for p in k.prologues], sorted((a, str(v)) for a, v in geometry.items())]
     return json.dumps([*fields, epilogue.hexdigest()[:16]])
 
