@@ -7,18 +7,25 @@ Runs on a lent GPU (benchmarks/device_check.sh calls it after the bench): each w
 every kernel is its own launch) and by Inductor, warmed up, then `torch.profiler` over `--calls`
 calls. Prints, per contender, the kernels by total device time (name, calls, microseconds per call)
 and, for vfuse, the plan's kernels with the cost model's predicted time, so a kernel that runs far
-past its prediction stands out. CPU-only machines: exits with a message.
+past its prediction stands out. Contraction workloads (gemm, conv, attention) are also compiled with
+the library verdict forced to the template (`vfuse template`: `GPU_LIBRARY_SHARE` made infinite for
+this compile only), so the template's own time stands beside cuBLAS / cuDNN / flash SDPA: their
+ratio is the share `fusion/library.py` should hold. CPU-only machines: exits with a message.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import math
 import sys
+from collections.abc import Iterator
 from typing import Any
 
 import torch
 from torch.profiler import ProfilerActivity, profile
 
+from vfuse import compile as vfuse_compile
 from vfuse.bench import device as bench
 
 
@@ -42,6 +49,29 @@ def _print(title: str, rows: list[tuple[str, int, float]]) -> None:
     print(f"-- {title}: {sum(r[2] for r in rows):.1f} us per call on the device")
     for name, count, us in rows[:20]:
         print(f"   {us:9.1f} us  x{count:<5} {name[:110]}")
+
+
+@contextlib.contextmanager
+def _template_forced() -> Iterator[None]:
+    """The GPU library verdict never picks the library while compiling (measurement only)."""
+    from vfuse.fusion import library
+
+    saved = dict(library.GPU_LIBRARY_SHARE)
+    library.GPU_LIBRARY_SHARE.update({k: math.inf for k in saved})
+    try:
+        yield
+    finally:
+        library.GPU_LIBRARY_SHARE.update(saved)
+
+
+def _template(fn: Any, args: tuple[torch.Tensor, ...], target: str, calls: int) -> None:
+    try:
+        with _template_forced():
+            compiled = vfuse_compile(fn, args, backend="triton", target=target, cuda_graphs=False)
+        rows = _kernels(compiled, args, calls)  # the first call autotunes the template's tiles
+        _print("vfuse template (library verdict off)", rows)
+    except Exception as e:
+        print(f"   vfuse template failed: {type(e).__name__}: {e}")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -69,6 +99,8 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"   predicted {(k.time_s or 0) * 1e6:9.1f} us  {k.name:<8} {k.runs.value:<9} {k.pattern[:70]}")
         except Exception as e:  # one contender's failure is a result
             print(f"   vfuse failed: {type(e).__name__}: {e}")
+        if w.family in ("gemm", "conv", "attention"):
+            _template(fn, args, target, a.calls)
         try:
             _print("inductor", _kernels(torch.compile(fn, dynamic=False), args, a.calls))
         except Exception as e:
