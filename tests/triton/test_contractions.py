@@ -198,9 +198,13 @@ OFFLINE: dict[str, tuple[Callable, tuple[torch.Tensor, ...]]] = {
     # the device bench's conv_bn_relu at a quarter of its batch: NHWC, K steps within a tap
     "conv_bf16_nhwc_bn_relu": (
         lambda x, w, m, v: F.batch_norm(F.conv2d(x, w, padding=1), m, v, training=False).relu(),
-        (torch.randn(8, 128, 56, 56).to(BF16).contiguous(memory_format=torch.channels_last),
-         torch.randn(128, 128, 3, 3).to(BF16), torch.randn(128).to(BF16), (torch.rand(128) + 0.5).to(BF16)),
-    ),  # fmt: skip
+        (
+            torch.randn(8, 128, 56, 56).to(BF16).contiguous(memory_format=torch.channels_last),
+            torch.randn(128, 128, 3, 3).to(BF16),
+            torch.randn(128).to(BF16),
+            (torch.rand(128) + 0.5).to(BF16),
+        ),
+    ),
     "attention_f16_causal": (
         lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True),
         tuple(torch.randn(1, 8, 512, 64).to(F16) for _ in range(3)),
@@ -343,7 +347,7 @@ def test_the_tables_full_tiles_in_the_interpreter(case: str) -> None:
     torch.testing.assert_close(compiled(*inputs).float(), want, rtol=2e-3, atol=2e-3)
 
 
-@pytest.mark.parametrize("case", ["gemm", "conv", "attention"])
+@pytest.mark.parametrize("case", ["gemm", "conv", "conv_taps", "attention"])
 def test_every_autotuning_candidate_renders_and_matches_eager(case: str, tmp_path: Path) -> None:
     """Whatever tiles the autotuner picks on a device, the kernel computes the same numbers."""
     fn, inputs = {
@@ -351,6 +355,10 @@ def test_every_autotuning_candidate_renders_and_matches_eager(case: str, tmp_pat
         "conv": (
             lambda x, w: F.conv2d(x, w, padding=1),
             (torch.randn(1, 3, 9, 9).to(F16), torch.randn(20, 3, 3, 3).to(F16)),
+        ),
+        "conv_taps": (  # NHWC, K steps within a tap at every candidate's block_k
+            lambda x, w: F.conv2d(x, w, padding=1, stride=(1, 2)),
+            (torch.randn(1, 16, 7, 9).to(F16), torch.randn(20, 16, 3, 3).to(F16)),
         ),
         "attention": (
             lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True),

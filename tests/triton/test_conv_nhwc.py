@@ -35,32 +35,46 @@ CASES: dict[str, tuple[Callable, tuple[torch.Tensor, ...], float, ConvLayout, bo
     # 16 channels: K steps of 16 within a tap; stride (2, 1), padding, 17 outputs, batch 1
     "taps_bn_relu": (
         _bn_relu,
-        (torch.randn(1, 16, 7, 6).contiguous(memory_format=CL), torch.randn(17, 16, 3, 3), torch.randn(17),
-         torch.rand(17) + 0.5),
-        2e-5, ConvLayout.NHWC, True,
-    ),  # fmt: skip
+        (
+            torch.randn(1, 16, 7, 6).contiguous(memory_format=CL),
+            torch.randn(17, 16, 3, 3),
+            torch.randn(17),
+            torch.rand(17) + 0.5,
+        ),
+        2e-5,
+        ConvLayout.NHWC,
+        True,
+    ),
     "taps_1x1_groups_stride2": (
         lambda x, w: F.conv2d(x, w, stride=2, groups=2) * 0.5,
         (torch.randn(2, 32, 5, 3), torch.randn(6, 16, 1, 1)),
-        2e-5, ConvLayout.NHWC, True,
-    ),  # fmt: skip
+        2e-5,
+        ConvLayout.NHWC,
+        True,
+    ),
     "taps_bf16_dilated": (
         lambda x, w: F.conv2d(x, w, padding=2, dilation=2),
         (torch.randn(1, 32, 6, 5).to(BF16).contiguous(memory_format=CL), torch.randn(8, 32, 3, 3).to(BF16)),
-        3e-2, ConvLayout.NHWC, True,
-    ),  # fmt: skip
+        3e-2,
+        ConvLayout.NHWC,
+        True,
+    ),
     # 5 channels: K lanes decode (kh, kw, cin); a K tail
     "lanes_odd_channels": (
         lambda x, w: F.conv2d(x, w, stride=2, padding=(0, 1)).relu(),
         (torch.randn(2, 5, 7, 7), torch.randn(3, 5, 3, 2)),
-        2e-5, ConvLayout.NHWC, False,
-    ),  # fmt: skip
+        2e-5,
+        ConvLayout.NHWC,
+        False,
+    ),
     # x also read by the epilogue (a residual): one binding per value, so NCHW
     "nchw_residual": (
         lambda x, w: F.conv2d(x, w, padding=1) + x,
         (torch.randn(1, 16, 5, 5), torch.randn(16, 16, 3, 3)),
-        2e-5, ConvLayout.NCHW, False,
-    ),  # fmt: skip
+        2e-5,
+        ConvLayout.NCHW,
+        False,
+    ),
 }
 
 

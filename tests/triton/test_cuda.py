@@ -63,6 +63,20 @@ CASES: dict[str, tuple[Callable, Callable[[], tuple[torch.Tensor, ...]]]] = {
         lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True),
         lambda: tuple(torch.randn(2, 3, 65, 32) for _ in range(3)),
     ),
+    # NHWC implicit GEMM (K steps within a tap: 32 channels), a channels-last image and a BN epilogue
+    "bf16_conv_nhwc_bn_relu": (
+        lambda x, w, m, v: F.batch_norm(F.conv2d(x, w, padding=1), m, v, training=False).relu(),
+        lambda: (
+            torch.randn(2, 32, 9, 11).bfloat16().contiguous(memory_format=torch.channels_last),
+            torch.randn(24, 32, 3, 3).bfloat16() * 0.1,
+            torch.randn(24).bfloat16(),
+            torch.rand(24).bfloat16() + 0.5,
+        ),
+    ),
+    "conv_nhwc_odd_channels_stride2": (  # 3 channels: K lanes decode their tap
+        lambda x, w: F.conv2d(x, w, stride=2, padding=1),
+        lambda: (torch.randn(1, 3, 13, 10), torch.randn(8, 3, 3, 3)),
+    ),
 }
 
 

@@ -28,8 +28,12 @@ ALLOWED_TL = {
     "int16", "uint16", "int32", "uint32", "int64",
 }  # fmt: skip
 SCHEDULE_DATA = {
-    "vfuse.schedule.kernel", "vfuse.schedule.gpu_types", "vfuse.schedule.expr", "vfuse.schedule.rowmerge", "vfuse.schedule",
-}  # fmt: skip
+    "vfuse.schedule.kernel",
+    "vfuse.schedule.gpu_types",
+    "vfuse.schedule.expr",
+    "vfuse.schedule.rowmerge",
+    "vfuse.schedule",
+}
 
 
 def _imports(path: Path) -> set[str]:
