@@ -44,9 +44,9 @@ from vfuse.passes.freeze import freeze_inputs
 from vfuse.runtime.compiled import CompiledGraph, ExecStats, Executor, InterpExecutor
 from vfuse.runtime.native import NativeExecutor
 from vfuse.runtime.steps import fallback_counts, torch_nodes
-from vfuse.runtime.symbolic import Substitution, SymbolicExecutor
+from vfuse.runtime.symbolic import NativeSizes, Substitution, SymbolicExecutor
 from vfuse.runtime.triton import TritonExecutor, Tuning
-from vfuse.schedule import Kernel, Program, TorchStep
+from vfuse.schedule import Kernel, Program
 from vfuse.schedule import build as build_schedule
 from vfuse.schedule.gpu import candidates as gpu_candidates
 from vfuse.schedule.inplace import write_in_place
@@ -296,25 +296,11 @@ def compile_symbolic(graph: Graph, fusion_plan: FusionPlan, target: Target, ctx:
     env.frozen = True  # every decision is taken: guards are final
     ctx.dump("05_guards.txt", "\n".join(map(str, env.guards)) or "(no guards: every size)")
     opts = ctx.options
-
-    # What the executor reads at these sizes: buffers and arena (the kernels read the sizes
-    # themselves); the graph's nodes only where torch runs some of them (a few ms otherwise).
-    torch_run = {n for s in program.steps if isinstance(s, TorchStep) for n in s.nodes}
-
-    # Substitutions walk their objects once: a new size only evaluates and rebuilds.
-    sized = Substitution((program.buffers, program.memory), symbols=env.symbols)
-    torch_nodes_ = Substitution(tuple(n for n in graph.nodes if n.name in torch_run), symbols=env.symbols)
-
-    def make(values: tuple[int, ...]) -> NativeExecutor:
-        buffers, memory = sized(values)
-        program_c = dataclasses.replace(program, buffers=buffers, memory=memory)
-        plan_c = fusion_plan
-        if torch_run:  # only the nodes torch runs (the whole graph took milliseconds per size)
-            by_name = {n.name: n for n in torch_nodes_(values)}
-            nodes = tuple(by_name.get(n.name, n) for n in graph.nodes)
-            plan_c = dataclasses.replace(fusion_plan, graph=Graph(nodes, graph.outputs))
-        return NativeExecutor(plan_c, program_c, source, library, opts.static_outputs, opts.cache_dir, values)
-
+    # What the executor of a size reads: buffers and arena (the kernels read the sizes themselves).
+    make = NativeSizes(
+        program, fusion_plan, env.symbols, source=source, library=library,
+        static_outputs=opts.static_outputs, cache_dir=opts.cache_dir,
+    )  # fmt: skip
     stats = ExecStats(
         "cpp",
         kernels=len(program.kernels),

@@ -87,3 +87,40 @@ def test_lookup_table_with_lifted_float_scales() -> None:
             assert torch.equal(c(q), m(q)), (n, scale)
     (graph,) = backend.compiled
     assert [k.walk for k in graph.executor.program.kernels] == [Walk.LOOKUP_TABLE]
+
+
+def test_sizes_share_output_buffers_and_copy_the_first_executor() -> None:
+    """A new size's executor is the first size's with new output shapes (its Program substituted
+    only when read); outputs of every size come from one pool: a smaller size runs in the
+    buffer of a larger one, and an output still held is never written by another size."""
+    from vfuse.runtime.native import SizedExecutor
+
+    torch._dynamo.reset()
+    backend = vfuse.backend(strict=True)
+
+    def f(x: torch.Tensor) -> torch.Tensor:
+        return torch.softmax(x * 2, -1) + 1
+
+    c = torch.compile(f, backend=backend, dynamic=True)
+    xs = {n: torch.randn(n, 37) for n in (50, 1000, 64, 13, 7)}
+    with torch.no_grad():
+        ptrs = set()
+        for n, x in xs.items():  # the first call compiles (at 50), the others make their executors
+            out = c(x)
+            torch.testing.assert_close(out, f(x))
+            assert out.shape == (n, 37) and out.stride() == (37, 1)
+            ptrs.add(out.data_ptr())
+            del out
+        assert len(ptrs) == 2  # 50 and 1000 have buffers of their own, 64, 13 and 7 run in them
+        kept = c(xs[64])
+        other = c(xs[13])  # not in the buffer `kept` holds, and `kept` is not written
+        assert other.data_ptr() != kept.data_ptr()
+        torch.testing.assert_close(kept, f(xs[64]))
+        torch.testing.assert_close(other, f(xs[13]))
+    assert backend.stats["graphs"] == 1
+    ex = backend.compiled[0].executor
+    sized = [e for e in ex._by_size.values() if isinstance(e, SizedExecutor)]
+    assert len(sized) == 4 and "program" not in sized[0].__dict__  # made without a Program
+    program = sized[0].program  # substituted now, at its sizes
+    assert all(isinstance(d, int) for b in program.buffers.values() for d in b.type.shape)
+    assert sorted(b.type.shape for b in program.buffers.values())[-1][0] in xs

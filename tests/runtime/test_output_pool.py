@@ -159,3 +159,39 @@ def test_through_torch_compile_outputs_do_not_leak() -> None:
     with torch.no_grad():
         torch.testing.assert_close(c(-x), torch.sigmoid(-x) * 3)
     assert torch.equal(torch.empty(0).set_(storage, 0, SHAPE), kept)
+
+
+def test_a_larger_buffer_serves_smaller_shapes_until_someone_holds_it() -> None:
+    """A symbolic program's sizes share one pool: a smaller shape is a view of the buffer of a
+    larger one, counted in the idle check (an output of one shape held blocks the others)."""
+    pool = OutputPool()
+    big = pool.get("y", (6, 5), torch.float32)
+    ptr = big.data_ptr()
+    del big
+    small = pool.get("y", (3, 5), torch.float32)
+    assert small.data_ptr() == ptr and small.shape == (3, 5) and small.stride() == (5, 1)
+    assert small._base is None and small.storage_offset() == 0
+    small.fill_(7.0)
+    other = pool.get("y", (6, 5), torch.float32)  # `small` is held: the other buffer
+    assert other.data_ptr() != ptr and other.shape == (6, 5)
+    third = pool.get("y", (2, 5), torch.float32)  # both held: a new buffer, the oldest dropped
+    assert third.data_ptr() not in (ptr, other.data_ptr())
+    assert torch.equal(small, torch.full((3, 5), 7.0))  # nothing handed out was reused
+    del small, other, third
+    shapes = [pool.get("y", s, torch.float32).shape for s in ((1, 5), (2, 5), (6, 5), (2, 5), (0, 5))]
+    assert shapes == [(1, 5), (2, 5), (6, 5), (2, 5), (0, 5)]
+    wider = pool.get("y", (7, 5), torch.float32)  # more than any buffer holds: a new one
+    assert wider.shape == (7, 5) and wider.untyped_storage().nbytes() == 7 * 5 * 4
+    assert pool.get("y", (2, 5), torch.int32).dtype == torch.int32  # another dtype: not a view
+
+
+def test_storage_moved_through_a_smaller_shape_is_not_reused() -> None:
+    pool = OutputPool()
+    ptr = pool.get("y", (8,), torch.float32).data_ptr()
+    out = pool.get("y", (3,), torch.float32)
+    assert out.data_ptr() == ptr
+    out.resize_(1000)  # grows the shared storage: its bytes moved
+    moved = out.data_ptr()
+    del out
+    again = pool.get("y", (3,), torch.float32)
+    assert again.shape == (3,) and again.data_ptr() not in (ptr, moved)

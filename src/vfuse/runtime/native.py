@@ -12,8 +12,10 @@ native segments only take the lean path of `callplan.py` instead.
 from __future__ import annotations
 
 import ctypes
+import dataclasses
+import functools
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -65,6 +67,7 @@ class NativeExecutor(StepRunner):
         static_outputs: bool = False,
         cache_dir: Path | None = None,
         sizes: Sequence[int] = (),
+        pool: OutputPool | None = None,
     ) -> None:
         self.plan = plan
         self.sizes = tuple(sizes)  # values of Program.symbols: after the seeds in the seeds array
@@ -82,7 +85,8 @@ class NativeExecutor(StepRunner):
         self._arena_need = 0
         self._ready = False  # seeds, sizes, constants and arena set up (`_allocate`, first call)
         self._seeds = torch.zeros(0, dtype=torch.int64)
-        self._constants: dict[str, torch.Tensor] = {}
+        self._constants: dict[str, torch.Tensor] | None = None  # contiguous, made on the first call
+        self._call_facts(program)
         self._static = static_outputs
         # Per-call work precomputed: which names to bind, draw and allocate.
         self._input_names = [(n.name, n.attrs["index"]) for n in self.graph.inputs]
@@ -96,7 +100,7 @@ class NativeExecutor(StepRunner):
             s.name: [(v, bufs[v].slot) for v in (*s.inputs, *s.outputs) if bufs[v].kind in pointer_kinds]
             for s in self.program.segments
         }
-        self._pool = OutputPool()
+        self._pool = OutputPool() if pool is None else pool  # shared by a symbolic program's sizes
         self._lock = threading.Lock()
         self._plan: CallPlan | None = make_call_plan(self.program, self.graph)
         # Arguments of the lean path's foreign calls, as ctypes objects made once: passing
@@ -113,6 +117,15 @@ class NativeExecutor(StepRunner):
             fallbacks=fallback_counts(self.program, plan),
         )
 
+    def _call_facts(self, program: Program) -> None:
+        """What calls read of the Program besides the call plan, kept so that a copy at other
+        sizes (`at_sizes`) needs no Program: seed names, constants' pointer slots (no sizes in
+        them), where the prepacked operands' region starts and the arena ends."""
+        self._seed_names = program.seeds
+        consts = [n.name for n in self.graph.nodes if n.op is Op.CONSTANT and n.name in program.buffers]
+        self._constant_slots = [(name, program.buffers[name].slot) for name in consts]
+        _, self._pack_start, self._arena_end = prepack_layout(program)
+
     @property
     def call_plan(self) -> CallPlan | None:
         """The lean per-call plan, or None where calls take the general path."""
@@ -122,29 +135,28 @@ class NativeExecutor(StepRunner):
         # Past the intermediates, the fault record kernels report errors in (faults.py), then the
         # persistent region of B operands packed once (codegen/cpp/gemm/prepack.py): zeroed, as
         # its headers say "not packed yet".
-        _, start, end = prepack_layout(self.program)
+        start, end = self._pack_start, self._arena_end
         if self._arena is None:  # else bound by the caller (`bind_arena`: a symbolic program's shared one)
             self._arena = torch.empty(end + ARENA_ALIGN, dtype=torch.uint8)
             self._arena_off = -self._arena.data_ptr() % ARENA_ALIGN
-        self._arena[self._arena_off + start : self._arena_off + end].zero_()
+        if end > start:
+            self._arena[self._arena_off + start : self._arena_off + end].zero_()
         self._ready = True
-        self._seeds = torch.zeros(max(len(self.program.seeds) + len(self.sizes), 1), dtype=torch.int64)
-        if self.sizes:
-            self._seeds[len(self.program.seeds) :] = torch.tensor(self.sizes, dtype=torch.int64)
-        self._constants = {
-            n.name: n.attrs["value"].tensor.contiguous() for n in self.graph.nodes if n.op is Op.CONSTANT
-        }
+        self._seeds = torch.tensor([0] * len(self._seed_names) + list(self.sizes) or [0], dtype=torch.int64)
+        if self._constants is None:
+            self._constants = {
+                n.name: n.attrs["value"].tensor.contiguous() for n in self.graph.nodes if n.op is Op.CONSTANT
+            }
         self._arena_arg.value = self._arena.data_ptr() + self._arena_off
         self._seeds_arg.value = self._seeds.data_ptr()
         if self._plan is not None:
             # Constants never move: the lean path binds them once, here.
-            for name, t in self._constants.items():
-                if name in self.program.buffers:
-                    self._ptrs[self.program.buffers[name].slot] = t.data_ptr()
+            for name, slot in self._constant_slots:
+                self._ptrs[slot] = self._constants[name].data_ptr()
 
     def arena_bytes(self) -> int:
         """Bytes its arena needs (intermediates, fault record, prepacked operands, alignment)."""
-        return prepack_layout(self.program)[2] + ARENA_ALIGN
+        return self._arena_end + ARENA_ALIGN
 
     def bind_arena(self, arena: torch.Tensor) -> None:
         """Run on `arena` (at least `arena_bytes()`), shared with the executors of a symbolic
@@ -166,6 +178,33 @@ class NativeExecutor(StepRunner):
             if self._arena is not None and self._arena_off + need <= self._arena.numel():
                 lender.give(self._arena)  # the one it had becomes the lender's
         return True
+
+    def at_sizes(
+        self,
+        sizes: tuple[int, ...],
+        program: Callable[[], Program],
+        output_shapes: Sequence[tuple[int, ...]],
+        layout: tuple[int, int],
+    ) -> NativeExecutor:
+        """This executor (of a symbolic program at one size, on the lean path) at other values of
+        the symbols, made in microseconds (runtime/symbolic.py): entry points, pointer slots,
+        constants and output pool shared; only the output shapes, the arena layout
+        (`prepack_layout`'s start and end) and the sizes are new. `program()` substitutes the
+        sizes into the whole Program, done only when something reads `.program` (a fault's
+        report, the profiler)."""
+        assert self._plan is not None, "the general path needs the Program at its sizes"
+        ex = object.__new__(SizedExecutor)
+        ex.__dict__.update((k, v) for k, v in self.__dict__.items() if k != "program")
+        ex._program_at = program
+        ex.sizes = sizes
+        ex._ptrs = type(self._ptrs)()
+        ex._arena, ex._arena_off, ex._lender, ex._ready = None, 0, None, False
+        ex._lock = threading.Lock()
+        ex._arena_arg, ex._seeds_arg, ex._threads_arg = ctypes.c_void_p(0), ctypes.c_void_p(0), ctypes.c_int(0)
+        ex._outputs = [(v, shape, dtype) for (v, _, dtype), shape in zip(self._outputs, output_shapes, strict=True)]
+        ex._plan = dataclasses.replace(self._plan, outputs=tuple(ex._outputs))
+        ex._pack_start, ex._arena_end = layout
+        return ex
 
     def _arena_view(self, value: str) -> torch.Tensor:
         b = self.program.buffers[value]
@@ -217,7 +256,7 @@ class NativeExecutor(StepRunner):
         """The general path's environment: constants, inputs, this call's seeds and outputs."""
         if not self._ready:
             self._allocate()
-        env: dict[str, Any] = dict(self._constants)
+        env: dict[str, Any] = dict(self._constants or {})
         for name, index in self._input_names:
             x = inputs[index]  # AOTAutograd passes None for an effect token (torch.linalg.inv's)
             env[name] = x.contiguous() if isinstance(x, torch.Tensor) else x
@@ -261,7 +300,7 @@ class NativeExecutor(StepRunner):
         """One fresh seed per RNG_SEED node, drawn in graph order: the reference executor's draws."""
         for node in self._rng_nodes:
             env[node.name] = interp.run_node(node, [])
-        for k, name in enumerate(self.program.seeds):
+        for k, name in enumerate(self._seed_names):
             self._seeds[k] = env[name]
 
     def _alloc_outputs(self, env: dict[str, Any]) -> None:
@@ -277,3 +316,13 @@ class NativeExecutor(StepRunner):
         if value in env:
             return env[value]
         return self._arena_view(value)
+
+
+class SizedExecutor(NativeExecutor):
+    """A `NativeExecutor.at_sizes` copy: its Program at its sizes is substituted on first use."""
+
+    _program_at: Callable[[], Program]
+
+    @functools.cached_property
+    def program(self) -> Program:  # type: ignore[override]
+        return self._program_at()

@@ -9,41 +9,54 @@ cheaper than `torch.empty`): what a caller did to an earlier output (`t_()`, `re
 view or Python storage object other than the pool's own can reach it, and only while it still
 has the bytes it had (a caller may have resized it); otherwise a new template is allocated.
 `static=True` reuses the storage regardless (documented: the next call overwrites).
+
+A pool shared by the executors of a symbolic program's sizes (runtime/symbolic.py) is asked for
+one output at several shapes: a buffer large enough serves a smaller shape through a view made
+once per shape (no fresh, page-faulting buffer for a new size; memory bounded by the largest
+size, not by the sizes seen), and a larger shape replaces the buffer.
 """
 
 from __future__ import annotations
 
+import contextlib
+import math
 import sys
 from collections.abc import Sequence
+from typing import Any
 
 import torch
 
 _storage_users = torch._C._storage_Use_Count
 _getrefcount = sys.getrefcount
 
-# A slot: (template, its Python storage object, the StorageImpl address, the data pointer).
-# Torch keeps one Python object per storage alive as long as the storage lives, so a caller
-# who keeps only `out.untyped_storage()` holds the pool's own object: its Python refcount,
-# not the storage's use count, is what shows that.
-_Slot = tuple[torch.Tensor, torch.UntypedStorage, int, int]
+# A slot: (template, its Python storage object, the StorageImpl address, the data pointer, the
+# template of each shape it serves (its own, views on the same storage), the storage use count
+# when idle, the dtype). Torch keeps
+# one Python object per storage alive as long as the storage lives, so a caller who keeps only
+# `out.untyped_storage()` holds the pool's own object: its Python refcount, not the storage's
+# use count, is what shows that. Each view template adds one to the use count.
+_Slot = tuple[torch.Tensor, torch.UntypedStorage, int, int, dict[tuple[int, ...], torch.Tensor], int, torch.dtype]
+MAX_VIEWS = 64  # shapes served from one buffer before its views are dropped and made again
+
+
+def _normal_tensors() -> Any:
+    # Templates are normal tensors even under inference mode: they outlive the mode, and an
+    # inference tensor handed out later could not be used by autograd.
+    return torch.inference_mode(False) if torch.is_inference_mode_enabled() else contextlib.nullcontext()
 
 
 def _new_slot(shape: tuple[int, ...], dtype: torch.dtype) -> _Slot:
-    # The template is a normal tensor even under inference mode: it outlives the mode, and an
-    # inference tensor handed out later could not be used by autograd.
-    if torch.is_inference_mode_enabled():
-        with torch.inference_mode(False):
-            template = torch.empty(shape, dtype=dtype)
-    else:
+    with _normal_tensors():
         template = torch.empty(shape, dtype=dtype)
     storage = template.untyped_storage()
-    return template, storage, storage._cdata, template.data_ptr()
+    return template, storage, storage._cdata, template.data_ptr(), {tuple(shape): template}, _IDLE_USERS, dtype
 
 
 def _idle_counts() -> tuple[int, int]:
     """(Python refcount of the storage object, storage use count) of a slot nobody else holds,
     measured with the same expressions `take` evaluates (they depend on torch's internals)."""
-    slot = _new_slot((1,), torch.float32)
+    template = torch.empty((1,), dtype=torch.float32)
+    slot = (template, template.untyped_storage(), template.untyped_storage()._cdata)  # as `_new_slot`'s
     return _getrefcount(slot[1]), _storage_users(slot[2])
 
 
@@ -53,7 +66,20 @@ _IDLE_REFS, _IDLE_USERS = _idle_counts()
 def is_idle(slot: _Slot) -> bool:
     """Whether no tensor, view or storage object but the pool's own reaches the slot's storage
     (what `take` checks before reusing it): its bytes are the pool's alone."""
-    return _getrefcount(slot[1]) == _IDLE_REFS and _storage_users(slot[2]) == _IDLE_USERS
+    return _getrefcount(slot[1]) == _IDLE_REFS and _storage_users(slot[2]) == slot[5]
+
+
+def _view_slot(slot: _Slot, shape: tuple[int, ...], dtype: torch.dtype) -> _Slot | None:
+    """`slot` also serving `shape` (a view template on its storage), or None where it holds
+    fewer elements."""
+    template = slot[0]
+    numel = math.prod(shape)
+    if numel > template.numel():
+        return None
+    views = slot[4] if len(slot[4]) < MAX_VIEWS else {tuple(template.shape): template}
+    with _normal_tensors():
+        views[shape] = template.view(-1)[:numel].view(shape)
+    return (*slot[:4], views, _IDLE_USERS + len(views) - 1, slot[6])
 
 
 class OutputPool:
@@ -74,16 +100,23 @@ class OutputPool:
             if ring is None:
                 ring = slots[key] = []
             for slot in ring:
-                if (
-                    static or (_getrefcount(slot[1]) == _IDLE_REFS and _storage_users(slot[2]) == _IDLE_USERS)
-                ) and slot[0].data_ptr() == slot[3]:
-                    break
+                idle = static or (_getrefcount(slot[1]) == _IDLE_REFS and _storage_users(slot[2]) == slot[5])
+                if idle and slot[6] is dtype and slot[0].data_ptr() == slot[3]:
+                    template = slot[4].get(shape)
+                    if template is not None:
+                        break
+                    viewed = _view_slot(slot, shape, dtype)
+                    if viewed is not None:
+                        # By identity: `list.index` would compare the tensors in the tuples.
+                        ring[[s is slot for s in ring].index(True)], template = viewed, viewed[4][shape]
+                        break
             else:
                 slot = _new_slot(shape, dtype)
                 if len(ring) == 2:
                     del ring[0]
                 ring.append(slot)
+                template = slot[0]
             # `.data`: a new tensor on the template's storage with its sizes, strides, own
             # version counter and no autograd history (cheaper than `detach()`).
-            out.append(slot[0].data)
+            out.append(template.data)
         return out
