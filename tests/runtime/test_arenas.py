@@ -5,12 +5,13 @@ from __future__ import annotations
 
 import threading
 
+import pytest
 import torch
 from torch import nn
 
 import vfuse
 from vfuse.bench.train import retained_bytes
-from vfuse.runtime.arenas import LEND_MIN_BYTES, ArenaLender
+from vfuse.runtime.arenas import LEND_MIN_BYTES, RELEASE_MAX_BYTES, ArenaLender
 
 
 def _mlp() -> nn.Module:
@@ -37,11 +38,13 @@ def _arenas(backend) -> dict[int, int]:
 
 
 def test_training_graphs_share_one_arena_and_match_eager():
+    """Arenas held between calls (release_max=0): forward and backward share one."""
     torch._dynamo.reset()
     x = torch.randn(509, 61)
     eager = _mlp()
     model = _mlp()
     backend = vfuse.backend(strict=True)
+    backend.arenas = ArenaLender(release_max=0)
     fwd = torch.compile(model, backend=backend)
     for _ in range(3):  # the steady state: the second and third steps reuse what the first made
         want, want_grads = _step(eager, eager, x)
@@ -66,6 +69,42 @@ def test_training_graphs_share_one_arena_and_match_eager():
     assert retained_bytes(backend) < sum(needs) + idle
 
 
+def test_small_arenas_are_freed_between_calls():
+    """The default lender frees arenas up to RELEASE_MAX_BYTES when a call returns: between
+    steps the backend keeps only the forward's idle pool buffers; results stay right, over
+    steps that allocate the arena again each call."""
+    torch._dynamo.reset()
+    x = torch.randn(509, 61)
+    eager, model = _mlp(), _mlp()
+    backend = vfuse.backend(strict=True)
+    fwd = torch.compile(model, backend=backend)
+    for _ in range(3):
+        want, want_grads = _step(eager, eager, x)
+        got, got_grads = _step(model, fwd, x)
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+        for g, w in zip(got_grads, want_grads, strict=True):
+            torch.testing.assert_close(g, w, rtol=1e-4, atol=1e-5)
+    lent = [g.executor for g in backend.compiled if g.executor._lender is backend.arenas]
+    assert len(lent) == 2 and all(ex.arena_bytes() <= RELEASE_MAX_BYTES for ex in lent)
+    assert all(ex._arena is None or ex._arena.untyped_storage().nbytes() == 0 for ex in lent)
+    assert backend.arenas.allocated == 0 and backend.arenas.released >= 6  # 2 calls per step
+    idle = sum(ring[0][1].nbytes() for ring in lent[0]._pool._slots.values())
+    assert retained_bytes(backend) == idle
+
+
+def test_lender_frees_small_arenas_and_holds_large_ones():
+    lender = ArenaLender(release_max=1000)
+    small = lender.take(500)
+    small[:] = 7
+    lender.give(small)
+    assert small.untyped_storage().nbytes() == 0 and lender.nbytes() == 0 and lender.released == 1
+    again = lender.take(500)
+    assert again is not small and again.untyped_storage().nbytes() >= 500  # a new object: borrowers rebind
+    big = lender.take(5000)
+    lender.give(big)
+    assert lender.take(4000) is big and lender.allocated == 1
+
+
 def test_training_forward_saves_weights_without_copying_them():
     torch._dynamo.reset()
     model = _mlp()
@@ -86,7 +125,7 @@ def test_training_forward_saves_weights_without_copying_them():
 
 
 def test_lender_gives_overlapping_calls_their_own_arena():
-    lender = ArenaLender()
+    lender = ArenaLender(release_max=0)
     a = lender.take(100)
     b = lender.take(50)  # a is still lent out: a second arena
     assert a.data_ptr() != b.data_ptr() and a.numel() >= 100 and b.numel() >= 50
@@ -101,11 +140,14 @@ def test_lender_gives_overlapping_calls_their_own_arena():
     assert lender.nbytes() == 0
 
 
-def test_threads_running_one_backends_graphs_at_once():
+@pytest.mark.parametrize("release_max", [0, RELEASE_MAX_BYTES])
+def test_threads_running_one_backends_graphs_at_once(release_max: int):
     """Two graphs of one backend called from two threads at once: overlapping calls each get an
-    arena of their own, and every result is right."""
+    arena of their own (held ones, or each a new one when freed after every call), and every
+    result is right."""
     torch._dynamo.reset()
     backend = vfuse.backend(strict=True)
+    backend.arenas = ArenaLender(release_max)
     models = [_mlp(), nn.Sequential(nn.Linear(61, 263), nn.ReLU(), nn.Linear(263, 7))]
     fns = [torch.compile(m, backend=backend) for m in models]
     x = torch.randn(509, 61)
@@ -130,7 +172,10 @@ def test_threads_running_one_backends_graphs_at_once():
     for t in threads:
         t.join()
     assert not errors, errors[0]
-    assert 1 <= backend.arenas.allocated <= 4
+    if release_max:
+        assert backend.arenas.allocated == 0 and backend.arenas.released >= 4 * 30
+    else:
+        assert 1 <= backend.arenas.allocated <= 4
 
 
 class _ReturnsInput(nn.Module):
