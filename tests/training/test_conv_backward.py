@@ -158,3 +158,21 @@ def test_lowering_is_exact_over_random_geometries() -> None:
         assert not any(node.op is Op.OPAQUE for node in graph.nodes), geo
         for a, b in zip(run(graph, [go, x, wt]), grads(go, x, wt), strict=True):
             torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12, msg=lambda m, geo=geo: f"{geo}: {m}")
+
+
+def test_pointwise_weight_gradient_is_one_gemm() -> None:
+    """A 1x1 kernel's weight gradient is one MATMUL over (N, Ho, Wo), not a swapped CONV2D, exact
+    (fp64 reference executor) over strides, paddings past the kernel and prime sizes."""
+    torch.manual_seed(3)
+    for n, c, h, w, co, s, p in [
+        (2, 5, 7, 11, 3, 1, 0),
+        (1, 3, 9, 5, 4, 2, 0),
+        (3, 2, 7, 7, 5, 3, 1),
+        (1, 4, 5, 6, 2, 2, 2),
+    ]:
+        x, wt = torch.randn(n, c, h, w, dtype=torch.float64), torch.randn(co, c, 1, 1, dtype=torch.float64)
+        go = torch.randn_like(F.conv2d(x, wt, None, s, p))
+        grads = _backward_of((s, s), (p, p), (1, 1), 1)
+        graph = lower(trace_aten(grads, (go, x, wt)), Context())
+        assert sum(node.op is Op.MATMUL for node in graph.nodes) == 1, (s, p)
+        torch.testing.assert_close(run(graph, [go, x, wt])[1], grads(go, x, wt)[1], rtol=1e-12, atol=1e-12)

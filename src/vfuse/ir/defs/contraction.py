@@ -58,13 +58,21 @@ def _conv_flops(ins: tuple[TensorType, ...], out: Type, attrs: Attrs) -> int:
     return 2 * out.numel * w[1] * w[2] * w[3]
 
 
+def _conv_ref(x: torch.Tensor, w: torch.Tensor, attrs: Attrs) -> torch.Tensor:
+    # Contiguous operands: oneDNN runs a permuted or flipped weight view (convolution_backward's
+    # grad_input weight) ~8x slower than the same weight copied (2x256x8x8, 3x3, one thread).
+    return F.conv2d(
+        x.contiguous(), w.contiguous(), None, attrs["stride"], attrs["padding"], attrs["dilation"], attrs["groups"]
+    )
+
+
 register(
     OpDef(
         Op.CONV2D,
         Kind.CONTRACTION,
         2,
         _conv_infer,
-        lambda x, w, attrs: F.conv2d(x, w, None, attrs["stride"], attrs["padding"], attrs["dilation"], attrs["groups"]),
+        _conv_ref,
         _conv_flops,
         attrs=("stride", "padding", "dilation", "groups"),
         doc="NCHW input, OIHW weight, no bias (the frontend adds bias as a broadcast ADD)",
