@@ -5,10 +5,12 @@ preset, contiguous loads are vectorized, and a kernel past 2^31 elements compile
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 import torch
+import torch.nn.functional as F
 from tests.codegen.native_helpers import hand_plan, inputs
 from tests.kernel_families import FAMILIES
 from tests.triton.triton_cases import EXTRA, compile_triton
@@ -63,3 +65,34 @@ def test_a_kernel_past_2_31_elements_uses_64_bit_offsets(tmp_path: Path) -> None
     assert "pid_ = tl.program_id(0).to(tl.int64)" in source and "mul.lo.s64" in ptx
     source, ptx = _wide_and_narrow_ptx(tmp_path, 1 << 10)
     assert "pid_ = tl.program_id(0)\n" in source and "mul.lo.s64" not in ptx
+
+
+BF16_ROWS = {
+    "layernorm_gelu": lambda x, w: F.gelu(F.layer_norm(x, (x.shape[-1],), w)),
+    "rmsnorm_silu": lambda x, w: F.silu(F.rms_norm(x, (x.shape[-1],), w)),
+    "softmax_scale": lambda x, w: torch.softmax(x * 0.125 + w, -1),
+}
+
+
+def _row_kernel(fn: Callable, dtype: torch.dtype) -> tuple[int, str]:
+    (k,) = compile_triton(fn, (torch.randn(64, 4096).to(dtype), torch.randn(4096).to(dtype))).compiled.executor.kernels
+    return k.warps, k.compiled(sm=90).ptx
+
+
+def _instructions(ptx: str) -> int:
+    return sum(1 for ln in ptx.splitlines() if ln.startswith("\t") and ln.strip()[:1].isalpha())
+
+
+@pytest.mark.parametrize("case", sorted(BF16_ROWS))
+def test_bf16_rows_load_32_bytes_per_thread_and_convert_natively(case: str) -> None:
+    """bf16 rows (the device bench's, 4096 wide): warps chosen by bytes (32 per thread and operand,
+    as fp32's: half the warps), two 16-byte loads per thread and operand, bf16 conversions as `cvt`
+    (the interpreter's integer rounding compiled to ~7 ALU ops per element), and no more
+    instructions per element than the fp32 kernel."""
+    w32, ptx32 = _row_kernel(BF16_ROWS[case], torch.float32)
+    w16, ptx16 = _row_kernel(BF16_ROWS[case], torch.bfloat16)
+    assert (w32, w16) == (16, 8)
+    assert ptx16.count("ld.global.v4.b32") == 4 and "ld.global.b16" not in ptx16
+    assert "cvt.rn.bf16x2.f32" in ptx16 and ", 32767;" not in ptx16  # the integer rounding's b + 0x7FFF
+    per32, per16 = _instructions(ptx32) / (4096 / (32 * w32)), _instructions(ptx16) / (4096 / (32 * w16))
+    assert per16 <= per32, (case, per16, per32)

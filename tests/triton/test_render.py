@@ -25,7 +25,7 @@ ALLOWED_TL = {
     "program_id", "arange", "load", "store", "where", "full", "reduce", "maximum", "minimum", "abs", "exp",
     "exp2", "log", "log2", "sqrt_rn", "sin", "cos", "floor", "ceil", "div_rn", "atomic_min", "multiple_of",
     "max_contiguous", "PropagateNan", "float16", "float32", "float64", "bfloat16", "int1", "int8", "uint8",
-    "int16", "uint16", "int32", "uint32", "int64",
+    "int16", "uint16", "int32", "uint32", "int64", "constexpr",
 }  # fmt: skip
 SCHEDULE_DATA = {
     "vfuse.schedule.kernel",

@@ -48,7 +48,8 @@ class GpuTable:
     chunk: int  # elements per chunk of a longer row
     tile: int  # elements of one [rows, block] tile: short rows share a program
     columns: int  # adjacent columns per program of a column reduction
-    warp_elements: int  # tile elements per warp (8 per thread)
+    warp_elements: int  # fp32 tile elements per warp (8 per thread: 32 bytes); row kernels of
+    # narrower elements give a warp more of them (the same bytes per thread: `_row_bytes`)
     max_warps: int
     waves: int  # a row kernel keeps at least this many programs per SM (fewer rows per program)
 
@@ -103,12 +104,12 @@ def decide_gpu(k: Kernel, target: object, graph: Graph, retile: int = 0) -> Kern
     if not k.outer and not any(p.reduces for p in k.passes):
         launch = _flat(row, table)
     elif k.walk is Walk.TILED_COLUMNS:
-        launch = _columns(rows, row, table, sms)
+        launch = _columns(rows, row, table, sms, _row_bytes(k))
     else:
         # re-tiled: a persistent row stays one when looping would recompute too many passes
         keep = row <= table_for(str(getattr(target, "name", ""))).persistent_max
         keep = keep and retile > 0 and len(k.passes) > RETILE_LOOPED_PASSES
-        launch = _rows(rows, row, table, sms, keep)
+        launch = _rows(rows, row, table, sms, keep, _row_bytes(k))
     # Flat indices of the padded grid (masked lanes too: one that wrapped would pass its mask).
     flats = [launch.programs * launch.block] if launch.walk is GpuWalk.FLAT else [launch.programs * launch.rows]
     if launch.walk is not GpuWalk.FLAT:
@@ -119,8 +120,25 @@ def decide_gpu(k: Kernel, target: object, graph: Graph, retile: int = 0) -> Kern
     return dataclasses.replace(k, gpu=dataclasses.replace(launch, wide=wide, check_block=checks, merges=merges))
 
 
-def _warps(elements: int, table: GpuTable) -> int:
-    return max(1, min(_pow2(max(elements // table.warp_elements, 1)), table.max_warps))
+def _warps(elements: int, table: GpuTable, itemsize: int = 4) -> int:
+    """Warps for a tile of `elements` of `itemsize` bytes: 32 bytes of it per thread (eight fp32,
+    sixteen bf16: two 16-byte loads in flight per thread and operand, half the warps and shuffles
+    of a row's reductions for bf16 than an element count would give)."""
+    per_warp = table.warp_elements * 4 // max(1, min(itemsize, 4))
+    return max(1, min(_pow2(max(elements // per_warp, 1)), table.max_warps))
+
+
+def _row_bytes(k: Kernel) -> int:
+    """The widest element (bytes, at most 4) a row kernel loads or stores along its row; 4
+    when it has none (a row of constants or iotas)."""
+    inner = {lp.var for lp in k.inner}
+    sizes = [
+        s.dtype.itemsize
+        for p in k.passes
+        for s in (*p.before, *p.body)
+        if isinstance(s, Load | Store) and expr.var_ids(s.index) & inner
+    ]
+    return min(max(sizes, default=4), 4)
 
 
 def _flat(total: int, table: GpuTable) -> GpuLaunch:
@@ -128,7 +146,7 @@ def _flat(total: int, table: GpuTable) -> GpuLaunch:
     return GpuLaunch(GpuWalk.FLAT, block, 1, _cdiv(total, block), _warps(block, table))
 
 
-def _rows(rows: int, row: int, table: GpuTable, sms: int, persistent: bool = False) -> GpuLaunch:
+def _rows(rows: int, row: int, table: GpuTable, sms: int, persistent: bool = False, itemsize: int = 4) -> GpuLaunch:
     """Rows that fit `persistent_max` (or `persistent`) are one chunk; several short rows share
     a program while the grid keeps `waves` programs per SM."""
     persistent = persistent or row <= table.persistent_max
@@ -136,16 +154,16 @@ def _rows(rows: int, row: int, table: GpuTable, sms: int, persistent: bool = Fal
     per = max(1, min(table.tile // block, _pow2(rows)))
     while per > 1 and _cdiv(rows, per) < table.waves * sms:
         per //= 2
-    return GpuLaunch(GpuWalk.ROWS, block, per, _cdiv(rows, per), _warps(per * block, table), persistent)
+    return GpuLaunch(GpuWalk.ROWS, block, per, _cdiv(rows, per), _warps(per * block, table, itemsize), persistent)
 
 
-def _columns(cols: int, row: int, table: GpuTable, sms: int) -> GpuLaunch:
+def _columns(cols: int, row: int, table: GpuTable, sms: int, itemsize: int = 4) -> GpuLaunch:
     """A [block, columns] tile: adjacent columns are contiguous, so loads coalesce along them."""
     per = min(table.columns, _pow2(cols))
     while per > 16 and _cdiv(cols, per) < table.waves * sms:
         per //= 2
     block = max(1, min(_pow2(row), table.tile // per))
-    return GpuLaunch(GpuWalk.COLUMNS, block, per, _cdiv(cols, per), _warps(per * block, table), row <= block)
+    return GpuLaunch(GpuWalk.COLUMNS, block, per, _cdiv(cols, per), _warps(per * block, table, itemsize), row <= block)
 
 
 def row_merges(k: Kernel) -> tuple[RowMerge, ...]:

@@ -68,7 +68,7 @@ def load_module(path: Path, interpret: bool) -> ModuleType:
             setattr(module, attr, wrap(fn))
     if interpret:
         _fast_reductions(module)
-        if hasattr(module, "_VF_INTERPRETED"):  # contraction templates widen bf16 dots there
+        if hasattr(module, "_VF_INTERPRETED"):  # bf16 by its bits, templates' bf16 dots widened
             module._VF_INTERPRETED = True
     return module
 

@@ -5,8 +5,12 @@ rest of triton's standard library are `@jit` functions the interpreter cannot ca
 TRITON_INTERPRET was set before triton was imported, and the interpreter has no `tl.tanh`.
 Triton's unary minus is 0 - x (+0 for x = +0), so floats are negated as x * -1.0.
 Each `_vf_*` function is wrapped by the loader (`module.py`) as the kernels are: interpreted
-or jit-compiled. Transcendentals without a builtin are fp32 approximations (tanh: Cephes;
-erf: Eigen's rational; atan: Cephes); the renderer refuses them for fp64.
+or jit-compiled. bf16 conversions are integer ops on the bits in the interpreter (its own
+conversions truncate) and native `cvt` on a GPU (`_VF_INTERPRETED`, a constant the compiler
+folds: the integer rounding was ~7 ALU ops per element, and a load's widening followed by a
+rounding cancels only when both are conversions). Transcendentals without a builtin are fp32
+approximations (tanh: Cephes; erf: Eigen's rational; atan: Cephes); the renderer refuses them
+for fp64.
 
 The RNG is vfuse's counter-based generator (`ir/defs/rng.py`, `vf_rand` in the C++ prelude):
 the same seed, stream and element index give the same bits on every backend.
@@ -57,7 +61,9 @@ def _vf_first(ptr, bad, pos):
 
 
 def _vf_bf2f(x):
-    return (x.to(tl.uint16, bitcast=True).to(tl.uint32) << 16).to(tl.float32, bitcast=True)
+    if _VF_INTERPRETED:  # the interpreter's float conversions truncate: by the bits
+        return (x.to(tl.uint16, bitcast=True).to(tl.uint32) << 16).to(tl.float32, bitcast=True)
+    return x.to(tl.float32)
 
 
 def _vf_e4m3_2f(x):
@@ -90,11 +96,15 @@ def _vf_bf_bits(x):
 
 
 def _vf_f2bf(x):
-    return _vf_bf_bits(x).to(tl.uint16).to(tl.bfloat16, bitcast=True)
+    if _VF_INTERPRETED:
+        return _vf_bf_bits(x).to(tl.uint16).to(tl.bfloat16, bitcast=True)
+    return x.to(tl.bfloat16)  # cvt.rn: ties to even (NaN: the canonical 0x7FFF, as CUDA's eager)
 
 
 def _vf_round_bf(x):
-    return (_vf_bf_bits(x) << 16).to(tl.float32, bitcast=True)
+    if _VF_INTERPRETED:
+        return (_vf_bf_bits(x) << 16).to(tl.float32, bitcast=True)
+    return x.to(tl.bfloat16).to(tl.float32)
 
 
 def _vf_round_h(x):

@@ -67,7 +67,8 @@ RENDERERS: dict[GpuWalk, tuple[Callable[[Kernel], tuple[LoopGroup, ...]], Body]]
 }
 Template = Callable[[ContractionKernel, Program, FaultTable], tuple[list[str], list[str], list[str]]]
 TEMPLATES: dict[Op, Template] = {Op.MATMUL: render_gemm, Op.CONV2D: render_conv, Op.SDPA: render_attention}
-# Read by the templates' bf16 dots; the loader sets it true for the interpreter (module.py).
+# Read by the templates' bf16 dots and the prelude's bf16 conversions; the loader sets it true
+# for the interpreter (module.py). After the prelude, in every module.
 TEMPLATE_CONSTANTS = f"{INTERPRETED} = tl.constexpr(False)"
 
 
@@ -75,9 +76,7 @@ def render(program: Program) -> TritonProgram:
     """Every kernel of `program` (scheduled for a GPU target; contraction templates with their
     GPU tiles: `build(..., triton=True)`)."""
     faults = FaultTable()
-    parts, segments, signatures = [HEADER, PRELUDE], {}, {}
-    if any(isinstance(k, ContractionKernel) for k in program.kernels):
-        parts.append(TEMPLATE_CONSTANTS)
+    parts, segments, signatures = [HEADER, PRELUDE, TEMPLATE_CONSTANTS], {}, {}
     for seg in program.segments:
         launches: list[Launch] = []
         for k in seg.kernels:
