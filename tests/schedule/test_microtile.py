@@ -48,6 +48,33 @@ def test_tile_avoids_padding() -> None:
     assert pick_micro_tile(64, 48, VectorUnit(8, 16)) == (4, 24)  # no padding at all
 
 
+def test_direct_conv_tiles() -> None:
+    avx2 = VectorUnit(8, 16)
+    assert micro_tiles(avx2, direct_conv=True)[0] == (4, 24)  # fewer loads per FMA than 6x16 there
+    assert pick_micro_tile(64, 3192, avx2, direct_conv=True) == (4, 24)
+    assert pick_micro_tile(30, 3192, avx2, direct_conv=True) == (6, 16)  # 4x24 would compute 32 rows
+    assert micro_tiles(AVX512, direct_conv=True) == micro_tiles(AVX512)  # no conv table: the GEMM order
+
+
+def test_conv_kernels_get_the_direct_conv_tile() -> None:
+    """The schedule plans a stride-1 3x3 with the direct conv's tiles (and at its padded-width columns),
+    a strided conv and a pointwise 1x1 with the GEMM's."""
+    if Isa.AVX2 not in _tiers():
+        pytest.skip("needs an AVX2 CPU")
+    x = torch.randn(1, 8, 23, 23)  # 23 x 24 padded-width columns: 4x24 pads nothing
+    ws = (torch.randn(64, 8, 3, 3), torch.randn(64, 8, 3, 3), torch.randn(64, 8, 1, 1))
+
+    def fn(x: torch.Tensor, a: torch.Tensor, b: torch.Tensor, c: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        return F.conv2d(x, a, padding=1), F.conv2d(x, b, stride=2, padding=1), F.conv2d(x, c)
+
+    compiled = vfuse.compile(fn, (x, *ws), backend="cpp", isa="avx2")
+    tiles = [(k.mr, k.nr) for k in compiled.compiled.executor.program.kernels if isinstance(k, ContractionKernel)]
+    avx2 = VectorUnit(8, 16)
+    assert tiles == [(4, 24), pick_micro_tile(64, 144, avx2), pick_micro_tile(64, 529, avx2)] != [(4, 24)] * 3
+    for got, want in zip(compiled(x, *ws), fn(x, *ws), strict=True):
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+
+
 def test_units_without_cpu_vectors_plan_as_avx512() -> None:
     assert vector_unit(32, 255) == AVX512  # a GPU preset's warp and registers
     assert vector_unit(8, 16) == VectorUnit(8, 16)

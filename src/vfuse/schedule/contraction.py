@@ -27,13 +27,15 @@ torch as before.
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from vfuse.fusion.library import ContractionChoice, choose, tile_waste
 from vfuse.fusion.plan import Cost
 from vfuse.ir import DType, Graph, Kind, Op
 from vfuse.ir.defs.contraction import sdpa_dropout, sdpa_has_mask
-from vfuse.ir.shapes import numel
+from vfuse.ir.shapes import Shape, numel
 from vfuse.ir.sym import hint, is_sym, same
 from vfuse.schedule import expr
 from vfuse.schedule.expr import Lin, Var
@@ -300,7 +302,9 @@ def _register_tile(graph: Graph, node: str, unit: VectorUnit) -> Tile:
     if n.op in ATTENTION:
         return attention_tile(unit)
     if n.op is Op.CONV2D:
-        return pick_micro_tile(shape[1] // n.attrs["groups"], shape[2] * shape[3], unit)
+        x, w = (graph[i].tensor_type.shape for i in n.inputs[:2])
+        cols, direct = conv_columns(n.attrs, x, w, shape), _direct_conv(n.attrs, w)
+        return pick_micro_tile(shape[1] // n.attrs["groups"], cols, unit, direct_conv=direct)
     return pick_micro_tile(shape[-2], shape[-1], unit)
 
 
@@ -403,7 +407,7 @@ def library_choice(graph: Graph, cost: Cost, cp: ContractionPlan) -> Contraction
         return choose(cost, 1.0, hint(graph[k.node].type.nbytes), bool(cp.rest))
     shape = k.out_shape
     if k.op is Op.CONV2D:
-        m, n = shape[1] // k.attrs["groups"], _conv_columns(k)
+        m, n = shape[1] // k.attrs["groups"], conv_columns(k.attrs, k.shapes[0], k.shapes[1], k.out_shape)
     else:
         m, n = shape[-2], shape[-1]
     m, n = hint(m), hint(n)  # a cost figure: at a symbolic size's hint
@@ -412,13 +416,19 @@ def library_choice(graph: Graph, cost: Cost, cp: ContractionPlan) -> Contraction
     return choose(cost, waste, hint(graph[k.node].type.nbytes), epilogue)
 
 
-def _conv_columns(k: ContractionKernel) -> int:
+def conv_columns(attrs: Mapping[str, Any], x_shape: Shape, w_shape: Shape, out_shape: Shape) -> int:
     """Output columns per image the conv template computes: OH x OW, or for a stride-1 conv that
     is not 1x1 (the direct path, `codegen/cpp/gemm/conv_direct.py`) OH x (W + gap), garbage
     columns across the row ends included (8x8 planes: 72 columns for 64 outputs)."""
-    (kh, kw), (sh, sw), (_, pw) = k.shapes[1][2:], k.attrs["stride"], k.attrs["padding"]
-    oh, ow = k.out_shape[2:]
-    if (sh, sw) != (1, 1) or (kh, kw) == (1, 1):
+    (oh, ow), (_, pw), kw = out_shape[2:], attrs["padding"], w_shape[3]
+    if not _direct_conv(attrs, w_shape):
         return oh * ow
-    gap = max(pw, 2 * pw - k.attrs["dilation"][1] * (kw - 1))
-    return oh * (k.shapes[0][3] + gap)
+    gap = max(pw, 2 * pw - attrs["dilation"][1] * (kw - 1))
+    return oh * (x_shape[3] + gap)
+
+
+def _direct_conv(attrs: Mapping[str, Any], w_shape: Shape) -> bool:
+    """Whether the conv template takes its direct path (codegen/cpp/gemm/conv.py: stride 1 and not the
+    pointwise 1x1 without padding), whose register tiles and columns differ (microtile.py)."""
+    pointwise = tuple(w_shape[2:]) == (1, 1) and tuple(attrs["padding"]) == (0, 0)
+    return tuple(attrs["stride"]) == (1, 1) and not pointwise

@@ -47,14 +47,22 @@ _TILES: dict[tuple[int, int], tuple[Tile, ...]] = {
 }
 
 
+# The direct stride-1 conv (codegen/cpp/gemm/conv_direct.py) loads B unaligned from the padded input
+# planes and runs OCg % mr rows as a tail block. There AVX2's 4x24 (3 B loads + 4 broadcasts per 12
+# FMAs, 6x16 needs 2 + 6) measured 2-4% faster than 6x16 at 64 and 128 channels, a tie at 32/256
+# (Zen 4, one thread); GEMMs stay on 6x16 (a tie or better there). Others: the GEMM order.
+_DIRECT_CONV_TILES: dict[tuple[int, int], tuple[Tile, ...]] = {(8, 16): ((4, 3), (6, 2))}
+
+
 def _fits(mr: int, nv: int, registers: int) -> bool:
     return mr * nv + nv + 1 <= registers
 
 
-def micro_tiles(unit: VectorUnit) -> tuple[Tile, ...]:
-    """The (mr, nr) register tiles for `unit`, the default first. Units without a measured table get
-    the widest mr for 2, 3 and 4 vectors of B that fits the registers."""
-    shapes = _TILES.get((unit.lanes, unit.registers))
+def micro_tiles(unit: VectorUnit, direct_conv: bool = False) -> tuple[Tile, ...]:
+    """The (mr, nr) register tiles for `unit`, the default first (`direct_conv`: for the direct conv
+    kernel). Units without a measured table get the widest mr for 2, 3 and 4 vectors of B that fits."""
+    key = (unit.lanes, unit.registers)
+    shapes = (_DIRECT_CONV_TILES.get(key) if direct_conv else None) or _TILES.get(key)
     if shapes is None:
         shapes = tuple((m, nv) for nv in (2, 3, 4) if (m := (unit.registers - nv - 1) // nv) >= 1)
     return tuple((mr, nv * unit.lanes) for mr, nv in shapes or ((1, 1),))
@@ -64,10 +72,10 @@ def _round_up(x: int, m: int) -> int:
     return -(-x // m) * m
 
 
-def pick_micro_tile(m: int, n: int, unit: VectorUnit = AVX512) -> Tile:
+def pick_micro_tile(m: int, n: int, unit: VectorUnit = AVX512, direct_conv: bool = False) -> Tile:
     """The default tile, unless another pads > 3% less work (e.g. 64 output channels: AVX-512's
     14x32 computes 70 rows (9% waste), 8x48 exactly 64)."""
-    tiles = micro_tiles(unit)
+    tiles = micro_tiles(unit, direct_conv)
     m, n = hint(m), hint(n)  # a performance choice: at a symbolic size's hint
 
     def padded(tile: Tile) -> float:

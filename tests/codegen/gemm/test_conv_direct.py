@@ -105,3 +105,41 @@ def test_direct_conv_matches_torch(lib, call, name: str) -> None:
     again = torch.full_like(out, float("nan"))
     call(lib, s.name, x, w, again, *extras, nthreads=case.nthreads)
     torch.testing.assert_close(again, out, rtol=0, atol=0)
+
+
+# AVX2's tiles (8-lane vectors) compiled for x86-64-v3: the masked 8-lane copy into Y, and channel
+# counts that leave a tail block of OCg % mr rows (its own micro-kernel) or none.
+AVX2_CASES = {
+    "avx2_4x24_tail": Case(
+        _spec("avx2_4x24_tail", 2, 5, 9, 30, 11, (3, 3), padding=(1, 1), blocking=Blocking(4, 24, 4, 64, 24, 8)),
+        E.bias_relu("c"),
+    ),
+    "avx2_6x16_tail": Case(
+        _spec("avx2_6x16_tail", 1, 7, 6, 13, 16, (3, 3), padding=(1, 1), blocking=Blocking(6, 16, 6, 64, 16, 8)),
+        E.residual_add(),
+        1,
+    ),
+    "avx2_4x24_exact": Case(
+        _spec("avx2_4x24_exact", 3, 3, 5, 23, 8, (3, 3), blocking=Blocking(4, 24, 4, 64, 24, 8)), E.bias("c")
+    ),
+}
+
+
+@pytest.mark.parametrize("name", list(AVX2_CASES))
+def test_direct_conv_avx2_tiles(build, call, name: str) -> None:
+    from vfuse.targets.cpu import machine_flags
+
+    if not {"avx2", "fma"} <= set(machine_flags()):
+        pytest.skip("needs an AVX2 CPU")
+    case = AVX2_CASES[name]
+    s = case.spec
+    src = render_conv2d(s, case.epi)
+    assert "(direct, padded width" in src and ("_ukrt<" in src) == (s.c_out % s.tiles().mr != 0)
+    lib = build(src, ("-march=x86-64-v3",))
+    torch.manual_seed(len(name))
+    x = torch.randn(s.n, s.c_in, s.h, s.w)
+    w = torch.randn(s.c_out, s.c_in, s.kh, s.kw) / (s.c_in * s.kh * s.kw) ** 0.5
+    out = torch.full((s.n, s.c_out, *s.out_hw), float("nan"))
+    extras = _extras(case.epi, s.c_out, tuple(out.shape))
+    call(lib, s.name, x, w, out, *extras, nthreads=case.nthreads)
+    torch.testing.assert_close(out, _reference(case, x, w, extras), rtol=1e-4, atol=1e-4)

@@ -65,28 +65,44 @@ class _Geom:
         self.icb = icb or max(1, min(self.cg, (spec.caches[0] // 2) // (4 * mr * self.taps)))
 
 
-def _ukr(name: str, g: _Geom) -> str:
-    """NAME_ukr<FIRST>: the mr x nr tile over `nic` input channels, B loaded straight from the padded planes."""
+def _ukr(name: str, g: _Geom, rows: int) -> str:
+    """NAME_ukr<FIRST>: the `rows` x nr tile (rows = mr, or the tail: OCg % mr, as NAME_ukrt) over `nic`
+    input channels, B loaded straight from the padded planes; A slivers keep mr rows per k either way."""
     nv, vt, w = g.nr // g.lanes, vtype(g.lanes), g.lanes
-    acc = [(r, v) for r in range(g.mr) for v in range(nv)]
+    acc = [(r, v) for r in range(rows) for v in range(nv)]
     init = "".join(
         f"  {vt} c{r}_{v} = FIRST ? {vt}{{}} : *reinterpret_cast<const {vt}*>(t + {r * g.nr + w * v});\n"
         for r, v in acc
     )
     body = ""
     for tap, off in enumerate(g.offs):
-        body += "".join(f"    b{v} = vs_loadu<{vt}>(x + {off + w * v});\n" for v in range(nv))
-        body += fma_step(g.mr, nv, w, tap * g.mr)
+        # vs_keep: else g++ folds each B load into its mr FMAs as a memory operand (4x24 on AVX2:
+        # 16 loads per 12 FMAs, 2x slower); one load per vector, held in a register.
+        body += "".join(f"    b{v} = vs_loadu<{vt}>(x + {off + w * v});\n    vs_keep(b{v});\n" for v in range(nv))
+        body += fma_step(rows, nv, w, tap * g.mr)
     stores = "".join(f"  *reinterpret_cast<{vt}*>(t + {r * g.nr + w * v}) = c{r}_{v};\n" for r, v in acc)
     decl = ", ".join(f"b{v}" for v in range(nv))
     return f"""template <bool FIRST>
-static inline void {name}_ukr(long nic, const float* __restrict a, const float* __restrict x, float* __restrict t) {{
+static inline void {name}_ukr{"" if rows == g.mr else "t"}(long nic, const float* __restrict a,
+                                 const float* __restrict x,
+                                 float* __restrict t) {{
 {init}  [[maybe_unused]] {vt} av;
   {vt} {decl};
   for (long ic = 0; ic < nic; ++ic, a += {g.mr * g.taps}, x += {g.plane}) {{
 {body}  }}
 {stores}}}
 """
+
+
+def _ukr_calls(name: str, g: _Geom) -> str:
+    """C++: the micro-kernel call for the MR block at `ir`. Why a tail kernel: OCg rounded up to mr
+    wastes FMAs on zero rows (AVX2's 6x16 at 64 channels: 3 %); the last block computes OCg % mr rows."""
+    args = f"(nic, a, xb, t + ir * {g.nr});"
+    full = f"if (ic0 == 0) {name}_ukr<true>{args} else {name}_ukr<false>{args}"
+    if not g.ocg % g.mr:
+        return full
+    tail = f"if (ic0 == 0) {name}_ukrt<true>{args} else {name}_ukrt<false>{args}"
+    return f"if (ir + {g.mr} > {g.ocg}) {{ {tail} }} else {{ {full} }}"
 
 
 def _pack_and_pad(spec: ConvSpec, g: _Geom) -> str:
@@ -194,6 +210,16 @@ static inline void {spec.name}_copy(const float* __restrict t, float* __restrict
         const __mmask16 m = static_cast<__mmask16>(len - e >= 16 ? 0xffff : (1u << (len - e)) - 1u);
         _mm512_mask_storeu_ps(dst + e, m, _mm512_loadu_ps(src + e));
       }}
+#elif defined(__AVX2__)
+      // Whole vectors, then one masked store for the tail (no memcpy call per run; vmaskmovps
+      // stores are slow on AMD, so only the last piece uses one).
+      long e = 0;
+      for (; e + 8 <= len; e += 8) _mm256_storeu_ps(dst + e, _mm256_loadu_ps(src + e));
+      if (e < len) {{
+        const __m256i m = _mm256_cmpgt_epi32(_mm256_set1_epi32(static_cast<int>(len - e)),
+                                             _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+        _mm256_maskstore_ps(dst + e, m, _mm256_maskload_ps(src + e, m));
+      }}
 #else
       std::memcpy(dst, src, sizeof(float) * len);
 #endif
@@ -230,8 +256,7 @@ static inline void {name}_sliver(const float* __restrict ap, const float* __rest
       const float* __restrict a = ap + ir * {g.k} + ic0 * {g.taps * g.mr};
       for (long r = ir; ic0 == 0 && r < {rows}; ++r)
         for (long l = 0; l < {g.nr * 4 + 64}; l += 64) __builtin_prefetch(yn + r * {g.oh * g.ow * 4} + l, 1, 3);
-      if (ic0 == 0) {name}_ukr<true>(nic, a, xb, t + ir * {g.nr});
-      else {name}_ukr<false>(nic, a, xb, t + ir * {g.nr});
+      {_ukr_calls(name, g)}
       if (!last || ir >= {g.ocg}) continue;
       {name}_epi(t, bi, rs, ir, {rows}{epi.names()});
       if (ir > 0) {name}_copy(t, Y, bi, rs, ir - {g.mr}, ir);
@@ -328,7 +353,8 @@ def render_conv2d_direct(
     return (
         render_prelude()
         + header
-        + _ukr(spec.name, g)
+        + _ukr(spec.name, g, g.mr)
+        + (_ukr(spec.name, g, g.ocg % g.mr) if g.ocg % g.mr else "")
         + _pack_and_pad(spec, g)
         + _runs(spec, g)
         + _epilogue(spec, g, epilogue)
