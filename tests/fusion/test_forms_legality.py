@@ -78,3 +78,20 @@ def test_kernel_size_cap_is_a_budget() -> None:
     assert isinstance(check_kernel(nodes, default_outputs(nodes, g), g, FIXED_CPU, Budgets()), Form)
     capped = check_kernel(nodes, default_outputs(nodes, g), g, FIXED_CPU, Budgets(max_nodes=5))
     assert _rule(capped) == "kernel-size-cap"
+
+
+def test_a_permuted_gemm_output_is_not_its_epilogue() -> None:
+    """The templates store in the contraction's order: a permute of the output (qkv split into
+    heads) is another kernel's, where it was split off after the plan and stored twice; a
+    transpose of a transpose (a weight gradient) reads in order and stays fused."""
+    b = GraphBuilder()
+    x, w = _input(b, 0, (12, 8)), _input(b, 1, (8, 30))
+    m = b.add(Op.MATMUL, (x, w), name="mm")
+    r = b.add(Op.RESHAPE, (m,), name="heads", shape=(3, 4, 3, 10))
+    p = b.add(Op.PERMUTE, (r,), name="perm", perm=(2, 0, 1, 3))
+    t1 = b.add(Op.PERMUTE, (m,), name="t1", perm=(1, 0))
+    t2 = b.add(Op.PERMUTE, (t1,), name="t2", perm=(1, 0))
+    g = verify(b.build([p, t2]))
+    assert _rule(_classify(g, ["mm", "heads", "perm"])) == "epilogue-space-mismatch"
+    assert isinstance(_classify(g, ["mm", "heads"]), Form)
+    assert isinstance(_classify(g, ["mm", "t1", "t2"]), Form)

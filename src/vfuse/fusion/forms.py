@@ -152,6 +152,10 @@ def _contraction_form(nodes: Sequence[Node], c: Node, outputs: Sequence[str], gr
             if n.name in outputs or per_element_flops(n, graph) > PROLOGUE_MAX_FLOPS_PER_ELEMENT:
                 return Illegal(Rule.PROLOGUE_TOO_EXPENSIVE, f"%{n.name} ({n.op.value}) is not a cheap operand prologue")
             space[n.name] = numel_of(n)
+        elif n.op is Op.PERMUTE and n.name in after and not _undone(n, graph, inside):
+            # The templates store their output tile in the contraction's own order (a reshape of
+            # it at most): a permuted epilogue would be split off and stored twice (schedule).
+            return Illegal(Rule.EPILOGUE_SPACE_MISMATCH, f"%{n.name} permutes the output of %{c.name}")
         elif numel_of(n) == out_size or (n.name not in after and numel_of(n) < out_size):
             space[n.name] = out_size
         else:
@@ -161,6 +165,21 @@ def _contraction_form(nodes: Sequence[Node], c: Node, outputs: Sequence[str], gr
     if bad:
         return Illegal(Rule.EPILOGUE_SPACE_MISMATCH, f"%{bad[0]} is written but is not in the epilogue of %{c.name}")
     return Form(CONTRACTION_LABELS[c.op], Kind.CONTRACTION, out_size, 0, space)
+
+
+def _undone(n: Node, graph: Graph, inside: set[str]) -> bool:
+    """`n` (a PERMUTE) is undone by the permute it reads or by every in-group permute reading it
+    (a transpose of a transpose: the schedule reads the composition, which is the identity)."""
+
+    def inverse(p: Node, q: Node) -> bool:  # permute(permute(x, p), q) is x
+        pp, qp = p.attrs["perm"], q.attrs["perm"]
+        return len(pp) == len(qp) and all(pp[qp[i]] == i for i in range(len(qp)))
+
+    src = graph[n.inputs[0]]
+    if src.name in inside and src.op is Op.PERMUTE and inverse(src, n):
+        return True
+    users = [graph[u] for u in graph.users(n.name) if u in inside]
+    return bool(users) and all(u.op is Op.PERMUTE and inverse(n, u) for u in users)
 
 
 def _descendants(name: str, inside: set[str], graph: Graph) -> set[str]:
