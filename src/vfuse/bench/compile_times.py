@@ -12,6 +12,11 @@ directories (VFUSE_CACHE_DIR, TORCHINDUCTOR_CACHE_DIR):
   small function with the same backend, so Dynamo's, AOTAutograd's and the backend's one-time
   initialization (first-use imports, lazily built tables) is not in the figure.
 
+Before the clock, every probe alike (`_preimport`, `_timed_calls`): imports torch._dynamo,
+torch._inductor.compile_fx and torch._inductor.debug (the same torch modules for every
+contender, Inductor's backend among them), its own backend's modules (vfuse: the capture
+entry and the compiler), builds the model, and runs a full garbage collection.
+
 Each child reports the whole first call (what a user waits for), the time spent inside the
 backend alone (from the FX graph Dynamo hands over to the callable it gets back: vfuse's
 `VfuseBackend`, AOTAutograd included; Inductor's `compile_fx`, which runs AOTAutograd too),
@@ -46,16 +51,15 @@ from vfuse.bench.workloads import WORKLOADS
 
 _PROBE_TIMEOUT_S = 900
 _STEADY_CALLS = 5
-# Imported before the clock starts: a compile-time figure should not include Python importing
-# the backend's modules (whoever imports first pays). Only the contender's own backend, so a
-# probe of one does not pay to import the other. torch._inductor.debug is imported by torch's
-# aot_autograd backend helper on every call (torch/_dynamo/backends/common.py), so vfuse,
-# an aot_autograd backend, needs it as much as Inductor, whose compile_fx imports it.
-_PREIMPORT = {
-    "dynamo": ("torch._dynamo",),
-    "inductor": ("torch._dynamo", "torch._inductor.compile_fx"),
-    "vfuse": ("torch._dynamo", "torch._inductor.debug", "vfuse.entry.capture", "vfuse.compiler"),
-}
+# Imported before the clock starts, by every contender's probe alike: a compile-time figure
+# should not include Python importing modules (whoever imports first pays). The torch modules
+# are the same for all: importing torch._inductor.compile_fx (165 modules, ~0.6 s) only in
+# Inductor's probe made Dynamo's tracing in vfuse's probe ~1 s slower in a warm process
+# (docs/perf-log.md), so one-time torch work was measured against vfuse alone. torch's
+# aot_autograd backend helper imports torch._inductor.debug on every call
+# (torch/_dynamo/backends/common.py). A contender's own package is imported by its probe only.
+_PREIMPORT_TORCH = ("torch._dynamo", "torch._inductor.compile_fx", "torch._inductor.debug")
+_PREIMPORT = {"vfuse": ("vfuse.entry.capture", "vfuse.compiler")}
 # Where each contender's backend takes the FX graph from Dynamo and returns the callable:
 # (module, attribute path). Dynamo's own contender has no backend worth timing.
 _BACKEND_ENTRY = {
@@ -65,11 +69,14 @@ _BACKEND_ENTRY = {
 
 
 def _preimport(contender: str) -> None:
-    for name in _PREIMPORT.get(contender, ()):
+    """Import what every probe imports before the clock, then collect garbage: each probe
+    starts its clock with no collection pending from the imports and the model's build."""
+    for name in (*_PREIMPORT_TORCH, *_PREIMPORT.get(contender, ())):
         try:
             importlib.import_module(name)
         except ImportError:  # a module that cannot load is reported by the compile itself
             pass
+    gc.collect()
 
 
 class _Stopwatch:
@@ -157,6 +164,7 @@ def _compile_other(chosen: Contender) -> None:
 
 def _timed_calls(compiled: Callable[..., Any], inputs: tuple[Any, ...]) -> tuple[float, float, float]:
     """(first call, GC pauses inside it, median of the steady calls after it)."""
+    gc.collect()  # no collection pending from building the model: every probe starts level
     with _GcPauses() as pauses:
         start = time.perf_counter()
         compiled(*inputs)
