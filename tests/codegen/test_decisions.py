@@ -89,7 +89,7 @@ def _check_norm(ex: NativeExecutor, kind: str, n: int, d: int) -> None:
 def test_fewer_chains_and_a_shorter_prefetch_render_as_decided() -> None:
     graph, _ = norm_graph("layernorm", 16, 1024)
     plan = _one(graph)
-    prog = build(plan, target())
+    prog = build(plan, dataclasses.replace(target(), l1_bytes=48 << 10))  # room for prefetched rows
     (k,) = prog.kernels
     assert isinstance(k, Kernel) and k.prefetch and k.passes[1].reduction.chains == 8
     fewer = dataclasses.replace(k.passes[1].reduction, chains=2)
@@ -130,7 +130,7 @@ def test_softmax_without_row_facts_renders_as_decided() -> None:
     _check_norm(ex, "softmax", 6, 1000)
 
 
-AVX2 = dataclasses.replace(target(), simd_lanes=8)
+AVX2 = dataclasses.replace(target(), simd_lanes=8, l1_bytes=48 << 10)  # 48 KiB: rows prefetched
 
 
 @pytest.mark.parametrize(

@@ -37,15 +37,31 @@ def _norm(kind: str, n: int, d: int, target: Target = AVX512) -> tuple[Kernel, s
 def test_long_rows_prefetch_and_take_strips() -> None:
     k, text = _norm("layernorm", 8192, 1024)
     assert k.walk is Walk.ROWS and k.threaded and k.prefetch is not None
-    assert k.prefetch.distance == 3 and k.prefetch.row_bytes == 4096
+    # 48 KiB of L1: half of it holds x's, the weight's, the bias's and the output's rows and 2 ahead.
+    assert k.prefetch.distance == 2 and k.prefetch.row_bytes == 4096
     (pl,) = k.prefetch.loads  # x only, not the broadcast weights
     assert pl.step == 16 and pl.shares == ((0, 336), (336, 672), (672, 1024))
     mean, var, norm = (p.reduction for p in k.passes)
     assert mean == Reduction(Accumulate.STRIPS, 1024, chains=4, vector=16)  # a first pass: FIRST_CHAINS
     assert var == Reduction(Accumulate.STRIPS, 1024, chains=8, vector=16)
     assert norm.kind is Accumulate.NONE and all(p.serial for p in k.passes)
-    assert "walk rows, threaded, prefetch 3 rows ahead (locality 3): %x0 every 16 elements, 0:336 | 336:672" in text
+    assert "walk rows, threaded, prefetch 2 rows ahead (locality 3): %x0 every 16 elements, 0:336 | 336:672" in text
     assert "strips, 4 chain(s) x 16 lanes, block 1024" in text and "strips, 8 chain(s) x 16 lanes" in text
+
+
+def test_row_prefetch_only_where_l1_holds_the_rows_in_flight() -> None:
+    # softmax keeps x's row, its row buffer and the output's in L1: 3 rows ahead fit beside them in
+    # half of 48 KiB; in half of 32 KiB one row would (too little lead: none), LayerNorm's none.
+    sm, _ = _norm("softmax", 8192, 1024)
+    assert sm.prefetch is not None and sm.prefetch.distance == 3
+    small = dataclasses.replace(AVX512, l1_bytes=32 << 10)
+    for kind in ("softmax", "layernorm"):
+        k, text = _norm(kind, 8192, 1024, small)
+        assert k.walk is Walk.ROWS and k.prefetch is None and "prefetch" not in text
+        assert k.passes[0].reduction.kind is Accumulate.SIMD  # an unprefetched first pass keeps one chain
+    # Rows of 4096 floats fill half of even 48 KiB on their own.
+    k, _ = _norm("layernorm", 512, 4096)
+    assert k.prefetch is None
 
 
 def test_short_rows_walk_in_groups_with_lanes() -> None:

@@ -8,7 +8,10 @@ the current row's arithmetic. One prefetch per cache line of the row DISTANCE_BY
 spread over the passes (a share before each: a whole row's at once stalled the pass behind
 them on the core's miss buffers), hands those misses to the memory system while the passes
 compute. It is also what lets a first pass run several accumulator chains (`strategy.py`).
-Measurements: docs/perf-log.md.
+The prefetched rows land in L1 (AMD fetches into L1 whatever the locality hint), so they must
+fit there beside the rows the passes are using: more evicts lines before their use and costs
+more than it hides (Zen 4, 32 KiB L1d: ln_gelu, rms_silu and softmax 1.3-1.45x slower with the
+prefetch than without). Measurements: docs/perf-log.md.
 """
 
 from __future__ import annotations
@@ -17,20 +20,23 @@ import math
 
 from vfuse.ir.sym import hint
 from vfuse.schedule import expr
-from vfuse.schedule.kernel import Kernel, Load, PrefetchLoad, RowPrefetch
+from vfuse.schedule.kernel import Kernel, Load, PrefetchLoad, RowPrefetch, Store
 
 LINE = 64  # bytes per cache line: one prefetch each
 DISTANCE_BYTES = 12 * 1024  # how far ahead: 2-3 rows of 4 KiB measured best
 MAX_DISTANCE = 8  # rows
 LOCALITY = 3  # into L1 (prefetcht0)
 MIN_ROW_BYTES = 2048  # shorter rows go through row groups, whose prefetch lost
+L1_SHARE = 2  # the rows in flight (used + prefetched) may fill 1/L1_SHARE of L1
+MIN_DISTANCE = 2  # one row ahead lost to none on Zen 4 (softmax 1.2x slower): too little lead
 
 
-def plan_prefetch(k: Kernel) -> RowPrefetch | None:
+def plan_prefetch(k: Kernel, l1: int = 48 << 10) -> RowPrefetch | None:
     """What `k` prefetches, or None: a row kernel of several passes (a single streaming pass
     keeps the hardware prefetcher busy on its own) with one row loop over one contiguous
     inner loop, loads whose offset is plain loop variables (no div/mod/clamp/gather), stride
-    1 along the row and moving with the row; rows of at least MIN_ROW_BYTES."""
+    1 along the row and moving with the row; rows of at least MIN_ROW_BYTES; at least
+    MIN_DISTANCE rows ahead fitting in `l1` bytes of L1 beside the rows in use."""
     if len(k.passes) < 2 or len(k.outer) != 1 or len(k.inner) != 1 or k.tile or k.outer[0].size < 2:
         return None
     row, vec = expr.Var(k.outer[0].var), expr.Var(k.inner[0].var)
@@ -44,9 +50,29 @@ def plan_prefetch(k: Kernel) -> RowPrefetch | None:
     row_bytes = hint(max(k.inner[0].size * s.dtype.itemsize for s in loads.values()))  # perf only
     if row_bytes < MIN_ROW_BYTES:
         return None
-    distance = max(1, min(MAX_DISTANCE, math.ceil(DISTANCE_BYTES / row_bytes)))
+    ahead = hint(sum(k.inner[0].size * s.dtype.itemsize for s in loads.values()))  # perf only
+    room = (l1 // L1_SHARE - _resident_bytes(k)) // ahead
+    distance = min(MAX_DISTANCE, math.ceil(DISTANCE_BYTES / row_bytes), room)
+    if distance < MIN_DISTANCE:
+        return None
     planned = tuple(_shares(s, k.inner[0].size, len(k.passes)) for s in loads.values())
     return RowPrefetch(distance, planned, row_bytes, LOCALITY)
+
+
+def _resident_bytes(k: Kernel) -> int:
+    """Bytes of L1 one row's passes keep in use: a row of every buffer loaded or stored along the
+    row (parameters like LayerNorm's weight included) and every row buffer."""
+    vec = expr.Var(k.inner[0].var)
+    size = hint(k.inner[0].size)  # perf only
+    bufs: dict[str, int] = {}
+    for p in k.passes:
+        for s in p.body:
+            if isinstance(s, (Load, Store)) and s.index.coef(vec) != 0:
+                bufs[s.buf] = max(bufs.get(s.buf, 0), s.dtype.itemsize)
+    computed = {s.var: s.dtype for p in k.passes for s in (*p.before, *p.body) if hasattr(s, "var")}
+    buffered = {v for p in k.passes for v in p.buffered}
+    row_buffers = sum(max(4, computed[v].itemsize) if v in computed else 4 for v in buffered)
+    return size * (sum(bufs.values()) + row_buffers)
 
 
 def _shares(s: Load, size: int, parts: int) -> PrefetchLoad:

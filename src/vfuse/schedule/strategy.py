@@ -58,7 +58,7 @@ def decide(k: Kernel, vector: int, l1: int = 48 << 10) -> Kernel:
     if k.walk is Walk.ROW_GROUPS:
         k = dataclasses.replace(k, row_group=ROW_GROUP)
     elif k.walk is Walk.ROWS:
-        k = dataclasses.replace(k, prefetch=plan_prefetch(k))
+        k = dataclasses.replace(k, prefetch=plan_prefetch(k, l1))
     elif k.walk is Walk.LOOKUP_TABLE:
         k = dataclasses.replace(k, table_flat=table_flat(k))
     return dataclasses.replace(k, passes=tuple(_pass(k, i, vector) for i in range(len(k.passes))))
