@@ -48,7 +48,7 @@ class GpuTable:
     chunk: int  # elements per chunk of a longer row
     tile: int  # elements of one [rows, block] tile: short rows share a program
     columns: int  # adjacent columns per program of a column reduction
-    warp_elements: int  # fp32 tile elements per warp (8 per thread: 32 bytes); row kernels of
+    warp_elements: int  # fp32 tile elements per warp (8 per thread: 32 bytes); persistent rows of
     # narrower elements give a warp more of them (the same bytes per thread: `_row_bytes`)
     max_warps: int
     waves: int  # a row kernel keeps at least this many programs per SM (fewer rows per program)
@@ -104,7 +104,7 @@ def decide_gpu(k: Kernel, target: object, graph: Graph, retile: int = 0) -> Kern
     if not k.outer and not any(p.reduces for p in k.passes):
         launch = _flat(row, table)
     elif k.walk is Walk.TILED_COLUMNS:
-        launch = _columns(rows, row, table, sms, _row_bytes(k))
+        launch = _columns(rows, row, table, sms)
     else:
         # re-tiled: a persistent row stays one when looping would recompute too many passes
         keep = row <= table_for(str(getattr(target, "name", ""))).persistent_max
@@ -130,7 +130,7 @@ def _warps(elements: int, table: GpuTable, itemsize: int = 4) -> int:
 
 def _row_bytes(k: Kernel) -> int:
     """The widest element (bytes, at most 4) a row kernel loads or stores along its row; 4
-    when it has none (a row of constants or iotas)."""
+    when it has none (a row of constants or iotas). Persistent rows' warps are sized by it."""
     inner = {lp.var for lp in k.inner}
     sizes = [
         s.dtype.itemsize
@@ -154,16 +154,19 @@ def _rows(rows: int, row: int, table: GpuTable, sms: int, persistent: bool = Fal
     per = max(1, min(table.tile // block, _pow2(rows)))
     while per > 1 and _cdiv(rows, per) < table.waves * sms:
         per //= 2
-    return GpuLaunch(GpuWalk.ROWS, block, per, _cdiv(rows, per), _warps(per * block, table, itemsize), persistent)
+    # Warps by bytes only for a persistent row: a looped one (and a column tile) keeps fp32 state
+    # per lane whatever its input (Welford: 3 tiles; bf16 at 4 warps took 128 registers, not 62).
+    warps = _warps(per * block, table, itemsize if persistent else 4)
+    return GpuLaunch(GpuWalk.ROWS, block, per, _cdiv(rows, per), warps, persistent)
 
 
-def _columns(cols: int, row: int, table: GpuTable, sms: int, itemsize: int = 4) -> GpuLaunch:
+def _columns(cols: int, row: int, table: GpuTable, sms: int) -> GpuLaunch:
     """A [block, columns] tile: adjacent columns are contiguous, so loads coalesce along them."""
     per = min(table.columns, _pow2(cols))
     while per > 16 and _cdiv(cols, per) < table.waves * sms:
         per //= 2
     block = max(1, min(_pow2(row), table.tile // per))
-    return GpuLaunch(GpuWalk.COLUMNS, block, per, _cdiv(cols, per), _warps(per * block, table, itemsize), row <= block)
+    return GpuLaunch(GpuWalk.COLUMNS, block, per, _cdiv(cols, per), _warps(per * block, table), row <= block)
 
 
 def row_merges(k: Kernel) -> tuple[RowMerge, ...]:
