@@ -5,7 +5,9 @@
 #   2. vfuse bench --device cuda: JSON with copy bandwidth, every workload for eager / Inductor /
 #      vfuse / vfuse + CUDA Graphs, % of copy bandwidth, replay vs launch overhead (budget 260 s).
 #   3. benchmarks/device_profile.py: per-kernel device times of the slow workloads (VFUSE_PROFILE),
-#      vfuse's beside Inductor's, with the cost model's prediction per kernel (capped at 150 s).
+#      vfuse's beside Inductor's, with the cost model's prediction per kernel, and for conv_bn_relu
+#      the NHWC Triton template itself (library verdict off) beside cuDNN: the conv share of
+#      fusion/library.py (capped at 150 s).
 # About 10 minutes in all. Writes env.txt, gpu_tests.txt, bench.txt, bench.json and profile.txt under $OUT
 # (default /tmp/vfuse-device). Runs the repository's sources (PYTHONPATH=src) under the machine's
 # python3 (its torch and triton), or under VFUSE_PY. Exit status: the tests' (the bench's JSON

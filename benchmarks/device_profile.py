@@ -9,8 +9,8 @@ calls. Prints, per contender, the kernels by total device time (name, calls, mic
 and, for vfuse, the plan's kernels with the cost model's predicted time, so a kernel that runs far
 past its prediction stands out. Contraction workloads (gemm, conv, attention) are also compiled with
 the library verdict forced to the template (`vfuse template`: `GPU_LIBRARY_SHARE` made infinite for
-this compile only), so the template's own time stands beside cuBLAS / cuDNN / flash SDPA: their
-ratio is the share `fusion/library.py` should hold. CPU-only machines: exits with a message.
+this compile only; the table's tiles, not tuned), so the template's own time stands beside cuBLAS /
+cuDNN / flash SDPA: their ratio is the share `fusion/library.py` should hold. CPU-only machines: exits with a message.
 """
 
 from __future__ import annotations
@@ -67,9 +67,9 @@ def _template_forced() -> Iterator[None]:
 def _template(fn: Any, args: tuple[torch.Tensor, ...], target: str, calls: int) -> None:
     try:
         with _template_forced():
-            compiled = vfuse_compile(fn, args, backend="triton", target=target, cuda_graphs=False)
-        rows = _kernels(compiled, args, calls)  # the first call autotunes the template's tiles
-        _print("vfuse template (library verdict off)", rows)
+            # the table's tiles: tuning 8 candidates would not fit device_check.sh's 150 s
+            compiled = vfuse_compile(fn, args, backend="triton", target=target, cuda_graphs=False, autotune=False)
+        _print("vfuse template (library verdict off, table tiles)", _kernels(compiled, args, calls))
     except Exception as e:
         print(f"   vfuse template failed: {type(e).__name__}: {e}")
 
