@@ -53,12 +53,15 @@ def _pair(v: Sequence[int]) -> Pair:
     return (v[0], v[0]) if len(v) == 1 else (v[0], v[1])
 
 
-def _flip(em: Emitter, x: str, dim: int) -> str:
-    """x reversed along dim (a kernel's taps: a CAT of its unit slices)."""
-    n = em.ttype(x).shape[dim]
-    if n == 1:
-        return x
-    return em.emit(Op.CAT, [slice_(em, x, dim, i, i + 1) for i in reversed(range(n))], dim=dim)
+def _flip_taps(em: Emitter, w: str) -> str:
+    """w (O, C, kh, kw) with its taps reversed along both axes: the row-major kh*kw taps
+    reversed, one CAT of unit slices (torch runs one copy where a flip per axis took two)."""
+    o, c, kh, kw = em.ttype(w).shape
+    if kh * kw == 1:
+        return w
+    flat = reshape(em, w, (o, c, kh * kw))
+    flipped = em.emit(Op.CAT, [slice_(em, flat, 2, i, i + 1) for i in reversed(range(kh * kw))], dim=2)
+    return reshape(em, flipped, (o, c, kh, kw))
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,7 +106,7 @@ def _phase(em: Emitter, go: str, wt: str, ph: AxisPhase, pw: AxisPhase, q: Pair,
     """One phase's gradient (N, C, q[0], q[1]): the phase's taps, reversed, over grad_output."""
     v = slice_(em, slice_(em, go, 2, ph.lo, ph.hi), 3, pw.lo, pw.hi)
     w = slice_(em, wt, 2, ph.kh0, ph.kh0 + (ph.m - 1) * ph.step + 1, ph.step)
-    w = _flip(em, _flip(em, slice_(em, w, 3, pw.kh0, pw.kh0 + (pw.m - 1) * pw.step + 1, pw.step), 2), 3)
+    w = _flip_taps(em, slice_(em, w, 3, pw.kh0, pw.kh0 + (pw.m - 1) * pw.step + 1, pw.step))
     y = em.emit(Op.CONV2D, (v, w), stride=(1, 1), padding=(ph.pad, pw.pad), dilation=(ph.e, pw.e), groups=groups)
     return slice_(em, slice_(em, y, 2, ph.offset, ph.offset + q[0]), 3, pw.offset, pw.offset + q[1])
 
