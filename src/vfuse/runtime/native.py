@@ -166,6 +166,16 @@ class NativeExecutor(StepRunner):
             self._arena_off = -arena.data_ptr() % ARENA_ALIGN
             self._arena_arg.value = arena.data_ptr() + self._arena_off
 
+    def call_on(self, arena: torch.Tensor, inputs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+        """A call on `arena` (`bind_arena`) by a caller holding the lock that serializes this
+        executor's calls (a symbolic program's runner: its sizes share the arena): no lock of
+        its own, one frame less per call."""
+        if self._arena is not arena:
+            self.bind_arena(arena)
+        if self._plan is not None and self._ready:
+            return self._run_planned(self._plan, inputs)
+        return self._run(inputs)
+
     def share_arenas(self, lender: ArenaLender) -> bool:
         """Borrow the arena from `lender` for each call instead of keeping one (runtime/arenas.py);
         False where the program keeps its own: prepacked operands persist in it, or it is small."""

@@ -267,16 +267,15 @@ class SymbolicExecutor:
         """The call of one size's executor, what does not change per call bound once. Executors
         with an arena share one, grown to the largest size seen (never reallocated for a size
         seen before)."""
-        if not hasattr(ex, "bind_arena"):
+        if not hasattr(ex, "call_on"):
             return ex
-        need, lock = ex.arena_bytes(), self._lock
+        need, lock, call = ex.arena_bytes(), self._lock, ex.call_on
 
         def run(inputs: list[torch.Tensor]) -> list[torch.Tensor]:
             with lock:
                 if self._arena_bytes < need:
                     self._arena, self._arena_bytes = torch.empty(need, dtype=torch.uint8), need
-                ex.bind_arena(self._arena)
-                return ex(inputs)
+                return call(self._arena, inputs)
 
         return run
 
