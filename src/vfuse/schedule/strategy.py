@@ -20,7 +20,7 @@ from vfuse.schedule.expr import Lin, Var
 from vfuse.schedule.kernel import Accumulate, Compute, Kernel, Load, Loop, Pass, RandKey, Reduction, Store, Walk
 from vfuse.schedule.prefetch import plan_prefetch
 from vfuse.schedule.rowfacts import below_row_max, pass_invariant_divisors
-from vfuse.schedule.transpose import plan_transpose
+from vfuse.schedule.transpose import plan_transpose, stream_tiles
 
 BLOCK = 1024  # elements per partial sum: bounds the float rounding error of long sums
 # Below this many elements a kernel runs on one thread (fork/join costs more than it saves).
@@ -46,15 +46,15 @@ def lanes(vector: int) -> int:
     return LANE_VECTORS * vector
 
 
-def decide(k: Kernel, vector: int, l1: int = 48 << 10) -> Kernel:
-    """`k` with every rendering decision filled in, for vectors of `vector` fp32 lanes and
-    `l1` bytes of L1 data cache per core."""
+def decide(k: Kernel, vector: int, l1: int = 48 << 10, llc: int = 0) -> Kernel:
+    """`k` with every rendering decision filled in, for vectors of `vector` fp32 lanes, `l1`
+    bytes of L1 data cache per core and an `llc`-byte last-level cache (0: unknown)."""
     # Performance choices on sizes are taken at the hints of symbolic sizes (no guard: valid at any size).
     k = dataclasses.replace(k, threaded=hint(_total(k)) >= PARALLEL_MIN, tile=column_tile(k, vector))
     k = dataclasses.replace(k, walk=_walk(k, vector))
     if k.walk is Walk.SINGLE_ROW and (tiles := plan_transpose(k, vector, l1)):
-        # Tiles' rows are a few lines each: no streaming stores (they pay off on whole rows).
-        k = dataclasses.replace(k, walk=Walk.TILED_TRANSPOSE, transpose=tiles, stream=False)
+        # Streamed or not by the tiles' own rule (their traffic, not the stores' alone).
+        k = dataclasses.replace(k, walk=Walk.TILED_TRANSPOSE, transpose=tiles, stream=stream_tiles(k, tiles, llc))
     if k.walk is Walk.ROW_GROUPS:
         k = dataclasses.replace(k, row_group=ROW_GROUP)
     elif k.walk is Walk.ROWS:

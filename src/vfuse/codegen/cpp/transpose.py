@@ -7,14 +7,17 @@ Per tile: each staged load's tile is copied into an L1 buffer in (u, v) order by
 (read along u in runs of whole lines, transposed in `block` x `block` register blocks), then the
 body runs over the tile with the SIMD loop reading that buffer contiguously. Every other access
 is rendered as in the plain nest (its own index map: broadcasts, strides), so each element's
-arithmetic is the plain nest's.
+arithmetic is the plain nest's. A streamed kernel (`Pass.streamed`) writes each tile row of its
+stores into an L1 row buffer and copies it out with `vf_stream` (non-temporal, as
+`streaming.py`), then each thread fences once after its tiles.
 """
 
 from __future__ import annotations
 
 from vfuse.codegen.cpp.function import kernel_function
-from vfuse.codegen.cpp.rules import LOAD_CONVERT, STORAGE_TYPE
+from vfuse.codegen.cpp.rules import LOAD_CONVERT, STORAGE_TYPE, STORE_CONVERT
 from vfuse.codegen.cpp.writer import KernelWriter, pointer
+from vfuse.schedule import expr
 from vfuse.schedule.expr import Var
 from vfuse.schedule.kernel import Kernel, Load, Program, Stmt, Store, TransposeTiles
 
@@ -107,8 +110,13 @@ def _tiles(w: TransposeWriter) -> None:
     for s in p.before:
         w.stmt(s)
     w.begin_pass(p)
-    if k.threaded:
-        w.w(f"#pragma omp parallel for num_threads(nt) schedule(static) collapse({len(others) + 2})")
+    collapse = f"schedule(static) collapse({len(others) + 2})"
+    if k.threaded and p.streamed:
+        w.w("#pragma omp parallel num_threads(nt)")
+        w.open("{")
+        w.w(f"#pragma omp for {collapse} nowait")  # each thread fences its own stores after its tiles
+    elif k.threaded:
+        w.w(f"#pragma omp parallel for num_threads(nt) {collapse}")
     for lp in others:
         w.open_loop(lp)
     w.open(f"for (int64_t ub = 0; ub < {u.size}; ub += {t.rows}) {{")
@@ -119,11 +127,39 @@ def _tiles(w: TransposeWriter) -> None:
         _prefetch(w)
     _stage(w)
     w.open(f"for (int64_t {w.iu} = ub; {w.iu} < ue; ++{w.iu}) {{")
+    if p.streamed:
+        _streamed_row(w)
+    else:
+        w.w("#pragma omp simd")
+        w.open(f"for (int64_t {w.iv} = vb; {w.iv} < ve; ++{w.iv}) {{")
+        w.body(p, "_acc")
+        w.close()
+    w.close(3 + len(others))
+    if p.streamed:
+        w.w("vf_stream_fence();")
+        if k.threaded:
+            w.close()
+    w.end_pass()
+
+
+def _streamed_row(w: TransposeWriter) -> None:
+    """One tile row: the body with its stores into L1 row buffers, then each copied out around
+    the caches (`vf_stream`: whole lines non-temporal, a partial head or tail line plain)."""
+    (p,) = w.k.passes
+    stores = [s for s in p.body if isinstance(s, Store)]
+    for j, s in enumerate(stores):
+        w.w(f"alignas(64) {STORAGE_TYPE[s.dtype]} sb{j}[{w.t.cols}];")
     w.w("#pragma omp simd")
     w.open(f"for (int64_t {w.iv} = vb; {w.iv} < ve; ++{w.iv}) {{")
-    w.body(p, "_acc")
-    w.close(4 + len(others))
-    w.end_pass()
+    for s in p.body:
+        if isinstance(s, Store):
+            w.w(f"sb{stores.index(s)}[{w.iv} - vb] = {STORE_CONVERT.get(s.dtype, '{0}').format(s.arg)};")
+        else:
+            w.stmt(s)
+    w.close()
+    for j, s in enumerate(stores):
+        start = expr.render(s.index, {**w.names, w.k.inner[-1].var: "vb"})
+        w.w(f"vf_stream(&{pointer(s.buf)}[{start}], sb{j}, (size_t)(ve - vb) * sizeof(sb{j}[0]));")
 
 
 def _prefetch(w: TransposeWriter) -> None:
@@ -135,6 +171,8 @@ def _prefetch(w: TransposeWriter) -> None:
     for s in p.body:
         if not isinstance(s, Load | Store) or (isinstance(s, Load) and s.var in t.staged):
             continue
+        if isinstance(s, Store) and p.streamed:
+            continue  # a prefetch for writing reads the line: what streaming stores save
         step, row = line // s.dtype.itemsize, w.stride(s, t.u)
         if w.stride(s) == 1 and row:
             rw = 1 if isinstance(s, Store) else 0
