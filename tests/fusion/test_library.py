@@ -105,3 +105,17 @@ def test_gpu_attention_goes_to_torchs_sdpa_where_the_template_is_measured_slower
     report = vfuse.explain(fn, q, k, v, backend="triton", target="h200")
     rows = [r for r in report.kernels if r.runs is RunKind.TORCH]
     assert [Rule.LIBRARY_CONTRACTION.value in r.note for r in rows] == ([True] if library else [])
+
+
+def test_small_plane_conv_goes_to_torch_at_avx2_tiles() -> None:
+    """AVX2's direct-conv tile 4x24 fits the 8x8 plane's 72 padded-width columns exactly, but the weights
+    are re-read per sliver (unpriced): the verdict keeps the GEMM-order tile's waste, so torch still runs it."""
+    from vfuse.targets.cpu import machine_flags
+
+    if not {"avx2", "fma"} <= set(machine_flags()):
+        pytest.skip("needs an AVX2 CPU")
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Conv2d(128, 128, 3, 1, 1), torch.nn.ReLU()).eval()
+    x = torch.randn(2, 128, 8, 8)
+    rows = [k for k in vfuse.explain(model, x, freeze=True, isa="avx2").kernels if k.runs is RunKind.TORCH]
+    assert [Rule.LIBRARY_CONTRACTION.value in k.note for k in rows] == [True]

@@ -54,6 +54,12 @@ _TILES: dict[tuple[int, int], tuple[Tile, ...]] = {
 _DIRECT_CONV_TILES: dict[tuple[int, int], tuple[Tile, ...]] = {(8, 16): ((4, 3), (6, 2))}
 
 
+def gemm_order_tiles(m: int, n: int, lanes: int) -> list[Tile]:
+    """For units of `lanes` lanes whose direct conv has its own order: the tile the GEMM order picks
+    for an m x n output (the cost model's conservative figure, schedule/contraction.library_choice)."""
+    return [pick_micro_tile(m, n, VectorUnit(w, r)) for w, r in _DIRECT_CONV_TILES if w == lanes]
+
+
 def _fits(mr: int, nv: int, registers: int) -> bool:
     return mr * nv + nv + 1 <= registers
 
