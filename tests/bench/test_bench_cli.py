@@ -202,3 +202,16 @@ def test_usage_errors_return_2_and_help_returns_0(capsys: pytest.CaptureFixture[
     assert main(["--contenders", "eager,nope"]) == 2
     assert main(["--help"]) == 0
     assert "--no-mmap" in capsys.readouterr().out
+
+
+def test_compile_time_probes_preimport_the_same_torch_modules(monkeypatch: pytest.MonkeyPatch) -> None:
+    """One-time torch imports before the clock are the same for every contender (Inductor's
+    compile_fx included), so none of them is timed for one contender only."""
+    imported: dict[str, list[str]] = {}
+    for contender in ("vfuse", "inductor", "dynamo"):
+        names: list[str] = []
+        monkeypatch.setattr(compile_times.importlib, "import_module", names.append)
+        compile_times._preimport(contender)
+        imported[contender] = [n for n in names if n.startswith("torch")]
+    assert imported["vfuse"] == imported["inductor"] == imported["dynamo"]
+    assert "torch._inductor.compile_fx" in imported["vfuse"]
