@@ -61,7 +61,7 @@ def test_conv_kernels_get_the_direct_conv_tile() -> None:
     a strided conv and a pointwise 1x1 with the GEMM's."""
     if Isa.AVX2 not in _tiers():
         pytest.skip("needs an AVX2 CPU")
-    x = torch.randn(1, 8, 23, 23)  # 23 x 24 padded-width columns: 4x24 pads nothing
+    x = torch.randn(1, 8, 23, 23)  # 529 outputs: 4x24 pads 4 %, 6x16 6 %
     ws = (torch.randn(64, 8, 3, 3), torch.randn(64, 8, 3, 3), torch.randn(64, 8, 1, 1))
 
     def fn(x: torch.Tensor, a: torch.Tensor, b: torch.Tensor, c: torch.Tensor) -> tuple[torch.Tensor, ...]:

@@ -310,9 +310,10 @@ def _register_tile(graph: Graph, node: str, unit: VectorUnit) -> Tile:
     if n.op in ATTENTION:
         return attention_tile(unit)
     if n.op is Op.CONV2D:
-        x, w = (graph[i].tensor_type.shape for i in n.inputs[:2])
-        cols, direct = conv_columns(n.attrs, x, w, shape), _direct_conv(n.attrs, w)
-        return pick_micro_tile(shape[1] // n.attrs["groups"], cols, unit, direct_conv=direct)
+        # At OH x OW columns, not the direct conv's padded width: a tile that fits the padded width of a
+        # small plane exactly would hide the weight re-reads the cost model does not price (library_choice).
+        direct = _direct_conv(n.attrs, graph[n.inputs[1]].tensor_type.shape)
+        return pick_micro_tile(shape[1] // n.attrs["groups"], shape[2] * shape[3], unit, direct_conv=direct)
     return pick_micro_tile(shape[-2], shape[-1], unit)
 
 
