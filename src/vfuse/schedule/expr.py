@@ -263,6 +263,18 @@ def merge(e: Lin, outer: Var, inner: Var) -> Lin:
     return _make(e.const, acc)
 
 
+def unclamp(e: Lin, var: int) -> Lin:
+    """`e` with every clamp of a form in loop `var` alone replaced by the form (valid where the
+    schedule proved those clamps inactive: `schedule/peel.py`)."""
+    if not any(isinstance(a, Clamp) for a, _ in e.terms):
+        return e
+    out = Lin(e.const)
+    for a, c in e.terms:
+        alone = isinstance(a, Clamp) and {b for b, _ in a.arg.terms} == {Var(var)}
+        out = out + (a.arg if alone else Lin(0, ((a, 1),))) * c  # type: ignore[union-attr]
+    return out
+
+
 def render(e: Lin, name: Mapping[int, str]) -> str:
     """C++ text of `e` (int64_t arithmetic); `name` maps var ids to loop variable names."""
     parts = [_term(a, c, name) for a, c in e.terms]

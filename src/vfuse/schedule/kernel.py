@@ -220,6 +220,7 @@ class Pass:
     streamed: bool = False  # the pass's stores bypass the caches (`Kernel.stream`)
     recips: tuple[str, ...] = ()  # divisors fixed for the pass: x / d is x * (1/d), 1/d computed before the loop
     nonpos: tuple[str, ...] = ()  # values known to be <= 0 or NaN (x - rowmax(x)): exp cannot overflow
+    peel: tuple[int, int] | None = None  # SIMD loop's [lo, hi) without active index clamps (`peel.py`)
 
 
 @dataclass(frozen=True)
@@ -303,6 +304,10 @@ class Kernel:
     # are not threaded themselves are spread over the threads (`horizontal.py`).
     parts: tuple[Kernel, ...] = ()
     tail: int = 0  # HORIZONTAL: the last `tail` parts run after the others (they write inputs those read: inplace.py)
+    # Loads at clamped indices (pooling windows, padding): g++'s partial-redundancy elimination merges
+    # such loads across a window's taps into a form its vectorizer rejects (a 3x3 max-pool ran scalar,
+    # 11x slower), so the function is compiled without it (`strategy.clamped_loads`).
+    no_pre: bool = False
 
     @property
     def is_row(self) -> bool:

@@ -10,6 +10,7 @@ from vfuse.codegen.cpp.writer import KernelWriter, pointer
 from vfuse.schedule.kernel import Kernel, Program, Segment
 
 SIGNATURE = "(void* const* bufs, char* arena, const int64_t* seeds, int nt)"
+NO_PRE = '__attribute__((optimize("no-tree-pre")))'  # Kernel.no_pre: g++ only (clang ignores it)
 PROFILED_SUFFIX = "_prof"  # the timing entry of segment `s` is `s_prof(..., int64_t* ns)`
 
 
@@ -20,7 +21,8 @@ def kernel_function(w: KernelWriter, body: Callable[[KernelWriter], None]) -> st
         w.w(line)
     body(w)
     doc = f"// group {w.k.group} ({w.k.label}): {w.describe()}"
-    return "\n".join([doc, f"static void {w.k.name}{SIGNATURE} {{", *w.lines, "}"])
+    attrs = [NO_PRE] if w.k.no_pre else []
+    return "\n".join([doc, *attrs, f"static void {w.k.name}{SIGNATURE} {{", *w.lines, "}"])
 
 
 def kernel_prologue(k: Kernel, program: Program) -> list[str]:

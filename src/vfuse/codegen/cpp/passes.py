@@ -44,12 +44,25 @@ def _nest(w: KernelWriter, p: Pass) -> None:
     if p.reduction.kind in BLOCKED:
         _blocked(w, p, vec, vec_par)
     else:
-        if p.reduction.kind is not Accumulate.IN_ORDER:
-            w.w(f"#pragma omp {f'parallel for simd {PARALLEL}' if vec_par else 'simd'}")
-        w.open_loop(vec)
-        w.body(p, "_acc")
-        w.close()
+        for start, end, interior in _pieces(p, vec):
+            if p.reduction.kind is not Accumulate.IN_ORDER:
+                w.w(f"#pragma omp {f'parallel for simd {PARALLEL}' if vec_par else 'simd'}")
+            w.open_loop(vec, str(start), str(end))
+            w.unclamped = vec.var if interior else None
+            w.body(p, "_acc")
+            w.unclamped = None
+            w.close()
     w.close(len(rest))
+
+
+def _pieces(p: Pass, vec: Loop) -> list[tuple[object, object, bool]]:
+    """The SIMD loop's ranges: the whole loop, or the schedule's peel (border, interior without
+    the index clamps, border), empty borders left out."""
+    if p.peel is None:
+        return [(0, vec.size, False)]
+    lo, hi = p.peel
+    pieces = [(0, lo, False), (lo, hi, True), (hi, vec.size, False)]
+    return [(a, b, inner) for a, b, inner in pieces if inner or a != b]
 
 
 def _blocked(w: KernelWriter, p: Pass, vec: Loop, parallel: bool) -> None:

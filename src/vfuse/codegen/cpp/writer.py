@@ -95,6 +95,7 @@ class KernelWriter:
         self._nonpos: frozenset[str] = frozenset()  # values of the current pass known <= 0 or NaN
         self._made = 0  # helper variables named so far (`fresh`)
         self._exact: set[str] = set()  # fp16/bf16 values known representable (loads, casts into them)
+        self.unclamped: int | None = None  # loop var whose index clamps are inactive here (a peel's interior)
 
     # ---- lines ----
     def w(self, line: str) -> None:
@@ -137,6 +138,8 @@ class KernelWriter:
         return f"{base}_{self._made}"
 
     def idx(self, e: expr.Lin) -> str:
+        if self.unclamped is not None:  # the interior of a peeled loop (schedule/peel.py)
+            e = expr.unclamp(e, self.unclamped)
         return expr.render(e, self.names)
 
     # ---- statements ----
@@ -324,4 +327,5 @@ class StatementWriter(KernelWriter):
         self._nonpos = frozenset()
         self._made = 0
         self._exact = set()
+        self.unclamped = None
         self.fault = NO_FAULT  # the schedule keeps fault sites out of contraction templates
