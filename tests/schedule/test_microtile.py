@@ -54,6 +54,8 @@ def test_direct_conv_tiles() -> None:
     assert pick_micro_tile(64, 3192, avx2, direct_conv=True) == (4, 24)
     assert pick_micro_tile(30, 3192, avx2, direct_conv=True) == (6, 16)  # 4x24 would compute 32 rows
     assert micro_tiles(AVX512, direct_conv=True) == micro_tiles(AVX512)  # no conv table: the GEMM order
+    assert pick_micro_tile(48, 4800, avx2, direct_conv=True) == (4, 24)  # both exact: the conv's order
+    assert pick_micro_tile(48, 480, avx2, direct_conv=True) == (6, 16)  # small planes: the GEMM order
 
 
 def test_conv_kernels_get_the_direct_conv_tile() -> None:
@@ -61,7 +63,7 @@ def test_conv_kernels_get_the_direct_conv_tile() -> None:
     a strided conv and a pointwise 1x1 with the GEMM's."""
     if Isa.AVX2 not in _tiers():
         pytest.skip("needs an AVX2 CPU")
-    x = torch.randn(1, 8, 23, 23)  # 529 outputs: 4x24 pads 4 %, 6x16 6 %
+    x = torch.randn(1, 8, 47, 47)  # 2303 padded-width columns: a plane large enough for the conv's order
     ws = (torch.randn(64, 8, 3, 3), torch.randn(64, 8, 3, 3), torch.randn(64, 8, 1, 1))
 
     def fn(x: torch.Tensor, a: torch.Tensor, b: torch.Tensor, c: torch.Tensor) -> tuple[torch.Tensor, ...]:
@@ -70,7 +72,7 @@ def test_conv_kernels_get_the_direct_conv_tile() -> None:
     compiled = vfuse.compile(fn, (x, *ws), backend="cpp", isa="avx2")
     tiles = [(k.mr, k.nr) for k in compiled.compiled.executor.program.kernels if isinstance(k, ContractionKernel)]
     avx2 = VectorUnit(8, 16)
-    assert tiles == [(4, 24), pick_micro_tile(64, 144, avx2), pick_micro_tile(64, 529, avx2)] != [(4, 24)] * 3
+    assert tiles == [(4, 24), pick_micro_tile(64, 576, avx2), pick_micro_tile(64, 2209, avx2)] != [(4, 24)] * 3
     for got, want in zip(compiled(x, *ws), fn(x, *ws), strict=True):
         torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
 

@@ -52,6 +52,10 @@ _TILES: dict[tuple[int, int], tuple[Tile, ...]] = {
 # FMAs, 6x16 needs 2 + 6) measured 2-4% faster than 6x16 at 64 and 128 channels, a tie at 32/256
 # (Zen 4, one thread); GEMMs stay on 6x16 (a tie or better there). Others: the GEMM order.
 _DIRECT_CONV_TILES: dict[tuple[int, int], tuple[Tile, ...]] = {(8, 16): ((4, 3), (6, 2))}
+# ... on large planes only: on hf_resnet's 16x16 and 8x8 planes (288 and 80 padded columns) 4x24 made
+# the whole model 3.9 ms against 3.3 ms with 6x16 (2 threads, VFUSE_ISA=avx2, same process); measured
+# faster at 56x56 (3248 columns); the threshold between is not measured.
+DIRECT_TILES_MIN_COLUMNS = 1024
 
 
 def gemm_order_tiles(m: int, n: int, lanes: int) -> list[Tile]:
@@ -81,8 +85,8 @@ def _round_up(x: int, m: int) -> int:
 def pick_micro_tile(m: int, n: int, unit: VectorUnit = AVX512, direct_conv: bool = False) -> Tile:
     """The default tile, unless another pads > 3% less work (e.g. 64 output channels: AVX-512's
     14x32 computes 70 rows (9% waste), 8x48 exactly 64)."""
-    tiles = micro_tiles(unit, direct_conv)
     m, n = hint(m), hint(n)  # a performance choice: at a symbolic size's hint
+    tiles = micro_tiles(unit, direct_conv and n >= DIRECT_TILES_MIN_COLUMNS)
 
     def padded(tile: Tile) -> float:
         mr, nr = tile
