@@ -21,7 +21,7 @@ import math
 from vfuse.codegen.triton.gemm import Section, dot_lines, epilogue, loops_of, signature_params, tile_order
 from vfuse.codegen.triton.names import param
 from vfuse.codegen.triton.writer import FaultTable
-from vfuse.schedule.gpu_types import ConvLayout
+from vfuse.schedule.gpu_types import ConvLayout, GpuLaunch
 from vfuse.schedule.kernel import ContractionKernel, Program
 
 
@@ -68,14 +68,19 @@ def _b_tile(k: ContractionKernel, mask: str) -> str:
     return f"    b_ = tl.load({param(k.operands[1])} + wb_ + rk_[:, None], mask={mask}, other=0.0){_cast(k)}"
 
 
+def _geometry(k: ContractionKernel) -> tuple[GpuLaunch, tuple[int, int, int], tuple[int, int, int], tuple[int, int]]:
+    """The launch, x's (C, H, W), the weight's (Cin per group, KH, KW) and the dilation."""
+    assert k.gpu is not None
+    _, c, h, w = k.shapes[0]
+    _, cg, kh, kw = k.shapes[1]
+    dh, dw = tuple(k.attrs["dilation"])
+    return k.gpu, (c, h, w), (cg, kh, kw), (dh, dw)
+
+
 def _nhwc_taps(k: ContractionKernel) -> list[str]:
     """K steps of `block_k` channels within one (kh, kw) tap: a per-pixel offset and mask, the
     channels a contiguous run (one 16-byte load per 8 bf16 lanes)."""
-    g = k.gpu
-    assert g is not None
-    _, c, h, w = k.shapes[0]
-    _, cg, kh, kw = k.shapes[1]
-    (dh, dw) = tuple(k.attrs["dilation"])
+    g, (c, h, w), (cg, kh, kw), (dh, dw) = _geometry(k)
     per = cg // g.block_k  # steps per tap
     return [
         f"for k0_ in range({kh * kw * per}):",
@@ -94,11 +99,7 @@ def _nhwc_taps(k: ContractionKernel) -> list[str]:
 def _nhwc_lanes(k: ContractionKernel) -> list[str]:
     """NHWC with a K step spanning taps (channels not a multiple of 16): each K lane decodes its
     (kh, kw, cin); runs of the group's channels are still contiguous."""
-    g = k.gpu
-    assert g is not None
-    _, c, h, w = k.shapes[0]
-    _, cg, kh, kw = k.shapes[1]
-    (dh, dw) = tuple(k.attrs["dilation"])
+    g, (c, h, w), (cg, kh, kw), (dh, dw) = _geometry(k)
     kk = cg * kh * kw
     return [
         f"for k0_ in range({-(-kk // g.block_k)}):",
@@ -117,11 +118,7 @@ def _nhwc_lanes(k: ContractionKernel) -> list[str]:
 def _nchw(k: ContractionKernel) -> list[str]:
     """The IR's NCHW x gathered at (cin, kh, kw) per K lane; rows walk ow fastest, so a stride-1
     conv reads each input row contiguously."""
-    g = k.gpu
-    assert g is not None
-    _, c, h, w = k.shapes[0]
-    _, cg, kh, kw = k.shapes[1]
-    (dh, dw) = tuple(k.attrs["dilation"])
+    g, (c, h, w), (cg, kh, kw), (dh, dw) = _geometry(k)
     kk = cg * kh * kw
     return [
         f"xb_ = (n_ * {c} + bz_ * {cg}) * {h * w}",
