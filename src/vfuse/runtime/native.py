@@ -32,7 +32,7 @@ from vfuse.runtime.arenas import LEND_MIN_BYTES, ArenaLender
 from vfuse.runtime.callplan import CallPlan, make_call_plan
 from vfuse.runtime.compiled import ExecStats
 from vfuse.runtime.pool import OutputPool
-from vfuse.runtime.steps import StepRunner, fallback_counts, torch_nodes
+from vfuse.runtime.steps import StepRunner, drops_after_steps, fallback_counts, torch_nodes
 from vfuse.schedule import BufKind, Program, Segment
 
 ARENA_ALIGN = 64
@@ -84,6 +84,8 @@ class NativeExecutor(StepRunner):
         self._lender: ArenaLender | None = None  # lends the arena per call instead (share_arenas)
         self._arena_need = 0
         self._ready = False  # seeds, sizes, constants and arena set up (`_allocate`, first call)
+        # The lean path with its plan bound, once set up (callers holding the lock may call it).
+        self.lean: Callable[[Sequence[torch.Tensor]], list[torch.Tensor]] | None = None
         self._seeds = torch.zeros(0, dtype=torch.int64)
         self._constants: dict[str, torch.Tensor] | None = None  # contiguous, made on the first call
         self._call_facts(program)
@@ -100,6 +102,7 @@ class NativeExecutor(StepRunner):
             s.name: [(v, bufs[v].slot) for v in (*s.inputs, *s.outputs) if bufs[v].kind in pointer_kinds]
             for s in self.program.segments
         }
+        self._drops = drops_after_steps(self.program, self.graph, self._slots)  # the general path's frees
         self._pool = OutputPool() if pool is None else pool  # shared by a symbolic program's sizes
         self._lock = threading.Lock()
         self._plan: CallPlan | None = make_call_plan(self.program, self.graph)
@@ -153,6 +156,7 @@ class NativeExecutor(StepRunner):
             # Constants never move: the lean path binds them once, here.
             for name, slot in self._constant_slots:
                 self._ptrs[slot] = self._constants[name].data_ptr()
+            self.lean = functools.partial(self._run_planned, self._plan)
 
     def arena_bytes(self) -> int:
         """Bytes its arena needs (intermediates, fault record, prepacked operands, alignment)."""
@@ -208,7 +212,7 @@ class NativeExecutor(StepRunner):
         ex._program_at = program
         ex.sizes = sizes
         ex._ptrs = type(self._ptrs)()
-        ex._arena, ex._arena_off, ex._lender, ex._ready = None, 0, None, False
+        ex._arena, ex._arena_off, ex._lender, ex._ready, ex.lean = None, 0, None, False, None
         ex._lock = threading.Lock()
         ex._arena_arg, ex._seeds_arg, ex._threads_arg = ctypes.c_void_p(0), ctypes.c_void_p(0), ctypes.c_int(0)
         ex._outputs = [(v, shape, dtype) for (v, _, dtype), shape in zip(self._outputs, output_shapes, strict=True)]
@@ -253,13 +257,15 @@ class NativeExecutor(StepRunner):
         env = self._prepare(inputs)
         nt = torch.get_num_threads()
         arena = self._arena.data_ptr() + self._arena_off
-        for step in self.program.steps:
+        for step, drops in zip(self.program.steps, self._drops, strict=True):
             if isinstance(step, Segment):
                 self._bind(step, env)
                 if self._entries[step.name](self._ptrs, arena, self._seeds.data_ptr(), nt):
                     raise self._fault()
             else:
                 self._run_torch(step, env)
+            for v in drops:
+                env.pop(v, None)
         return [self._result(o, env) for o in self.graph.outputs]
 
     def _prepare(self, inputs: Sequence[torch.Tensor]) -> dict[str, Any]:

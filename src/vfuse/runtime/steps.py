@@ -30,6 +30,24 @@ def fallback_counts(program: Program, plan: FusionPlan) -> Counter[str]:
     return out
 
 
+def drops_after_steps(program: Program, graph: Graph, slots: dict[str, list[tuple[str, int]]]) -> list[tuple[str, ...]]:
+    """Per step, the values no later step and no output reads: the general path drops them from
+    its environment after that step, so a torch step's result (a copy, a CAT) is freed at its
+    last use instead of when the call returns. `slots`: the values each segment binds."""
+    last: dict[str, int] = {}
+    for i, step in enumerate(program.steps):
+        if isinstance(step, TorchStep):
+            used = [v for n in step.nodes for v in (n, *graph[n].inputs)]
+        else:
+            used = [v for v, _ in slots[step.name]]
+        last.update((v, i) for v in used)
+    drops: list[list[str]] = [[] for _ in program.steps]
+    for v, i in last.items():
+        if not graph.is_output(v):
+            drops[i].append(v)
+    return [tuple(d) for d in drops]
+
+
 def torch_nodes(program: Program) -> int:
     return sum(len(s.nodes) for s in program.steps if isinstance(s, TorchStep))
 
@@ -49,17 +67,22 @@ class StepRunner:
         for name in step.nodes:
             node = self.graph[name]
             out = interp.run_node(node, [local[i] if i in local else self._get(i, env) for i in node.inputs])
-            if isinstance(out, torch.Tensor):
-                if self._in_arena(out):
-                    out = out.clone()  # a view of the arena must not outlive the bytes it views
-                if name in self.program.buffers:
-                    out = out.contiguous()  # kernels read row-major
+            if isinstance(out, torch.Tensor) and name in self.program.buffers:
+                out = out.contiguous()  # kernels read row-major
             local[name] = out
+        inside = set(step.nodes)
         for name, out in local.items():
             # A node the planner recomputes here but a kernel also writes keeps the kernel's buffer.
             b = self.program.buffers.get(name)
-            if b is None or b.kind is BufKind.INPUT:
-                env[name] = out
+            if b is not None and b.kind is not BufKind.INPUT:
+                continue
+            if isinstance(out, torch.Tensor) and self._in_arena(out):
+                # A view of the arena must not outlive the bytes it views: copied when a later
+                # step or the caller reads it (a reshape feeding a conv in this step is not).
+                if not self.graph.is_output(name) and all(u in inside for u in self.graph.users(name)):
+                    continue
+                out = out.clone()
+            env[name] = out
 
     def _in_arena(self, t: torch.Tensor) -> bool:
         a = self._arena
