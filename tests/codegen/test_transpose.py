@@ -11,10 +11,12 @@ from collections.abc import Callable
 import pytest
 import torch
 from tests.codegen.native_helpers import check, hand_plan, inputs, scalar
+from tests.kernel_families import tiers_here
 
 import vfuse
 from vfuse.ir import DType, GraphBuilder, Op
 from vfuse.schedule.kernel import Kernel, Walk
+from vfuse.targets.isa import Isa
 
 _G = torch.Generator().manual_seed(3)
 
@@ -142,3 +144,18 @@ def test_tiles_in_the_llc_store_plainly() -> None:
     (k,) = _kernels(compiled)
     assert k.walk is Walk.TILED_TRANSPOSE and not k.stream
     assert "vf_stream(&" not in compiled.compiled.executor.source
+
+
+@pytest.mark.parametrize("tier", tiers_here(), ids=lambda t: t.value)
+def test_every_tier_transposes_blocks_and_edges(tier: Isa) -> None:
+    """Each tier's block transpose (w = 8: in-lane unpacks, then 128-bit halves; w = 4: SSE/NEON
+    rounds) and the prefetch of the next tile's rows, at sizes with partial blocks and tiles, a
+    permuted 3-D view and a tile walk that wraps to the next rows of u."""
+    for fn, xs in (
+        (_chain, (_rand(131, 67), _rand(67, 131))),
+        (_chain, (_rand(4099, 5), _rand(5, 4099))),
+        (lambda x, y: (x.permute(0, 2, 1) - y).abs(), (_rand(2, 61, 89), _rand(89, 61))),
+    ):
+        compiled = vfuse.compile(fn, xs, backend="cpp", isa=tier.value)
+        torch.testing.assert_close(compiled(*xs), fn(*xs))
+        assert any(k.walk is Walk.TILED_TRANSPOSE for k in _kernels(compiled))
