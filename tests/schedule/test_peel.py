@@ -3,15 +3,19 @@ and pools / padded windows of odd sizes still compute eager's numbers with the p
 
 from __future__ import annotations
 
+import re
+import subprocess
+
 import pytest
 import torch
 import torch.nn.functional as F
 
 import vfuse
+from vfuse.codegen.cpp.toolchain import find_toolchain
 from vfuse.ir import DType
 from vfuse.schedule.expr import Clamp, Lin, Var, unclamp
 from vfuse.schedule.kernel import Kernel, Load, Loop, Pass, Store
-from vfuse.schedule.peel import interior
+from vfuse.schedule.peel import interior, threaded_selects
 
 V, W = Var(3), Var(2)
 
@@ -66,3 +70,54 @@ def test_pools_match_eager_with_the_peel(name: str) -> None:
     peeled = [p.peel for k in kernels for p in k.passes if p.peel]
     if shape[-1] > 1 and "1-wide" not in name:
         assert peeled, "the window kernel's SIMD loop was not peeled"
+
+
+VALUES_ONLY = {
+    "max 3x3 s2 p1": (lambda x: F.max_pool2d(x, 3, 2, 1), (2, 3, 31, 29)),
+    "max 3x3 s1 p1": (lambda x: F.max_pool2d(x, 3, 1, 1), (1, 2, 13, 37)),
+    "max 2x2 s2 ceil": (lambda x: F.max_pool2d(x, 2, 2, 0, ceil_mode=True), (1, 3, 7, 11)),
+    "max 3x3 s2 p0 ceil": (lambda x: F.max_pool2d(x, 3, 2, 0, ceil_mode=True), (2, 2, 16, 23)),
+    "max 3x3 s2 p1 dilation 2": (lambda x: F.max_pool2d(x, 3, 2, 1, dilation=2), (1, 2, 19, 17)),
+    "max 3x3 s1 p1 1x1 plane": (lambda x: F.max_pool2d(x, 3, 1, 1), (1, 3, 1, 1)),
+    "max 3x3 s2 p1 one row": (lambda x: F.max_pool2d(x, 3, 2, 1), (1, 2, 1, 41)),
+    "avg 3x3 s2 p1": (lambda x: F.avg_pool2d(x, 3, 2, 1), (2, 3, 31, 29)),
+}
+
+
+@pytest.mark.parametrize("isa", ["auto", "avx2"])
+@pytest.mark.parametrize("name", list(VALUES_ONLY))
+def test_values_only_pools_match_eager(name: str, isa: str) -> None:
+    """Pools with no producer fused in (their taps feed the border selects only), NaN and ties included."""
+    fn, shape = VALUES_ONLY[name]
+    x = torch.randn(shape)
+    x.view(-1)[::7] = 0.5  # ties
+    x.view(-1)[x.numel() // 2] = float("nan")
+    try:
+        g = vfuse.compile(fn, (x,), isa=isa)
+    except vfuse.VfuseOptionError:
+        pytest.skip(f"this CPU has no {isa} tier")
+    torch.testing.assert_close(g(x), fn(x), rtol=1e-6, atol=1e-6, equal_nan=True)
+    kernels = [k for k in g.compiled.executor.program.kernels if isinstance(k, Kernel)]
+    # clamped rows (a window's top and bottom) are what g++'s jump threading split on
+    assert any(k.no_jump_threading for k in kernels) or min(shape[-2:]) == 1
+
+
+def test_values_only_max_pool_interior_vectorizes(tmp_path) -> None:
+    """The peeled interior of a 3x3 stride-2 max-pool (taps feeding only the border selects) is a
+    vectorized loop: with jump threading on, g++ 12 left its loads conditional and ran it scalar."""
+    x = torch.randn(1, 4, 29, 31)
+    g = vfuse.compile(lambda x: F.max_pool2d(x, 3, 2, 1), (x,))
+    source = g.compiled.executor.source
+    k = next(k for k in g.compiled.executor.program.kernels if isinstance(k, Kernel))
+    assert k.no_jump_threading and threaded_selects(k)
+    cpp = tmp_path / "k.cpp"
+    cpp.write_text(source)
+    tc = find_toolchain()
+    flags = [f for f in tc.flags if f != "-shared"]
+    out = subprocess.run([tc.cxx, *flags, "-c", str(cpp), "-o", str(tmp_path / "k.o"), "-fopt-info-vec-optimized"],
+                         capture_output=True, text=True, check=True).stderr  # fmt: skip
+    interior_line = next(
+        i for i, line in enumerate(source.splitlines(), 1) if re.search(r"for \(int64_t i\d+ = 1;", line)
+    )
+    reported = {int(m) for m in re.findall(r"k\.cpp:(\d+):\d+: optimized: loop vectorized", out)}
+    assert reported & {interior_line, interior_line + 1}, out[-2000:]  # g++ names the loop or its first line

@@ -308,6 +308,11 @@ class Kernel:
     # such loads across a window's taps into a form its vectorizer rejects (a 3x3 max-pool ran scalar,
     # 11x slower), so the function is compiled without it (`strategy.clamped_loads`).
     no_pre: bool = False
+    # Loads at clamped indices whose selects test an outer loop's variable (a window's top and bottom
+    # rows): g++'s jump threading splits the SIMD loop's body on those invariant tests, leaving the
+    # loads conditional (masked strided loads it does not vectorize), so the function is compiled
+    # without it (`peel.threaded_selects`).
+    no_jump_threading: bool = False
 
     @property
     def is_row(self) -> bool:

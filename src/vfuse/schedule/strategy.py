@@ -18,7 +18,7 @@ from vfuse.ir import DType, Op, opdef
 from vfuse.ir.sym import hint, is_sym
 from vfuse.schedule.expr import Clamp, Lin, Var, walk
 from vfuse.schedule.kernel import Accumulate, Compute, Kernel, Load, Loop, Pass, RandKey, Reduction, Store, Walk
-from vfuse.schedule.peel import interior
+from vfuse.schedule.peel import interior, threaded_selects
 from vfuse.schedule.prefetch import plan_prefetch
 from vfuse.schedule.rowfacts import below_row_max, pass_invariant_divisors
 from vfuse.schedule.transpose import plan_transpose, stream_tiles
@@ -62,7 +62,7 @@ def decide(k: Kernel, vector: int, l1: int = 48 << 10, llc: int = 0) -> Kernel:
         k = dataclasses.replace(k, prefetch=plan_prefetch(k, l1))
     elif k.walk is Walk.LOOKUP_TABLE:
         k = dataclasses.replace(k, table_flat=table_flat(k))
-    k = dataclasses.replace(k, no_pre=clamped_loads(k))
+    k = dataclasses.replace(k, no_pre=clamped_loads(k), no_jump_threading=threaded_selects(k))
     return dataclasses.replace(k, passes=tuple(_pass(k, i, vector) for i in range(len(k.passes))))
 
 

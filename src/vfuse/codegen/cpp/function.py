@@ -10,7 +10,8 @@ from vfuse.codegen.cpp.writer import KernelWriter, pointer
 from vfuse.schedule.kernel import Kernel, Program, Segment
 
 SIGNATURE = "(void* const* bufs, char* arena, const int64_t* seeds, int nt)"
-NO_PRE = '__attribute__((optimize("no-tree-pre")))'  # Kernel.no_pre: g++ only (clang ignores it)
+NO_PRE = "no-tree-pre"  # Kernel.no_pre: g++ only (clang ignores the attribute)
+NO_JUMP_THREADING = "no-thread-jumps"  # Kernel.no_jump_threading
 PROFILED_SUFFIX = "_prof"  # the timing entry of segment `s` is `s_prof(..., int64_t* ns)`
 
 
@@ -21,8 +22,12 @@ def kernel_function(w: KernelWriter, body: Callable[[KernelWriter], None]) -> st
         w.w(line)
     body(w)
     doc = f"// group {w.k.group} ({w.k.label}): {w.describe()}"
-    attrs = [NO_PRE] if w.k.no_pre else []
-    return "\n".join([doc, *attrs, f"static void {w.k.name}{SIGNATURE} {{", *w.lines, "}"])
+    return "\n".join([doc, *_attributes(w.k), f"static void {w.k.name}{SIGNATURE} {{", *w.lines, "}"])
+
+
+def _attributes(k: Kernel) -> list[str]:
+    opts = [f'"{o}"' for o, on in ((NO_PRE, k.no_pre), (NO_JUMP_THREADING, k.no_jump_threading)) if on]
+    return [f"__attribute__((optimize({', '.join(opts)})))"] if opts else []
 
 
 def kernel_prologue(k: Kernel, program: Program) -> list[str]:
