@@ -72,6 +72,10 @@ def lower_sdpa_backward(em: Emitter, node: torch.fx.Node) -> tuple[str, ...]:
     do, q, k, v, out, lse, *mask = _attention_inputs(em, a, names)
     tq = em.ttype(q)
     delta = em.emit(Op.SUM, (em.emit(Op.MUL, (do, out)),), axes=(tq.rank - 1,), keepdim=False)
-    flat = em.emit(Op.SDPA_BACKWARD, [do, q, k, v, lse, delta, *mask], **_attrs(em, a, q, k))
     qs, ks, vs = tq.shape, em.ttype(k).shape, em.ttype(v).shape
-    return _pieces(em, flat, [qs, ks, vs], grad_sizes(qs, ks, vs))
+    # Equal shapes: typed [3, *q.shape], so the qkv gradient's stack is this value (same bytes).
+    stacked = qs == ks == vs
+    out = em.emit(Op.SDPA_BACKWARD, [do, q, k, v, lse, delta, *mask], **_attrs(em, a, q, k), stacked=stacked)
+    if stacked:
+        return tuple(reshape(em, slice_(em, out, 0, i, i + 1), qs) for i in range(3))
+    return _pieces(em, out, [qs, ks, vs], grad_sizes(qs, ks, vs))

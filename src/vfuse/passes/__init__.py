@@ -10,6 +10,7 @@ from vfuse.passes.canonicalize import canonicalize
 from vfuse.passes.cse import cse
 from vfuse.passes.dce import dce
 from vfuse.passes.fold_bn import fold_batchnorm
+from vfuse.passes.stack_pieces import stack_pieces
 
 Pass = Callable[[Graph], Graph]
 
@@ -17,6 +18,7 @@ Pass = Callable[[Graph], Graph]
 # identity casts/expands; BN folding only fires on frozen (CONSTANT) parameters.
 PIPELINE: tuple[tuple[str, Pass], ...] = (
     ("canonicalize", canonicalize),
+    ("stack_pieces", stack_pieces),
     ("cse", cse),
     ("fold_batchnorm", fold_batchnorm),
     ("fuse_attention", fuse_attention),
@@ -30,4 +32,4 @@ def optimize(graph: Graph) -> Graph:
     return graph
 
 
-__all__ = ["PIPELINE", "canonicalize", "cse", "dce", "fold_batchnorm", "fuse_attention", "optimize"]
+__all__ = ["PIPELINE", "canonicalize", "cse", "dce", "fold_batchnorm", "fuse_attention", "optimize", "stack_pieces"]

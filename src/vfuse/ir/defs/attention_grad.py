@@ -3,9 +3,12 @@ FlashAttention-2 backward that recomputes the probabilities from it.
 
 Every IR op has one output, so both return one flat fp32 tensor that the frontend slices
 (`frontend/lower_attention.py`): SDPA_LSE is `out` then `lse`, SDPA_BACKWARD is `dq`, `dk`,
-`dv`, each row-major. The backward takes `delta = rowsum(dO * out)` as an input: the frontend
-computes it with primitives (a row kernel), so the template's workspace stays independent of
-the sequence lengths. Both are fp32 only: the frontend keeps other dtypes in torch.
+`dv`, each row-major; with `stacked=True` (q, k, v of one shape) the same bytes are typed
+`[3, *q.shape]`, the stack AOTAutograd builds for a fused qkv projection's gradient, so that
+stack is the op's own output (passes/stack_pieces.py) and no copy. The backward takes
+`delta = rowsum(dO * out)` as an input: the frontend computes it with primitives (a row
+kernel), so the template's workspace stays independent of the sequence lengths. Both are fp32
+only: the frontend keeps other dtypes in torch.
 """
 
 from __future__ import annotations
@@ -69,6 +72,10 @@ def _bwd_infer(ins: tuple[TensorType, ...], attrs: Attrs) -> Type:
     _check_row(delta, q, "delta (rowsum of grad_out * out)")
     if len(ins) == 7:
         _check_mask(ins[6], q, k)
+    if attrs.get("stacked", False):
+        if not q.shape == k.shape == v.shape:
+            raise rules.TypeRuleError(f"stacked gradients need equal shapes, got q {q}, k {k}, v {v}")
+        return TensorType((3, *q.shape), DType.F32)
     return TensorType((sum(grad_sizes(q.shape, k.shape, v.shape)),), DType.F32)
 
 
@@ -124,7 +131,8 @@ def _bwd_ref(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
     ds = p * (do @ vr.transpose(-1, -2) - delta.unsqueeze(-1))  # type: ignore[union-attr]
     dq = (ds @ kr) * scale
     dk = (ds.transpose(-1, -2) @ q) * scale
-    return torch.cat([dq.reshape(-1), _fold_heads(dk, k).reshape(-1), _fold_heads(dv, v).reshape(-1)])
+    flat = torch.cat([dq.reshape(-1), _fold_heads(dk, k).reshape(-1), _fold_heads(dv, v).reshape(-1)])
+    return flat.view(3, *q.shape) if attrs.get("stacked", False) else flat
 
 
 def _rows_keys(ins: tuple[TensorType, ...], q: int, k: int) -> tuple[int, int, int, int]:
@@ -167,6 +175,7 @@ register(
         _bwd_flops,
         attrs=_ATTRS,
         doc="inputs (grad_out, q, k, v, logsumexp, delta = rowsum(grad_out * out)[, mask]), fp32; one flat "
-        "tensor: dq, dk, dv (K/V gradients summed over the query heads of a group)",
+        "tensor: dq, dk, dv (K/V gradients summed over the query heads of a group); optional attr "
+        "stacked=True: the same bytes as [3, *q.shape] (q, k, v of one shape)",
     )
 )
