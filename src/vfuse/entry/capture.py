@@ -116,14 +116,8 @@ class VfuseBackend:
     ) -> Callable:
         """AOTAutograd's compiler hook: returns a boxed callable (it takes a list and clears it)."""
         if any(_is_symbolic(x) for x in example_inputs):
-            dynamic = Dynamic(functools.partial(self.compile_symbolic, kind=kind), lambda: _Specializing(self, gm), gm)
-
-            def call(args: list) -> Any:
-                return dynamic(args)
-
-            call._boxed_call = True  # type: ignore[attr-defined]  # what make_boxed_func marks
-            call.dynamic = dynamic  # type: ignore[attr-defined]
-            return call
+            # Boxed itself (`Dynamic._boxed_call`): no wrapper frame per call.
+            return Dynamic(functools.partial(self.compile_symbolic, kind=kind), lambda: _Specializing(self, gm), gm)
         frozen = frozen or {}
         if not all(i < len(example_inputs) and example_inputs[i].shape == t.shape for i, t in frozen.items()):
             frozen = {}  # AOTAutograd reordered inputs: compile without freezing rather than guess

@@ -14,6 +14,7 @@ computed from the symbols.
 
 from __future__ import annotations
 
+import functools
 import warnings
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -25,7 +26,7 @@ from vfuse.entry.outputs import COMPUTED, without_none_outputs
 from vfuse.errors import VfuseCodegenError
 from vfuse.frontend.symbols import sym_env
 from vfuse.ir.sym import python
-from vfuse.runtime.symbolic import SymbolicExecutor
+from vfuse.runtime.symbolic import MAX_EXECUTORS, SymbolicExecutor
 
 MAX_VARIANTS = 8  # programs per graph before it is compiled per shape
 
@@ -120,27 +121,51 @@ def _symint(v: Any) -> Any:
 
 
 class Dynamic:
-    """AOTAutograd's callable for a graph with symbolic sizes (boxed: one list argument)."""
+    """AOTAutograd's callable for a graph with symbolic sizes (boxed: one list argument).
+
+    A call at sizes the first variant has run before is one dict lookup keyed by the sizes it
+    reads (`_fast`: that variant's `SymbolicExecutor.runs` where its calls return the executor's
+    outputs as they are, else a call per size with the sizes bound); anything else (a new size,
+    another variant, the per-shape fallback) takes `_call`."""
 
     _boxed_call = True
 
     def __init__(
         self, compile_variant: Callable[..., Any], per_shape: Callable[[], Callable], gm: torch.fx.GraphModule
     ) -> None:
+        # Also an instance attribute: wrappers (torch._dynamo.disable on a backward) copy `__dict__` only.
+        self._boxed_call = True
         self.gm = gm
         self._compile_variant = compile_variant  # (gm, env, kind) -> CompiledGraph
         self._per_shape = per_shape
         self.variants: list[tuple[SymbolicExecutor, Callable[[tuple[int, ...], list], list]]] = []
         self.fallback: Callable | None = None
         self._slots: tuple[Any, ...] | None = None  # size_slots(gm), once the per-shape path needs it
+        self._key: Callable[[list], Any] = _no_key  # the first variant's size reader
+        self._fast: dict[Any, Callable[[list], list]] = {}
+        self._own_fast = False  # `_fast` is ours (filled per size), not the executor's `runs`
 
     def __call__(self, args: list) -> Any:
+        try:
+            run = self._fast.get(self._key(args))
+        except Exception:  # arguments the first variant cannot read: `_call` says what is wrong
+            run = None
+        if run is not None:
+            return run(args)
+        return self._call(args)
+
+    def _call(self, args: list) -> Any:
         if self.fallback is not None:
             return self._per_shape_call(args)
-        for ex, run in self.variants:
+        for k, (ex, run) in enumerate(self.variants):
             values = ex.values(args)
             if ex.serves(values):
-                return run(values, args)
+                out = run(values, args)
+                if k == 0 and self._own_fast:
+                    if len(self._fast) >= MAX_EXECUTORS:
+                        self._fast.clear()
+                    self._fast[values] = functools.partial(run, values)
+                return out
         run_new = self._new_variant(args)
         if run_new is None:
             return self._per_shape_call(args)
@@ -181,10 +206,20 @@ class Dynamic:
         outputs = tuple(SizeOutput(s.node.expr, names) if isinstance(s, torch.SymInt) else s for s in slots)
         run = _runner(compiled, outputs, views)
         self.variants.append((executor, run))
+        if len(self.variants) == 1:
+            self._key = executor.read
+            self._own_fast = run != executor.run
+            self._fast = {} if self._own_fast else executor.runs
         values = executor.values(args)
         if not executor.serves(values):
             raise RuntimeError(f"vfuse: a program compiled for sizes {values} rejects them (guards {env.guards})")
+        if len(self.variants) == 1 and self._own_fast:
+            self._fast[values] = functools.partial(run, values)
         return lambda a: run(executor.values(a), a)  # the first call (then the loop in __call__)
+
+
+def _no_key(args: list) -> None:
+    return None
 
 
 def _runner(compiled: Any, slots: tuple[Any, ...], views: Any = None) -> Callable[[tuple[int, ...], list], list]:

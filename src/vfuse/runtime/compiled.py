@@ -76,6 +76,7 @@ class CompiledGraph:
         # Symbolic sizes (ir/sym.py) are checked by the executor, which reads them: here only the
         # fixed ones, with the rank.
         self._symbolic = any(is_sym(d) for _, t in self._expected for d in t.shape)
+        self._size_check = getattr(executor, "check", None) if self._symbolic else None
         # Size arguments of a symbolic graph have positions but no INPUT node.
         self._arity = max((i + 1 for i, _ in self._expected), default=0)
         # Executors that run CUDA tensors too (Triton) say so; the others read CPU memory only.
@@ -133,6 +134,8 @@ class CompiledGraph:
                     f"{self.name}: {self.input_labels[index]} was compiled for {dtype}[{sizes}] on {where}, "
                     f"received {_describe(got)}"
                 )
+        if self._size_check is not None:  # dims sharing a symbol agree: kernels read every tensor at the sizes read
+            self._size_check(inputs)
         # get_device() is an int (-1 on the CPU): cheaper per call than building torch.device objects
         if self._cuda and inputs and len({t.get_device() for t in inputs}) > 1:  # type: ignore[attr-defined]
             devices = sorted({str(t.device) for t in inputs})  # type: ignore[attr-defined]

@@ -84,8 +84,7 @@ class NativeExecutor(StepRunner):
         self._lender: ArenaLender | None = None  # lends the arena per call instead (share_arenas)
         self._arena_need = 0
         self._ready = False  # seeds, sizes, constants and arena set up (`_allocate`, first call)
-        # The lean path with its plan bound, once set up (callers holding the lock may call it).
-        self.lean: Callable[[Sequence[torch.Tensor]], list[torch.Tensor]] | None = None
+        self.lean: Callable[[Sequence[torch.Tensor]], list[torch.Tensor]] | None = None  # set up: the lean path
         self._seeds = torch.zeros(0, dtype=torch.int64)
         self._constants: dict[str, torch.Tensor] | None = None  # contiguous, made on the first call
         self._call_facts(program)

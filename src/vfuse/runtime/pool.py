@@ -99,17 +99,21 @@ class OutputPool:
             ring = slots.get(key)
             if ring is None:
                 ring = slots[key] = []
+            small = False  # an idle slot too small for this shape was passed over
             for slot in ring:
                 idle = static or (_getrefcount(slot[1]) == _IDLE_REFS and _storage_users(slot[2]) == slot[5])
                 if idle and slot[6] is dtype and slot[0].data_ptr() == slot[3]:
                     template = slot[4].get(shape)
                     if template is not None:
+                        if small:  # first next time: a symbolic program's steady size skips the small one
+                            ring.reverse()
                         break
                     viewed = _view_slot(slot, shape, dtype)
                     if viewed is not None:
                         # By identity: `list.index` would compare the tensors in the tuples.
                         ring[[s is slot for s in ring].index(True)], template = viewed, viewed[4][shape]
                         break
+                    small = True
             else:
                 slot = _new_slot(shape, dtype)
                 if len(ring) == 2:

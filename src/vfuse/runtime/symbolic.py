@@ -26,7 +26,7 @@ from vfuse.errors import VfuseInputError
 from vfuse.fusion.plan import FusionPlan
 from vfuse.ir import Graph, TensorType
 from vfuse.ir.ops import Attrs
-from vfuse.ir.sym import SymEnv, SymSize, python
+from vfuse.ir.sym import SymEnv, SymSize, is_sym, pretty, python
 from vfuse.runtime.native import NativeExecutor
 from vfuse.runtime.pool import OutputPool
 from vfuse.schedule import BufKind, Program, TorchStep
@@ -44,15 +44,15 @@ class SizeBinding:
 
 
 def bindings_of(graph: Graph, env: SymEnv) -> list[SizeBinding]:
-    """Where each symbol is read: its first bare occurrence among the graph's tensor inputs."""
-    found: dict[str, SizeBinding] = {}
+    """Where each symbol is read: its size argument (Dynamo passes the sizes it lifted as ints:
+    `a[0]` costs a fifth of `a[2].shape[0]`), else its first bare occurrence among the graph's
+    tensor inputs. Tensors that disagree with the sizes read are refused by `consistent`."""
+    found = {name: SizeBinding(name, index, -1) for name, index in env.arguments.items()}
     for n in graph.inputs:
         if isinstance(n.type, TensorType):
             for d, size in enumerate(n.type.shape):
                 if isinstance(size, SymSize) and size.expr.is_Symbol:
                     found.setdefault(size.expr.name, SizeBinding(size.expr.name, int(n.attrs["index"]), d))
-    for name, index in env.arguments.items():
-        found.setdefault(name, SizeBinding(name, index, -1))
     missing = [s.name for s in env.symbols if s.name not in found]
     if missing:
         raise ValueError(f"symbols {missing} are no input's size: the graph is compiled per shape")
@@ -66,6 +66,23 @@ def guard_function(env: SymEnv, names: Sequence[str]) -> Callable[..., bool]:
     scope: dict[str, Any] = {}
     exec(compile(src, "<vfuse guards>", "exec"), scope)
     return scope["guards"]
+
+
+def consistency_function(graph: Graph, names: Sequence[str]) -> Callable[..., bool]:
+    """`f(inputs, *values) -> bool`: whether every symbolic dim of every tensor input equals its
+    expression at the sizes read (a kernel trusts them: a tensor shorter than its symbol says
+    would be read past its end). Dynamo's guards ensure it; a direct call is checked by this."""
+    conds = [
+        f"a[{int(n.attrs['index'])}].shape[{d}] == ({python(size.expr)})"
+        for n in graph.inputs
+        if isinstance(n.type, TensorType)
+        for d, size in enumerate(n.type.shape)
+        if isinstance(size, SymSize)
+    ]
+    src = f"def consistent(a, {', '.join(names) or '_unused=None'}):\n    return " + (" and ".join(conds) or "True")
+    scope: dict[str, Any] = {}
+    exec(compile(src, "<vfuse size consistency>", "exec"), scope)
+    return scope["consistent"]
 
 
 def _py_cond(c: sympy.Basic) -> str:
@@ -218,10 +235,14 @@ class SymbolicExecutor:
         self.bindings = bindings_of(graph, env)
         self.names = [b.name for b in self.bindings]
         self.guards = guard_function(env, self.names)
+        self.consistent = consistency_function(graph, self.names)
+        self._graph = graph
         self._make = make
-        self._read = _reader(self.bindings)
+        self.read = _reader(self.bindings)  # inputs -> values, unchecked (Dynamo's guards hold)
         self._by_size: dict[tuple[int, ...], Any] = {}  # the executor of each size made
-        self._runs: dict[tuple[int, ...], Callable[[list[torch.Tensor]], list[torch.Tensor]]] = {}
+        # The call of each size made: callers that read the sizes themselves look their call up
+        # here (entry/dynamic.py: one dict lookup per call); sizes dropped leave it too.
+        self.runs: dict[tuple[int, ...], Callable[[list[torch.Tensor]], list[torch.Tensor]]] = {}
         self._lock = threading.RLock()
         self._arena: torch.Tensor | None = None
         self._arena_bytes = 0
@@ -230,22 +251,39 @@ class SymbolicExecutor:
 
     def values(self, inputs: Sequence[Any]) -> tuple[int, ...]:
         try:
-            return self._read(inputs)
+            return self.read(inputs)
         except (IndexError, AttributeError, TypeError) as e:
             raise VfuseInputError(f"a compiled graph with symbolic sizes could not read its sizes: {e}") from None
 
+    def check(self, inputs: Sequence[Any]) -> None:
+        """Raise VfuseInputError naming the first tensor dim that disagrees with the sizes read
+        (for callers without Dynamo's guards: `CompiledGraph.check_inputs`)."""
+        values = self.values(inputs)
+        if self.consistent(inputs, *values):
+            return
+        at = dict(zip(self.names, values))
+        for n in self._graph.inputs:
+            i = int(n.attrs["index"])
+            for d, size in enumerate(n.type.shape):
+                want = int(size.expr.subs({s: at[s.name] for s in size.expr.free_symbols})) if is_sym(size) else size
+                if inputs[i].shape[d] != want:
+                    raise VfuseInputError(
+                        f"input {i} ({n.name}) has size {inputs[i].shape[d]} at dim {d}, where the sizes read "
+                        f"({', '.join(f'{k}={v}' for k, v in at.items())}) give {pretty(size)} = {want}"
+                    )
+
     def serves(self, values: tuple[int, ...]) -> bool:
-        return values in self._runs or bool(self.guards(*values))
+        return values in self.runs or bool(self.guards(*values))
 
     def __call__(self, inputs: list[torch.Tensor]) -> list[torch.Tensor]:
         return self.run(self.values(inputs), inputs)
 
     def run(self, values: tuple[int, ...], inputs: list[torch.Tensor]) -> list[torch.Tensor]:
         """A call whose sizes the caller has read already (`values`)."""
-        run = self._runs.get(values)
+        run = self.runs.get(values)
         if run is None:
             self.executor_for(values)
-            run = self._runs[values]
+            run = self.runs[values]
         return run(inputs)
 
     def executor_for(self, values: tuple[int, ...]) -> Any:
@@ -257,22 +295,24 @@ class SymbolicExecutor:
             if ex is None:
                 if len(self._by_size) >= MAX_EXECUTORS:
                     old = next(iter(self._by_size))
-                    del self._by_size[old], self._runs[old]
+                    del self._by_size[old], self.runs[old]
                 ex = self._by_size[values] = self._make(values)
-                self._runs[values] = self._runner(ex)
+                self.runs[values] = self._runner(ex)
                 self.instantiated += 1
         return ex
 
     def _runner(self, ex: Any) -> Callable[[list[torch.Tensor]], list[torch.Tensor]]:
         """The call of one size's executor, what does not change per call bound once. Executors
         with an arena share one, grown to the largest size seen (never reallocated for a size
-        seen before)."""
+        seen before). Once bound to it, a lean executor's calls go straight to its lean path."""
         if not hasattr(ex, "call_on"):
             return ex
         need, lock, call = ex.arena_bytes(), self._lock, ex.call_on
 
         def run(inputs: list[torch.Tensor]) -> list[torch.Tensor]:
             with lock:
+                if ex._arena is self._arena and ex.lean is not None:  # bound to it, set up, lean
+                    return ex.lean(inputs)
                 if self._arena_bytes < need:
                     self._arena, self._arena_bytes = torch.empty(need, dtype=torch.uint8), need
                 return call(self._arena, inputs)
@@ -282,5 +322,6 @@ class SymbolicExecutor:
 
 def _reader(bindings: Sequence[SizeBinding]) -> Callable[[Sequence[Any]], tuple[int, ...]]:
     """`read(inputs) -> values`: one generated expression (the generic loop cost ~1 us a call)."""
-    parts = [f"int(a[{b.index}].shape[{b.dim}])" if b.dim >= 0 else f"int(a[{b.index}])" for b in bindings]
+    # Shape entries are ints already; size arguments are Dynamo's ints (int() cost ~70 ns each).
+    parts = [f"a[{b.index}].shape[{b.dim}]" if b.dim >= 0 else f"a[{b.index}]" for b in bindings]
     return eval(f"lambda a: ({''.join(p + ', ' for p in parts)})")
