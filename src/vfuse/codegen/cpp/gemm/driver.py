@@ -8,7 +8,9 @@ short C++ fragments; this module owns the loops, threading and writeback.
 Threading: when the batch count divides the threads (or dwarfs them) each thread runs whole
 batch entries with private panels (no barriers). Otherwise all threads cooperate on one entry:
 they pack the shared KC x NC panel of B together, barrier, then split (MC block x column chunk)
-work items so every thread gets the same number of items.
+work items so every thread gets the same number of items. With a single MC block (small M: a
+weight gradient dW = dY^T X, a conv's few output channels) each item is a column chunk that one
+thread alone reads, so that thread packs its own slivers and no K block waits on a barrier.
 
 Partial sums: with K > KC the tile of each K block is added to the previous partial sum, kept
 in C itself for an fp32 output. An output of another type (the epilogue ends in a cast, e.g.
@@ -127,13 +129,13 @@ def _tile_loop(d: Driver, blk: Blocking, epi: Epilogue) -> str:
         const long ic = (w / nsplit) * mc, mcur = vg_min(mc, {d.m} - ic);
         const long s0 = (w % nsplit) * per, s1 = vg_min(nsl, s0 + per);
         if (mcur <= 0 || s0 >= s1) continue;
-        {pack_a}
+{_own_slivers(d, blk)}        {pack_a}
         for (long s = s0; s < s1; ++s) {{
           const long j = jc + s * {blk.nr};
           const int nr = static_cast<int>(vg_min({blk.nr}, {d.n} - j));
           for (long ir = 0; ir < mcur; ir += {blk.mr}) {{
             const int mr = static_cast<int>(vg_min({blk.mr}, mcur - ir));
-            {microkernel_name(blk.mr, blk.nr, blk.lanes)}(kc, ap + ir * kc, bq + s * {blk.nr} * kc, t);
+            {microkernel_name(blk.mr, blk.nr, blk.lanes)}(kc, ap + ir * kc, bq + s * {blk.nr} * bstride, t);
             if (nr == {blk.nr}) {{
               if (first) {wb}<true, true>{call}; else {wb}<true, false>{call};
             }} else {{
@@ -151,19 +153,42 @@ def _panel_step(d: Driver, blk: Blocking, epi: Epilogue) -> str:
     (a work item covers the same tiles in every K block, so no barrier is needed)."""
     if d.prepack:
         at = f"pc * {padded_n(d.n, blk.nr)} + jc * kc"
-        return f"      const float* __restrict bq = bp + {at};\n{_tile_loop(d, blk, epi)}"
-    return f"""      for (long s = tid; s < nsl; s += nth) {{
-        const long j = jc + s * {blk.nr}, nr = vg_min({blk.nr}, {d.n} - j);
-        float* __restrict bps = bp + s * {blk.nr} * kc;
-        {d.pack_b}
+        head = f"      const float* __restrict bq = bp + {at};\n      const long bstride = kc;\n"
+        return head + _tile_loop(d, blk, epi)
+    return f"""      const long bstride = own ? {blk.kc} : kc;
+      if (!own) {{
+        for (long s = tid; s < nsl; s += nth) {{
+          const long j = jc + s * {blk.nr}, nr = vg_min({blk.nr}, {d.n} - j);
+          float* __restrict bps = bp + s * {blk.nr} * kc;
+          {d.pack_b}
+        }}
       }}
-      if (coop) {{
+      if (coop && !own) {{
 #pragma omp barrier
       }}
       const float* __restrict bq = bp;
-{_tile_loop(d, blk, epi)}      if (coop) {{
+{_tile_loop(d, blk, epi)}      if (coop && !own) {{
 #pragma omp barrier
       }}
+"""
+
+
+def _own_slivers(d: Driver, blk: Blocking) -> str:
+    """With one MC block every work item is a column chunk of its own, run by one thread: that
+    thread packs the chunk's B slivers itself, so a K block needs no barrier (a weight gradient's
+    small M with a long K had two per K block, and under load each waited on a preempted thread).
+    Sliver s sits at s * NR * KC whatever this block's kc, so a thread still on its last K block
+    never shares bytes with another's next one; a new column panel (jc) re-deals the slivers
+    between threads, so the panel loop has one barrier there (`_one`)."""
+    if d.prepack:
+        return ""
+    return f"""        if (own) {{
+          for (long s = s0; s < s1; ++s) {{
+            const long j = jc + s * {blk.nr}, nr = vg_min({blk.nr}, {d.n} - j);
+            float* __restrict bps = bp + s * {blk.nr} * {blk.kc};
+            {d.pack_b}
+          }}
+        }}
 """
 
 
@@ -203,7 +228,12 @@ static void {d.name}_one(long bi, long tid, long nth, bool coop, float* __restri
   const long mc = (({m} + mb - 1) / mb + {mr - 1}) / {mr} * {mr};
   mb = ({m} + mc - 1) / mc;
   const long items = mb * nsplit;
+  // One MC block: each thread's items are column chunks no other thread reads (_own_slivers).
+  [[maybe_unused]] const bool own = {"false" if d.prepack else "mb == 1"};
   for (long jc = 0; jc < {d.n}; jc += {blk.nc}) {{
+    if (own && coop && jc > 0) {{
+#pragma omp barrier
+    }}
     const long nsl = (vg_min({blk.nc}, {d.n} - jc) + {blk.nr - 1}) / {blk.nr};
     const long per = (nsl + nsplit - 1) / nsplit;
     for (long pc = 0; pc < {d.k}; pc += {blk.kc}) {{
