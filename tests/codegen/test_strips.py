@@ -17,9 +17,10 @@ from tests.codegen.vectorization import simd_loops_vectorized
 from vfuse.fusion import FusionPlan
 from vfuse.ir import DType, Graph, GraphBuilder, Op
 from vfuse.schedule.kernel import Kernel
-from vfuse.schedule.strategy import CHAINS, FIRST_CHAINS
+from vfuse.schedule.strategy import CHAINS, FIRST_CHAINS, UNPREFETCHED_FLOATS
 
 VECTOR = target().simd_lanes  # a strip's lanes: one vector
+UNPREFETCHED = UNPREFETCHED_FLOATS // VECTOR  # chains of a first pass over rows not prefetched (< 2: none)
 
 
 @pytest.fixture(autouse=True)
@@ -50,16 +51,18 @@ def test_layernorm_long_rows_with_offset_mean_match_eager(d: int) -> None:
     ex = check(graph, xs, _plan(graph))
     src = _kernel_source(ex.source)
     # The mean pass over prefetched rows takes FIRST_CHAINS chains, the variance pass CHAINS; rows of
-    # 4096 fill half of L1 on their own and are not prefetched (the mean pass keeps one chain).
+    # 4096 fill half of L1 on their own and are not prefetched (the mean pass takes one 512-bit
+    # vector of chains: one, a plain SIMD reduction, at AVX-512).
     assert ("__builtin_prefetch" in src) == (d <= 1024)
-    first = FIRST_CHAINS if d <= 1024 else 1
+    first = FIRST_CHAINS if d <= 1024 else max(UNPREFETCHED, 1)
     assert f"_q{first - 1};" in src and f"_q{CHAINS - 1};" in src and f"_q{CHAINS};" not in src
     torch.testing.assert_close(ex(xs)[0], eager(*xs), rtol=1e-5, atol=1e-5)
 
 
-def test_first_pass_without_prefetch_keeps_one_chain() -> None:
-    # Rows of 1.5 KiB are not prefetched: the mean pass is a plain SIMD reduction (several
-    # chains there only piled up demand misses), the variance pass still takes strips.
+def test_first_pass_without_prefetch_keeps_one_512_bit_vector_of_chains() -> None:
+    # Rows of 1.5 KiB are not prefetched: the mean pass takes as many chains as make one 512-bit
+    # vector (more there only piled up demand misses): a plain SIMD reduction at AVX-512, two
+    # chains at AVX2; the variance pass takes strips.
     graph, eager = norm_graph("layernorm", 7, 384)
     xs = [torch.randn(7, 384) * 2 + 1, torch.randn(384), torch.randn(384)]
     ex = check(graph, xs, _plan(graph))
@@ -67,7 +70,10 @@ def test_first_pass_without_prefetch_keeps_one_chain() -> None:
     assert k.prefetch is None
     src = _kernel_source(ex.source)
     mean_pass = src[: src.index("const float", src.index("t2_acc"))]
-    assert "_sp[" not in mean_pass and "reduction(+:" in mean_pass
+    if UNPREFETCHED < 2:
+        assert "_sp[" not in mean_pass and "reduction(+:" in mean_pass
+    else:
+        assert f"t2_q{UNPREFETCHED - 1};" in mean_pass and f"t2_q{UNPREFETCHED};" not in mean_pass
     assert "_sp[" in src
     torch.testing.assert_close(ex(xs)[0], eager(*xs), rtol=1e-5, atol=1e-5)
 

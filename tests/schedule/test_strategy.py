@@ -59,6 +59,13 @@ def test_row_prefetch_only_where_l1_holds_the_rows_in_flight() -> None:
         k, text = _norm(kind, 8192, 1024, small)
         assert k.walk is Walk.ROWS and k.prefetch is None and "prefetch" not in text
         assert k.passes[0].reduction.kind is Accumulate.SIMD  # an unprefetched first pass keeps one chain
+    # At 8 lanes an unprefetched first pass takes two chains (one 512-bit vector per step); the
+    # max of softmax tracks NaN and keeps the plain SIMD reduction.
+    small2 = dataclasses.replace(AVX2, l1_bytes=32 << 10)
+    ln, _ = _norm("layernorm", 8192, 1024, small2)
+    assert ln.prefetch is None and ln.passes[0].reduction == Reduction(Accumulate.STRIPS, 1024, chains=2, vector=8)
+    sm, _ = _norm("softmax", 8192, 1024, small2)
+    assert sm.prefetch is None and sm.passes[0].reduction.kind is Accumulate.SIMD
     # Rows of 4096 floats fill half of even 48 KiB on their own.
     k, _ = _norm("layernorm", 512, 4096)
     assert k.prefetch is None

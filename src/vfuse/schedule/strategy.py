@@ -31,6 +31,10 @@ LANE_VECTORS = 4  # lanes: 4 vectors of accumulators, 4 independent chains hide 
 ROW_GROUP = 4  # rows per group: enough independent chains to hide a pass's latency
 CHAINS = 8  # strips over a row already in L1: 4-cycle FMA latency at two per cycle
 FIRST_CHAINS = 4  # strips of a first pass over prefetched rows (8 gained nothing more)
+# A first pass over rows not prefetched: accumulators of one 512-bit vector per step, the demand
+# rate one AVX-512 chain has (more lost from DRAM on Zen 5); narrower vectors get that many chains
+# (AVX2: 2, rms_silu 8192x1024 one thread 4.75 -> 4.2 ms; docs/perf-log.md).
+UNPREFETCHED_FLOATS = 16
 # A few instructions per element, so the accumulator chain is what a pass waits on.
 CHEAP = frozenset({Op.ADD, Op.SUB, Op.MUL, Op.NEG, Op.ABS, Op.MAXIMUM, Op.MINIMUM, Op.CAST, Op.WHERE})
 # Inline arithmetic in the C++ prelude: g++ vectorizes the strips' lane loop around them. A
@@ -62,7 +66,8 @@ def decide(k: Kernel, vector: int, l1: int = 48 << 10, llc: int = 0) -> Kernel:
         k = dataclasses.replace(k, prefetch=plan_prefetch(k, l1))
     elif k.walk is Walk.LOOKUP_TABLE:
         k = dataclasses.replace(k, table_flat=table_flat(k))
-    k = dataclasses.replace(k, no_pre=clamped_loads(k), no_jump_threading=threaded_selects(k))
+    no_pre = clamped_loads(k)
+    k = dataclasses.replace(k, no_pre=no_pre, no_jump_threading=threaded_selects(k), narrow_simd=no_pre and vector > 8)
     return dataclasses.replace(k, passes=tuple(_pass(k, i, vector) for i in range(len(k.passes))))
 
 
@@ -191,8 +196,9 @@ def use_lanes(p: Pass, vec: Loop, n: int) -> bool:
 def strip_chains(k: Kernel, p: Pass, vec: Loop, parallel: bool, vector: int) -> int:
     """Accumulator chains per lane for pass `p`, 0 for no strips: float sums and products of
     INLINE ops over blocks of one constant length of at least two vectors, not split between
-    threads; a first pass only over rows prefetched or short and walked in groups (long rows
-    read without prefetch: the faster loop only piles up demand misses). g++ vectorizes the
+    threads; a first pass over rows neither prefetched nor walked in groups only with cheap
+    bodies and as many chains as make one 512-bit vector (more only piled up demand misses:
+    none at AVX-512, 2 at AVX2). g++ vectorizes the
     lane loop only around a chain loop of constant trip count (a guard on it is "control flow
     in loop")."""
     if is_sym(vec.size):
@@ -208,11 +214,14 @@ def strip_chains(k: Kernel, p: Pass, vec: Loop, parallel: bool, vector: int) -> 
         # vectorized: "two or more consecutive inner loops"), also when NaN rides in the value.
         return 0
     first = p is k.passes[0]
-    if first and k.prefetch is None and k.walk is not Walk.ROW_GROUPS:
+    unprefetched = first and k.prefetch is None and k.walk is not Walk.ROW_GROUPS
+    if unprefetched and (not ops <= CHEAP or UNPREFETCHED_FLOATS // vector < 2):
         return 0
     # Bodies with other than CHEAP ops are bound by their own instructions: one chain each,
     # which still saves the serial horizontal sum.
     chains = (FIRST_CHAINS if first else CHAINS) if ops <= CHEAP else 1
+    if unprefetched:
+        chains = UNPREFETCHED_FLOATS // vector
     while chains > 1 and length < 2 * chains * vector:
         chains //= 2
     return chains
