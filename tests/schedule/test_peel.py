@@ -121,3 +121,22 @@ def test_values_only_max_pool_interior_vectorizes(tmp_path) -> None:
     )
     reported = {int(m) for m in re.findall(r"k\.cpp:(\d+):\d+: optimized: loop vectorized", out)}
     assert reported & {interior_line, interior_line + 1}, out[-2000:]  # g++ names the loop or its first line
+
+
+@pytest.mark.parametrize("isa", ["auto", "avx2"])
+def test_strided_windows_take_256_bit_vectors_on_16_lane_targets(isa: str) -> None:
+    """Stride-2 taps (two loads and a permute per vector) in 8-lane vectors where the target has 16
+    (`Kernel.narrow_simd`); stride-1 windows keep the target's width."""
+    x = torch.randn(2, 3, 32, 31)
+    flags = {}
+    for stride in (1, 2):
+        try:
+            g = vfuse.compile(lambda x, s=stride: F.max_pool2d(torch.relu(x * 1.5 - 0.2), 3, s, 1), (x,), isa=isa)
+        except vfuse.VfuseOptionError:
+            pytest.skip(f"this CPU has no {isa} tier")
+        program = g.compiled.executor.program
+        kernels = [k for k in program.kernels if isinstance(k, Kernel)]
+        flags[stride] = (program.vector_width, [k.narrow_simd for k in kernels])
+        torch.testing.assert_close(g(x), F.max_pool2d(torch.relu(x * 1.5 - 0.2), 3, stride, 1), rtol=0, atol=0)
+    lanes = flags[2][0]
+    assert flags[2][1] == [lanes > 8] and flags[1][1] == [False]

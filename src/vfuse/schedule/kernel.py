@@ -313,6 +313,10 @@ class Kernel:
     # loads conditional (masked strided loads it does not vectorize), so the function is compiled
     # without it (`peel.threaded_selects`).
     no_jump_threading: bool = False
+    # Strided window taps (`no_pre`) on 16-lane targets: vectors of 8 lanes. A stride-2 tap's load is
+    # two vectors and a permute, and a 28-wide row of 16 lanes runs mostly in the remainder: 3x3 s2
+    # max-pools ran 1.5-2x slower in 512-bit vectors than in 256-bit ones on Zen 4.
+    narrow_simd: bool = False
 
     @property
     def is_row(self) -> bool:

@@ -12,6 +12,7 @@ from vfuse.schedule.kernel import Kernel, Program, Segment
 SIGNATURE = "(void* const* bufs, char* arena, const int64_t* seeds, int nt)"
 NO_PRE = "no-tree-pre"  # Kernel.no_pre: g++ only (clang ignores the attribute)
 NO_JUMP_THREADING = "no-thread-jumps"  # Kernel.no_jump_threading
+NARROW_SIMD = '__attribute__((target("prefer-vector-width=256")))'  # Kernel.narrow_simd (x86 only)
 PROFILED_SUFFIX = "_prof"  # the timing entry of segment `s` is `s_prof(..., int64_t* ns)`
 
 
@@ -27,7 +28,8 @@ def kernel_function(w: KernelWriter, body: Callable[[KernelWriter], None]) -> st
 
 def _attributes(k: Kernel) -> list[str]:
     opts = [f'"{o}"' for o, on in ((NO_PRE, k.no_pre), (NO_JUMP_THREADING, k.no_jump_threading)) if on]
-    return [f"__attribute__((optimize({', '.join(opts)})))"] if opts else []
+    attrs = [f"__attribute__((optimize({', '.join(opts)})))"] if opts else []
+    return attrs + ([NARROW_SIMD] if k.narrow_simd else [])
 
 
 def kernel_prologue(k: Kernel, program: Program) -> list[str]:
