@@ -95,3 +95,27 @@ def test_a_permuted_gemm_output_is_not_its_epilogue() -> None:
     assert _rule(_classify(g, ["mm", "heads", "perm"])) == "epilogue-space-mismatch"
     assert isinstance(_classify(g, ["mm", "heads"]), Form)
     assert isinstance(_classify(g, ["mm", "t1", "t2"]), Form)
+
+
+def _gelu_operand(m: int, on_b: bool, batch: tuple[int, ...] = (), b_batch: tuple[int, ...] = ()) -> Graph:
+    b = GraphBuilder()
+    ops = [_input(b, 0, (*batch, m, 48)), _input(b, 1, (*b_batch, 48, 40))]
+    side = 1 if on_b else 0
+    ops[side] = b.add(Op.GELU, (ops[side],), name="gelu", approximate="none")
+    return verify(b.build([b.add(Op.MATMUL, tuple(ops), name="mm")]))
+
+
+@pytest.mark.parametrize(
+    ("m", "on_b", "batch", "b_batch", "legal"),
+    [
+        (256, True, (), (), True),  # B packed once: GELU's 14 flops against 2 * 256 per B element
+        (97, True, (), (), False),  # too few rows to pay for it (14 > 2 * 97 / 16)
+        (256, False, (), (), False),  # A is packed once per column panel: the 4-flop cap stays
+        (256, True, (3,), (3,), True),
+        (256, True, (3,), (), False),  # B broadcast over the batch: packed (recomputed) 3 times
+    ],
+)
+def test_dear_prologue_on_a_matmuls_b_only(m: int, on_b: bool, batch: tuple, b_batch: tuple, legal: bool) -> None:
+    g = _gelu_operand(m, on_b, batch, b_batch)
+    result = _classify(g, ["gelu", "mm"])
+    assert isinstance(result, Form) if legal else _rule(result) == "prologue-too-expensive"

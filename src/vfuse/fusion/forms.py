@@ -32,6 +32,11 @@ CONTRACTION_LABELS = {
 # A contraction re-reads operand tiles many times, so a prologue is only worth it when it is a
 # few instructions per element (cast, zero-point subtract, scale multiply).
 PROLOGUE_MAX_FLOPS_PER_ELEMENT = 4
+# Except on a MATMUL's B: the GEMM template packs each B element exactly once per batch entry
+# (codegen/cpp/gemm/prologue.py), so a dearer prologue there (a GELU recomputed in backward)
+# costs its flops once instead of a store and a re-read of the whole operand; allowed while it
+# stays within this share of the contraction's flops per B element (2 M).
+PACKED_ONCE_SHARE = 1 / 16
 
 
 @dataclass(frozen=True, slots=True)
@@ -141,6 +146,7 @@ def _contraction_form(nodes: Sequence[Node], c: Node, outputs: Sequence[str], gr
     inside = {n.name for n in nodes}
     before = graph.ancestors(c.name, inside)
     after = _descendants(c.name, inside, graph)
+    once = packed_once(c, inside, graph)
     out_size = numel_of(c)
     space: dict[str, int] = {c.name: out_size}
     for n in nodes:
@@ -149,7 +155,8 @@ def _contraction_form(nodes: Sequence[Node], c: Node, outputs: Sequence[str], gr
         if n.kind not in POINTWISE_KINDS:
             return Illegal(Rule.CONTRACTION_EPILOGUE_KIND, f"%{n.name} ({n.op.value}) cannot join a contraction")
         if n.name in before:
-            if n.name in outputs or per_element_flops(n, graph) > PROLOGUE_MAX_FLOPS_PER_ELEMENT:
+            cheap = per_element_flops(n, graph) <= PROLOGUE_MAX_FLOPS_PER_ELEMENT or n.name in once
+            if n.name in outputs or not cheap:
                 return Illegal(Rule.PROLOGUE_TOO_EXPENSIVE, f"%{n.name} ({n.op.value}) is not a cheap operand prologue")
             space[n.name] = numel_of(n)
         elif n.op is Op.PERMUTE and n.name in after and not _undone(n, graph, inside):
@@ -165,6 +172,22 @@ def _contraction_form(nodes: Sequence[Node], c: Node, outputs: Sequence[str], gr
     if bad:
         return Illegal(Rule.EPILOGUE_SPACE_MISMATCH, f"%{bad[0]} is written but is not in the epilogue of %{c.name}")
     return Form(CONTRACTION_LABELS[c.op], Kind.CONTRACTION, out_size, 0, space)
+
+
+def packed_once(c: Node, inside: set[str], graph: Graph) -> set[str]:
+    """The in-group prologue nodes that feed only a MATMUL's B, whose elements the template packs
+    once per batch entry (B not broadcast over the batch), when their flops per element together
+    stay within PACKED_ONCE_SHARE of the product's flops per B element; else empty."""
+    if c.op is not Op.MATMUL or len(c.inputs) != 2:
+        return set()
+    a, b = c.inputs
+    b_type, out = graph[b].tensor_type, c.tensor_type
+    if hint(numel(b_type.shape[:-2])) != hint(numel(out.shape[:-2])):
+        return set()
+    feeds_a = graph.ancestors(a, inside) | ({a} & inside)
+    feeds_b = (graph.ancestors(b, inside) | ({b} & inside)) - feeds_a
+    flops = sum(per_element_flops(graph[v], graph) for v in feeds_b)
+    return feeds_b if flops <= PACKED_ONCE_SHARE * 2 * hint(out.shape[-2]) else set()
 
 
 def _undone(n: Node, graph: Graph, inside: set[str]) -> bool:

@@ -14,7 +14,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from vfuse.fusion.cost import external_inputs, kernel_cost, pressure_of
-from vfuse.fusion.forms import PROLOGUE_MAX_FLOPS_PER_ELEMENT, Form, Illegal, classify
+from vfuse.fusion.forms import PROLOGUE_MAX_FLOPS_PER_ELEMENT, Form, Illegal, classify, packed_once
 from vfuse.fusion.legality import Budgets, budget_violation
 from vfuse.fusion.plan import Cost
 from vfuse.fusion.rules import Rule
@@ -115,8 +115,10 @@ class KernelTable:
         node-level check (the usual case: a big pointwise kernel upstream of a matmul)."""
         if p.contractions or sum(p.pe.values()) <= PROLOGUE_MAX_FLOPS_PER_ELEMENT:
             return None
-        reads = {i for v in c.names if self.facts[v].kind is Kind.CONTRACTION for i in self.graph[v].inputs}
-        if reads & p.names:
+        contractions = [self.graph[v] for v in c.names if self.facts[v].kind is Kind.CONTRACTION]
+        reads = {i for n in contractions for i in n.inputs}
+        names = set(p.names | c.names)
+        if reads & p.names and not all(p.names & reads <= packed_once(n, names, self.graph) for n in contractions):
             return Illegal(Rule.PROLOGUE_TOO_EXPENSIVE, "the producer is not a cheap operand prologue")
         return None
 
