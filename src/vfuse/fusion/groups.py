@@ -118,7 +118,11 @@ class KernelTable:
         contractions = [self.graph[v] for v in c.names if self.facts[v].kind is Kind.CONTRACTION]
         reads = {i for n in contractions for i in n.inputs}
         names = set(p.names | c.names)
-        if reads & p.names and not all(p.names & reads <= packed_once(n, names, self.graph) for n in contractions):
+        # The Triton templates load B tiles once per block of rows: packed_once is a CPU fact.
+        once = not self.target.is_gpu and all(
+            p.names & reads <= packed_once(n, names, self.graph) for n in contractions
+        )
+        if reads & p.names and not once:
             return Illegal(Rule.PROLOGUE_TOO_EXPENSIVE, "the producer is not a cheap operand prologue")
         return None
 
