@@ -263,6 +263,8 @@ class SymbolicExecutor:
             return
         at = dict(zip(self.names, values))
         for n in self._graph.inputs:
+            if not isinstance(n.type, TensorType):
+                continue
             i = int(n.attrs["index"])
             for d, size in enumerate(n.type.shape):
                 want = int(size.expr.subs({s: at[s.name] for s in size.expr.free_symbols})) if is_sym(size) else size
@@ -271,6 +273,7 @@ class SymbolicExecutor:
                         f"input {i} ({n.name}) has size {inputs[i].shape[d]} at dim {d}, where the sizes read "
                         f"({', '.join(f'{k}={v}' for k, v in at.items())}) give {pretty(size)} = {want}"
                     )
+        raise VfuseInputError(f"input shapes disagree with the sizes read ({at})")
 
     def serves(self, values: tuple[int, ...]) -> bool:
         return values in self.runs or bool(self.guards(*values))
