@@ -50,7 +50,7 @@ from vfuse.schedule.kernel import (
     TorchStep,
 )
 from vfuse.schedule.lower import Lowerer, RowSpace, Unsupported, index_buffer
-from vfuse.schedule.memory import plan_memory
+from vfuse.schedule.memory import plan_memory, reuse_in_place
 from vfuse.schedule.microtile import AVX512, VectorUnit, vector_unit
 from vfuse.schedule.nest import make_kernel, with_streaming
 from vfuse.schedule.strategy import decide
@@ -334,7 +334,11 @@ def build(plan: FusionPlan, target: object, templates: bool = True, triton: bool
     torch_made = {n for s in steps if isinstance(s, TorchStep) for n in s.nodes} - stored
     _check_produced(graph, steps, stored | torch_made)
     buffers, seeds = _buffers(graph, steps, torch_made)
-    memory = plan_memory(graph, steps, {v for v, b in buffers.items() if b.kind is BufKind.ARENA})
+    arena = {v for v, b in buffers.items() if b.kind is BufKind.ARENA}
+    shared: dict[str, str] = {}
+    if not triton and not getattr(target, "is_gpu", False):  # C++ kernels: stores over dying reads
+        steps, shared = reuse_in_place(graph, steps, arena)
+    memory = plan_memory(graph, steps, arena, shared)
     buffers = {
         v: Buffer(b.value, b.type, b.kind, memory.offsets[v]) if b.kind is BufKind.ARENA else b
         for v, b in buffers.items()

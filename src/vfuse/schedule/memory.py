@@ -2,15 +2,24 @@
 
 An intermediate lives from the kernel that writes it to the last kernel or torch step that
 reads it; two intermediates share arena bytes when their intervals do not overlap. A kernel's
-inputs and outputs are live at the same step, so a kernel never writes over what it reads.
-The arena is allocated once per compiled graph and reused by every call.
+inputs and outputs are live at the same step, so a kernel never writes over what it reads,
+except where `reuse_in_place` made it store a value over one it reads for the last time, each
+element after its reads of it (as Inductor reuses a dying input's buffer): such a value takes
+the other's bytes.
 """
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Mapping
+
 from vfuse.ir import Graph
 from vfuse.ir.sym import hint, proved, smax
-from vfuse.schedule.kernel import MemoryPlan, Segment, Step
+from vfuse.schedule.kernel import Kernel, Load, MemoryPlan, Segment, Step, Store, Walk
+
+# Walks whose renderers read each element where the statements say, nothing ahead of the store
+# (the same as schedule/inplace.py's for graph inputs written in place).
+_PLAIN_WALKS = (Walk.SINGLE_ROW, Walk.ROWS, Walk.ROW_GROUPS, Walk.TILED_COLUMNS)
 
 ALIGN = 64
 
@@ -38,9 +47,96 @@ def liveness(graph: Graph, steps: list[Step], values: set[str]) -> dict[str, tup
     return {v: (first[v], last[v]) for v in first}
 
 
-def plan_memory(graph: Graph, steps: list[Step], values: set[str]) -> MemoryPlan:
-    """First-fit placement, largest buffers first among those alive at once."""
+def _stmts(k: Kernel) -> list:
+    """The statements in the order each row runs them: passes (per-row, then per-element), tail."""
+    return [s for p in k.passes for s in (*p.before, *p.body)] + list(k.after)
+
+
+def _reusable(k: Kernel, dying: set[str], born: set[str], graph: Graph) -> dict[str, str]:
+    """Values `k` stores (first written here) -> a value it reads for the last time, of the same
+    type, whose every load in `k` reads the stored element (same index) before the store."""
+    if k.parts or k.walk not in _PLAIN_WALKS or k.transpose or k.table:
+        return {}
+    stmts = _stmts(k)
+    out: dict[str, str] = {}
+    for at, st in enumerate(stmts):
+        if not isinstance(st, Store) or st.buf not in born or st.buf in out:
+            continue
+        if sum(isinstance(s, Store) and s.buf == st.buf for s in stmts) != 1:
+            continue
+        if any(isinstance(s, Load) and s.buf == st.buf for s in stmts):
+            continue
+        for x in sorted(dying - set(out.values())):
+            loads = [(i, s) for i, s in enumerate(stmts) if isinstance(s, Load) and s.buf == x]
+            same = graph[x].tensor_type == graph[st.buf].tensor_type
+            if same and loads and all(i < at and s.index == st.index for i, s in loads):
+                out[st.buf] = x
+                break
+    return out
+
+
+def _renamed(k: Kernel, mine: Mapping[str, str]) -> Kernel:
+    """`k` storing each value of `mine` into the value it takes the bytes of: one pointer for
+    the loads and the store (two `__restrict` pointers to the same bytes would be undefined)."""
+
+    def one(s):
+        return dataclasses.replace(s, buf=mine[s.buf]) if isinstance(s, Store) and s.buf in mine else s
+
+    passes = tuple(
+        dataclasses.replace(p, before=tuple(map(one, p.before)), body=tuple(map(one, p.body))) for p in k.passes
+    )
+    buffers = tuple(b for b in k.buffers if b not in mine)
+    placement = {n: place for n, place in k.placement.items() if n not in mine}
+    return dataclasses.replace(k, passes=passes, after=tuple(map(one, k.after)), buffers=buffers, placement=placement)
+
+
+def reuse_in_place(graph: Graph, steps: list[Step], values: set[str]) -> tuple[list[Step], dict[str, str]]:
+    """Plain kernels that store an arena value elementwise over an arena value they read for the
+    last time store it there (`_reusable`); returns the steps and value -> the value whose
+    bytes it takes (for `plan_memory`)."""
     live = liveness(graph, steps, values)
+    shared: dict[str, str] = {}
+    out: list[Step] = []
+    pos = 0
+    for step in steps:
+        if not isinstance(step, Segment):
+            out.append(step)
+            pos += 1
+            continue
+        kernels = []
+        for k in step.kernels:
+            if isinstance(k, Kernel):
+                mine = set(k.buffers) & values
+                dying = {v for v in mine if live[v][1] == pos}
+                born = {v for v in mine if live[v][0] == pos}
+                found = _reusable(k, dying - born, born, graph)
+                if found:
+                    k = _renamed(k, found)
+                    shared.update(found)
+            kernels.append(k)
+            pos += 1
+        out.append(dataclasses.replace(step, kernels=tuple(kernels)))
+    return out, shared
+
+
+def plan_memory(
+    graph: Graph, steps: list[Step], values: set[str], shared: Mapping[str, str] | None = None
+) -> MemoryPlan:
+    """First-fit placement, largest buffers first among those alive at once. `shared`: value ->
+    value whose bytes it takes (`reuse_in_place`): placed once, live from the first's start to
+    the last's end."""
+    shared = shared or {}
+
+    def root(v: str) -> str:
+        while v in shared:
+            v = shared[v]
+        return v
+
+    live: dict[str, tuple[int, int]] = {}
+    for v, (lo, hi) in liveness(graph, steps, values).items():
+        r = root(v)
+        a, b = live.get(r, (lo, hi))
+        live[r] = (min(a, lo), max(b, hi))
     # The order is a heuristic: by size hints, so that symbolic sizes take no guard here (an
     # ordering guard would compile the graph again at every size that reorders the buffers).
     order = sorted(live, key=lambda v: (-hint(graph[v].tensor_type.nbytes), live[v][0], v))
@@ -59,8 +155,10 @@ def plan_memory(graph: Graph, steps: list[Step], values: set[str]) -> MemoryPlan
             offset = smax(offset, o + s)
         offsets[v] = offset
         placed.append((offset, size, (lo, hi)))
+    for v in shared:
+        offsets[v] = offsets[root(v)]
     total = 0
     for o, s, _ in placed:
         total = smax(total, o + s)
-    naive = sum(_align(max(graph[v].tensor_type.nbytes, 1)) for v in live)
+    naive = sum(_align(max(graph[v].tensor_type.nbytes, 1)) for v in offsets)
     return MemoryPlan(offsets, total, naive)
