@@ -143,11 +143,13 @@ def test_outputs_larger_than_the_llc_stream() -> None:
 
 def test_decisions_follow_the_vector_width() -> None:
     # AVX2: 8 fp32 lanes per vector, so 32 lanes, strips over 8 lanes, tiles of 32 columns;
-    # row groups only for rows up to 4 x 32 elements.
+    # row groups for rows up to 256 elements (lanes up to 4 x 32), rows walked one at a time past it.
     k, text = _norm("layernorm", 64, 100, AVX2)
     assert k.walk is Walk.ROW_GROUPS and k.passes[0].reduction.lanes == 32 and "accumulate 32 lanes" in text
     k, _ = _norm("layernorm", 64, 256, AVX2)
-    assert k.walk is Walk.ROWS and k.passes[1].reduction == Reduction(Accumulate.STRIPS, 1024, chains=8, vector=8)
+    assert k.walk is Walk.ROW_GROUPS and k.passes[1].reduction == Reduction(Accumulate.STRIPS, 1024, chains=8, vector=8)
+    k, _ = _norm("layernorm", 64, 257, AVX2)
+    assert k.walk is Walk.ROWS
     b = GraphBuilder()
     (x,) = inputs(b, ((300, 257), F32))
     prog, (col,) = _kernels(b.build([b.add(Op.SUM, [x], axes=(0,), keepdim=False)]), target=AVX2)

@@ -29,6 +29,9 @@ PARALLEL_MIN = 32 * 1024
 COLUMN_VECTORS = 4  # a column tile: 4 vectors of accumulators per reduction
 LANE_VECTORS = 4  # lanes: 4 vectors of accumulators, 4 independent chains hide the add latency
 ROW_GROUP = 4  # rows per group: enough independent chains to hide a pass's latency
+# Rows this short are latency-bound passes at any vector width (4 x AVX-512's lanes; at AVX2,
+# LayerNorm 8192x256 one thread 0.54 -> 0.42 ms in row groups: docs/perf-log.md).
+ROW_GROUP_ELEMENTS = 256
 CHAINS = 8  # strips over a row already in L1: 4-cycle FMA latency at two per cycle
 FIRST_CHAINS = 4  # strips of a first pass over prefetched rows (8 gained nothing more)
 # A first pass over rows not prefetched: accumulators of one 512-bit vector per step, the demand
@@ -113,14 +116,17 @@ def column_tile(k: Kernel, vector: int) -> int:
 
 
 def use_row_groups(k: Kernel, vector: int) -> bool:
-    """Short rows (up to 4 x `lanes` elements, where latency rather than bandwidth bounds a
-    pass) of a one-loop row nest. Row buffers are one row long and a RandKey is no plain value,
-    so kernels with either keep the row-at-a-time walk."""
+    """Short rows (up to ROW_GROUP_ELEMENTS or 4 x `lanes` elements, where latency rather than
+    bandwidth bounds a pass) of a one-loop row nest. Row buffers are one row long and a RandKey
+    is no plain value, so kernels with either keep the row-at-a-time walk."""
     if len(k.outer) != 1 or k.stream or k.tile or not any(p.reduces for p in k.passes):
         return False
     if any(is_sym(lp.size) for lp in k.inner):
         return False  # a row length known at run time only: the row-at-a-time walk serves every length
-    if math.prod(lp.size for lp in k.inner) > 4 * lanes(vector) or hint(k.outer[0].size) < 2 * ROW_GROUP:
+    if (
+        math.prod(lp.size for lp in k.inner) > max(ROW_GROUP_ELEMENTS, 4 * lanes(vector))
+        or hint(k.outer[0].size) < 2 * ROW_GROUP
+    ):
         return False
     stmts = [*k.after, *(s for p in k.passes for s in p.before)]
     return not any(p.buffered or p.reloaded for p in k.passes) and not any(isinstance(s, RandKey) for s in stmts)
