@@ -56,7 +56,10 @@ def test_swiglu_backward_reuses_a_dying_buffer_and_matches_eager() -> None:
     for a, w in zip(got_grads, want_grads, strict=True):
         torch.testing.assert_close(a, w, rtol=1e-4, atol=1e-4 * w.abs().max().item())
     program = backend.compiled[-1].executor.program
-    assert _reused(program), "no kernel stored over the buffer it read last"
+    # Since GEMM epilogues store several outputs (ContractionKernel.stores), g = dY @ W_down is
+    # not stored at all: its GEMM writes d_up and d_gate from the tile. Either way, no buffer of g.
+    gemm_writes_both = any(len(getattr(k, "written", ())) > 1 for s in program.steps for k in getattr(s, "kernels", ()))
+    assert _reused(program) or gemm_writes_both, "no kernel stored over the buffer it read last"
     assert program.memory.size < program.memory.naive_bytes
 
 

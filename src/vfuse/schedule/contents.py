@@ -11,7 +11,7 @@ from vfuse.schedule.kernel import AnyKernel, ContractionKernel, Store
 def stored(kernel: AnyKernel) -> tuple[str, ...]:
     """The values a kernel writes to memory."""
     if isinstance(kernel, ContractionKernel):
-        return (kernel.out,)
+        return kernel.written
     stores = [s for p in kernel.passes for s in p.body if isinstance(s, Store)]
     stores += [s for s in kernel.after if isinstance(s, Store)]
     return tuple(dict.fromkeys(s.buf for s in stores))

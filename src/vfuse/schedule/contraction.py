@@ -39,7 +39,7 @@ from vfuse.ir.shapes import Shape, numel
 from vfuse.ir.sym import hint, is_sym, same
 from vfuse.schedule import expr
 from vfuse.schedule.expr import Lin, Var
-from vfuse.schedule.kernel import ContractionKernel, Load, OperandPrologue, Rand, RandKey, ScatterWalk, Stmt
+from vfuse.schedule.kernel import ContractionKernel, Load, OperandPrologue, Rand, RandKey, ScatterWalk, Stmt, Store
 from vfuse.schedule.lower import Lowerer, Unsupported
 from vfuse.schedule.microtile import (
     AVX512,
@@ -276,13 +276,16 @@ def scatter_walk(values: tuple[int, ...], out: tuple[int, ...], taps: int = 1) -
     return ScatterWalk.PLANES if b >= SCATTER_PLANES else ScatterWalk.ROW_RANGES
 
 
-def _lower_epilogue(graph: Graph, node: str, rest: frozenset[str], out: str) -> tuple[list[Stmt], str, set[str]] | None:
-    """(statements, result var, buffers loaded) of `out` at one element of `out`'s shape (the
-    loop space), or None when `out` is not the contraction's value there (another layout, a
-    read at another element). The contraction's coordinates are those of the same flat index,
-    which stay linear when `out` is a reshape that splits or merges dims (Linear on 3-D input).
-    Only the GEMM template stores other dtypes than fp32 (any the statement renderer stores);
-    conv and attention write float."""
+def _lower_epilogue(
+    graph: Graph, node: str, rest: frozenset[str], out: str, more: tuple[str, ...] = ()
+) -> tuple[list[Stmt], str, set[str], tuple[Store, ...]] | None:
+    """(statements, result var, buffers loaded, stores of `more`) of `out` at one element of
+    `out`'s shape (the loop space), or None when `out` is not the contraction's value there
+    (another layout, a read at another element). The contraction's coordinates are those of the
+    same flat index, which stay linear when `out` is a reshape that splits or merges dims (Linear
+    on 3-D input). Only the GEMM template stores other dtypes than fp32 (any the statement
+    renderer stores); conv and attention write float. Each of `more` (further outputs, GEMM only)
+    must have `out`'s shape: it is stored at the same element, its statements shared with `out`'s."""
     shape = graph[node].tensor_type.shape
     out_t = graph[out].tensor_type
     any_dtype = graph[node].op is Op.MATMUL or out_t.dtype in (DType.F32, graph[node].tensor_type.dtype)
@@ -294,13 +297,18 @@ def _lower_epilogue(graph: Graph, node: str, rest: frozenset[str], out: str) -> 
     cc = oc if same(out_t.shape, shape) else expr.unflatten(expr.row_major(oc, out_t.shape), shape, sizes)
     cc = tuple(Lin() if s == 1 else c for c, s in zip(cc, shape, strict=True))
     lw._memo[(node, cc)] = "v"  # the accumulator: what the template holds at this element
+    if any(not same(graph[o].tensor_type.shape, out_t.shape) for o in more):
+        return None
     try:
         result = lw.value(out, oc)
+        values = [lw.value(o, oc) for o in more]
     except Unsupported:
         return None
     if node in lw.loaded:  # read at another element than the one being finished
         return None
-    return lw.stmts, result, lw.loaded
+    flat = expr.row_major(oc, out_t.shape)
+    stores = tuple(Store(o, flat, r, graph[o].tensor_type.dtype) for o, r in zip(more, values, strict=True))
+    return lw.stmts, result, lw.loaded, stores
 
 
 def _register_tile(graph: Graph, node: str, unit: VectorUnit) -> Tile:
@@ -343,7 +351,7 @@ def plan_contraction(graph: Graph, nodes: tuple[str, ...], outputs: tuple[str, .
         fused = _reshaped(graph, node, rest, outputs)
     else:
         fused = None if op in NO_EPILOGUE else _fuse(graph, node, rest, outputs, prologue, dtypes is GPU_DTYPES)
-    out, stmts, result, extras = fused if fused else (node, [], "v", set())
+    out, stmts, result, extras, stores = fused if fused else (node, [], "v", set(), ())
     kernel = ContractionKernel(
         f"k{gid}_c", gid, label, op, node, tuple(ops.names), tuple(ops.shapes), graph[node].tensor_type.shape,
         graph[out].tensor_type.shape, out, tuple(stmts), result, tuple(sorted(extras | ops.loads)),
@@ -355,6 +363,7 @@ def plan_contraction(graph: Graph, nodes: tuple[str, ...], outputs: tuple[str, .
         blocks=_attention_blocks(graph, node, unit, caches) if op in ATTENTION else (64, 64),
         scatter=scatter_walk(ops.shapes[0], graph[node].tensor_type.shape, graph[node].attrs["taps"])
         if op is Op.SCATTER_ADD else None,
+        stores=stores,
     )  # fmt: skip
     # Split: the leftover kernels recompute the (cheap) prologue values they read, and store
     # those other groups read, as torch used to leave them in its env.
@@ -364,7 +373,7 @@ def plan_contraction(graph: Graph, nodes: tuple[str, ...], outputs: tuple[str, .
 
 def _reshaped(
     graph: Graph, node: str, rest: frozenset[str], outputs: tuple[str, ...]
-) -> tuple[str, list[Stmt], str, set[str]] | None:
+) -> tuple[str, list[Stmt], str, set[str], tuple[Store, ...]] | None:
     """A template without an epilogue whose group only reshapes its value into the one output
     stores there directly (the same bytes), saving a copy of the whole output."""
     if len(outputs) != 1:
@@ -373,7 +382,7 @@ def _reshaped(
     while v in rest and graph[v].op is Op.RESHAPE:
         chain.add(v)
         v = graph[v].inputs[0]
-    return (outputs[0], [], "v", set()) if v == node and chain == set(rest) else None
+    return (outputs[0], [], "v", set(), ()) if v == node and chain == set(rest) else None
 
 
 def _attention_blocks(graph: Graph, node: str, unit: VectorUnit, caches: Caches) -> tuple[int, int]:
@@ -390,19 +399,20 @@ def _fuse(
     outputs: tuple[str, ...],
     prologue: frozenset[str],
     triton: bool = False,
-) -> tuple[str, list[Stmt], str, set[str]] | None:
-    """(output, statements, result, extras) when the whole epilogue fits in the template
+) -> tuple[str, list[Stmt], str, set[str], tuple[Store, ...]] | None:
+    """(output, statements, result, extras, stores) when the whole epilogue fits in the template
     (`triton`: the Triton templates, whose attention epilogue may read other buffers too)."""
-    if len(outputs) != 1 or outputs[0] not in rest | {node}:
+    several = graph[node].op is Op.MATMUL and not triton  # the C++ GEMM stores more values (`stores`)
+    if not outputs or (len(outputs) > 1 and not several) or any(o not in rest | {node} for o in outputs):
         return None
     # Prologue values the epilogue reads (views, casts) are recomputed inline from their buffers.
-    lowered = _lower_epilogue(graph, node, rest | prologue, outputs[0])
+    lowered = _lower_epilogue(graph, node, rest | prologue, outputs[0], outputs[1:])
     if lowered is None:
         return None
-    stmts, result, extras = lowered
+    stmts, result, extras, stores = lowered
     if graph[node].op is Op.SDPA and extras and not triton:
         return None  # the C++ attention kernel's signature has no room for extra buffers
-    return outputs[0], stmts, result, extras
+    return outputs[0], stmts, result, extras, stores
 
 
 def library_choice(graph: Graph, cost: Cost, cp: ContractionPlan) -> ContractionChoice:

@@ -88,7 +88,7 @@ def _writers(program: Program, v: str) -> list[tuple[int, Kernel]]:
     out = []
     for pos, k in enumerate(_flat(program)):
         if isinstance(k, ContractionKernel):
-            if k.out == v:
+            if v in k.written:
                 out.append((pos, k))  # type: ignore[arg-type]  # rejected by _safe
             continue
         if isinstance(k, Kernel):

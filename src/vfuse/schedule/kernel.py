@@ -423,6 +423,9 @@ class ContractionKernel:
     prepacked_b: bool = False
     blocks: tuple[int, int] = (64, 64)  # attention: query rows x keys per tile (`microtile.attention_blocks`)
     scatter: ScatterWalk | None = None  # SCATTER_ADD: how its threads share the output
+    # GEMM on CPU: further values of the epilogue stored beside `out`, laid out like it (e.g. a
+    # linear layer's output saved for backward and its GELU), each once, from the same tile.
+    stores: tuple[Store, ...] = ()
 
     def prologue(self, i: int) -> OperandPrologue | None:
         return self.prologues[i] if i < len(self.prologues) else None
@@ -434,7 +437,12 @@ class ContractionKernel:
 
     @property
     def buffers(self) -> tuple[str, ...]:
-        return tuple(dict.fromkeys((*self.direct, *self.extras, self.out)))
+        return tuple(dict.fromkeys((*self.direct, *self.extras, self.out, *self.written[1:])))
+
+    @property
+    def written(self) -> tuple[str, ...]:
+        """The buffers the kernel stores: `out`, then those of `stores`."""
+        return (self.out, *(s.buf for s in self.stores))
 
 
 AnyKernel = Kernel | ContractionKernel

@@ -129,7 +129,8 @@ def format_kernel(k: AnyKernel) -> str:
                 f"int8 dot product ({q.kind.value}): (%{q.x} - {q.x_zero}) * {q.x_scale!r} @ "
                 f"((%{q.w} - {q.w_zero}) * {scale})^T, int32 tile {q.mr}x{q.nr}"
             )
-        return f"  kernel {k.name} (group {k.group}, {k.label}): {k.op.value}({ins}){layout} -> %{k.out}; {epi}; {tile}"
+        outs = ", ".join(f"%{v}" for v in k.written)
+        return f"  kernel {k.name} (group {k.group}, {k.label}): {k.op.value}({ins}){layout} -> {outs}; {epi}; {tile}"
     lines = [f"  kernel {k.name} (group {k.group}, {k.label}): outer {_loops(k.outer)} | inner {_loops(k.inner)}"]
     lines.append(f"    {_walk(k)}")
     if k.gpu:

@@ -101,7 +101,7 @@ def _statements(k: ContractionKernel, names: list[str], out: DType = DType.F32) 
     another output dtype the result is not assigned back to `v` (see `_store`)."""
     w = StatementWriter(_space_names(k, names))
     w.dtypes["v"] = DType.F32
-    for s in k.epilogue:
+    for s in (*k.epilogue, *k.stores):
         w.stmt(s)
     lines = [line.strip() for line in w.lines]
     if k.result != "v" and out is DType.F32:
@@ -116,6 +116,7 @@ def _store(k: ContractionKernel, out: DType) -> str:
 
 def _extras(k: ContractionKernel, program: Program) -> tuple[EpilogueArg, ...]:
     args = tuple(EpilogueArg(pointer(v), f"const {STORAGE_TYPE[program.buffers[v].type.dtype]}*") for v in k.extras)
+    args += tuple(EpilogueArg(pointer(s.buf), f"{STORAGE_TYPE[program.buffers[s.buf].type.dtype]}*") for s in k.stores)
     # Symbolic sizes (`vf_s0`, ir/sym.py) read the seeds array: it goes wherever the epilogue's args go.
     return (*args, EpilogueArg("seeds", "const int64_t*")) if program.symbols else args
 
@@ -257,9 +258,10 @@ _TEMPLATES = {
 def render_contraction(k: ContractionKernel, program: Program) -> tuple[str, str]:
     """(the template instance, placed before the kernels; the wrapper function)."""
     source, call = _TEMPLATES[k.op](k, program)
-    lines = [pointer_line(v, program.buffers[v], v == k.out) for v in k.buffers]
+    lines = [pointer_line(v, program.buffers[v], v in k.written) for v in k.buffers]
     desc = ", ".join(f"%{v}{list(s)}" for v, s in zip(k.operands, k.shapes, strict=True))
     head = f"static void {k.name}(void* const* bufs, char* arena, const int64_t* seeds, int nt) {{"
-    doc = f"// group {k.group} ({k.label}): {k.op.value}({desc}) -> %{k.out}, {len(k.epilogue)} epilogue stmt(s)"
+    outs = ", ".join(f"%{v}" for v in k.written)
+    doc = f"// group {k.group} ({k.label}): {k.op.value}({desc}) -> {outs}, {len(k.epilogue)} epilogue stmt(s)"
     body = "\n".join(f"  {line}" for line in (*lines, "(void)arena; (void)seeds;", call))
     return source, "\n".join([doc, head, body, "}"])
