@@ -149,8 +149,7 @@ def test_tiles_in_the_llc_store_plainly() -> None:
 @pytest.mark.parametrize("tier", tiers_here(), ids=lambda t: t.value)
 def test_every_tier_transposes_blocks_and_edges(tier: Isa) -> None:
     """Each tier's block transpose (w = 8: in-lane unpacks, then 128-bit halves; w = 4: SSE/NEON
-    rounds) and the prefetch of the next tile's rows, at sizes with partial blocks and tiles, a
-    permuted 3-D view and a tile walk that wraps to the next rows of u."""
+    rounds) at sizes with partial blocks and tiles, fewer rows than a block, and a permuted 3-D view."""
     for fn, xs in (
         (_chain, (_rand(131, 67), _rand(67, 131))),
         (_chain, (_rand(4099, 5), _rand(5, 4099))),

@@ -120,10 +120,10 @@ class TransposeWriter(KernelWriter):
             return LOAD_CONVERT.get(s.dtype, "{0}").format(f"tb_{s.var}{self.at()}")
         return super().value(s)
 
-    def origin(self, s: Load | Store, u: str = "ub", v: str = "vb") -> str:
-        """The element of `s` at a tile's corner (u = `u`, v = `v`: this tile's by default)."""
+    def origin(self, s: Load | Store) -> str:
+        """The element of `s` at the tile's corner (u = ub, v = vb)."""
         names = dict(self.names)
-        self.names.update({self.t.u: u, self.k.inner[-1].var: v})
+        self.names.update({self.t.u: "ub", self.k.inner[-1].var: "vb"})
         try:
             return f"{pointer(s.buf)} + {self.idx(s.index)}"
         finally:
@@ -163,11 +163,9 @@ def _tiles(w: TransposeWriter) -> None:
     w.w(f"const int64_t ue = ub + {t.rows} < {u.size} ? ub + {t.rows} : {u.size};")
     w.w(f"const int64_t ve = vb + {t.cols} < {vec.size} ? vb + {t.cols} : {vec.size};")
     if t.prefetch:
-        _next_tile(w, u.size, vec.size)
+        _prefetch(w)
     _stage(w)
     w.open(f"for (int64_t {w.iu} = ub; {w.iu} < ue; ++{w.iu}) {{")
-    if t.prefetch:
-        _prefetch_rows(w)
     if p.streamed:
         _streamed_row(w)
     else:
@@ -203,38 +201,28 @@ def _streamed_row(w: TransposeWriter) -> None:
         w.w(f"vf_stream(&{pointer(s.buf)}[{start}], sb{j}, (size_t)(ve - vb) * sizeof(sb{j}[0]));")
 
 
-def _next_tile(w: TransposeWriter, usize: object, vsize: object) -> None:
-    """The next tile this thread walks (static schedule: along v, then the next rows of u; none
-    past u's end, where the nest's other loops move on): its corner `nub`, `nvb` and extents
-    `nu`, `nv` (0 when there is none), which `_prefetch_rows` fetches a share of per row."""
-    t = w.t
-    w.w(f"const int64_t nvb = ve < {vsize} ? ve : 0, nub = ve < {vsize} ? ub : ue;")
-    w.w(f"const int64_t nu = nub < {usize} ? (nub + {t.rows} < {usize} ? {t.rows} : {usize} - nub) : 0;")
-    w.w(f"const int64_t nv = nu ? (nvb + {t.cols} < {vsize} ? {t.cols} : {vsize} - nvb) : 0;")
-
-
-def _prefetch_rows(w: TransposeWriter) -> None:
-    """Into L2 (`Kernel.transpose.prefetch`), spread over this tile's rows: the next tile's rows
-    of the staged loads (runs along u) and of the loads and stores contiguous along v (runs along
-    v), an equal share per row. The runs are a few lines in many rows, which the hardware
-    prefetchers do not follow; issued all at a tile's start they stalled the loads behind them
-    (2048 x 4096 fp32, two threads, AVX-512: 3.7 -> 3.3 ms per thread)."""
-    t = w.t
+def _prefetch(w: TransposeWriter) -> None:
+    """Into L2 (`Kernel.transpose.prefetch`): this tile's rows of the loads and stores contiguous
+    along v (a line every 16 fp32), and the next tile's rows of the staged loads."""
+    t, v = w.t, w.k.inner[-1]
     (p,) = w.k.passes
     line = 64
-    w.w(f"const int64_t pr = {w.iu} - ub, nb = ue - ub;")
     for s in p.body:
-        if not isinstance(s, Load | Store) or (isinstance(s, Store) and p.streamed):
-            continue  # a prefetch for writing reads the line: what streaming stores save
-        staged = isinstance(s, Load) and s.var in t.staged
-        row = w.stride(s) if staged else w.stride(s, t.u)
-        if not row or (not staged and w.stride(s) != 1):
+        if not isinstance(s, Load | Store) or (isinstance(s, Load) and s.var in t.staged):
             continue
-        rows, run = ("nv", "nu") if staged else ("nu", "nv")
-        at = f"{w.origin(s, 'nub', 'nvb')} + r * {row} + l"
-        rw = 1 if isinstance(s, Store) else 0
-        w.w(f"for (int64_t r = pr * {rows} / nb; r < (pr + 1) * {rows} / nb; ++r)")
-        w.w(f"  for (int64_t l = 0; l < {run}; l += {line // s.dtype.itemsize}) __builtin_prefetch({at}, {rw}, 1);")
+        if isinstance(s, Store) and p.streamed:
+            continue  # a prefetch for writing reads the line: what streaming stores save
+        step, row = line // s.dtype.itemsize, w.stride(s, t.u)
+        if w.stride(s) == 1 and row:
+            rw = 1 if isinstance(s, Store) else 0
+            at = f"{w.origin(s)} + r * {row} + l"
+            w.w(f"for (int64_t r = 0; r < ue - ub; ++r) for (int64_t l = 0; l < ve - vb; l += {step})")
+            w.w(f"  __builtin_prefetch({at}, {rw}, 1);")
+    for s in p.body:
+        if isinstance(s, Load) and s.var in t.staged:
+            step, at = line // s.dtype.itemsize, f"{w.origin(s)} + ({t.cols} + r) * {w.stride(s)} + l"
+            w.w(f"for (int64_t r = 0; r < {t.cols} && vb + {t.cols} + r < {v.size}; ++r)")
+            w.w(f"  for (int64_t l = 0; l < ue - ub; l += {step}) __builtin_prefetch({at}, 0, 1);")
 
 
 def _stage(w: TransposeWriter) -> None:
