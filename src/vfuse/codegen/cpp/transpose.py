@@ -58,17 +58,8 @@ static inline void vf_transpose_{w}(const T* __restrict src, int64_t lds, T* __r
 #endif"""
 
 
-def _rounds(w: int) -> str:
-    """The block transpose of x[0..w) (via y), in shuffles each one instruction on the tier.
-
-    w = 8 (AVX2, AVX-512 at 8 lanes): interleave adjacent rows within 128-bit halves (unpck),
-    pair those (unpck of 64-bit elements), then swap 128-bit halves (vperm2i128 / vinserti128):
-    24 shuffles. The generic rounds below (row i with row i + w/2, across the whole vector) need
-    a two-source permute: one vpermt2d on AVX-512, but vperm2i128 + vpunpck on AVX2 (48 shuffles,
-    and 1.25 ms of the 6 ms transpose_add took per thread at 2048 x 4096). w = 4 (SSE, NEON):
-    log2(w) rounds of interleaving row i with row i + w/2, each an unpck / zip."""
-    if w == 8:
-        return """        const M i0 = {0, 8, 1, 9, 4, 12, 5, 13}, i1 = {2, 10, 3, 11, 6, 14, 7, 15};
+# The 8x8 block (`_rounds`): x[i] holds row i on entry, column i on exit.
+_ROUNDS_8 = """        const M i0 = {0, 8, 1, 9, 4, 12, 5, 13}, i1 = {2, 10, 3, 11, 6, 14, 7, 15};
         const M p0 = {0, 1, 8, 9, 4, 5, 12, 13}, p1 = {2, 3, 10, 11, 6, 7, 14, 15};
         const M h0 = {0, 1, 2, 3, 8, 9, 10, 11}, h1 = {4, 5, 6, 7, 12, 13, 14, 15};
 #pragma GCC unroll 4
@@ -90,6 +81,19 @@ def _rounds(w: int) -> str:
         }
 #pragma GCC unroll 8
         for (int i = 0; i < 8; ++i) x[i] = y[i];"""
+
+
+def _rounds(w: int) -> str:
+    """The block transpose of x[0..w) (via y), in shuffles each one instruction on the tier.
+
+    w = 8 (AVX2, AVX-512 at 8 lanes): interleave adjacent rows within 128-bit halves (unpck),
+    pair those (unpck of 64-bit elements), then swap 128-bit halves (vperm2i128 / vinserti128):
+    24 shuffles. The generic rounds below (row i with row i + w/2, across the whole vector) need
+    a two-source permute: one vpermt2d on AVX-512, but vperm2i128 + vpunpck on AVX2 (48 shuffles;
+    with the row copies' stall, 1 ms of transpose_add's 5.6 per thread at 2048 x 4096). w = 4 (SSE, NEON):
+    log2(w) rounds of interleaving row i with row i + w/2, each an unpck / zip."""
+    if w == 8:
+        return _ROUNDS_8
     half = w // 2
     lo = ", ".join(f"{i}, {i + w}" for i in range(half))
     hi = ", ".join(f"{i + half}, {i + half + w}" for i in range(half))
