@@ -64,6 +64,14 @@ CASES = {
         ("res",),
         nthreads=4,
     ),
+    # Row blocks of 2 or 3 eight-row slivers (17 slivers in 6 blocks, 2 per thread), the last partial.
+    "balanced_rows": Case(
+        GemmSpec("balanced_rows", 131, 70, 33, blocking=Blocking(8, 32, 24, 16, 64)),
+        E.bias_relu(),
+        ("bias",),
+        F.relu,
+        nthreads=3,
+    ),
     "one_by_one": Case(GemmSpec("one_by_one", 1, 1, 1), E.bias_silu(), ("bias",), F.silu),
     "multiblock_8x48": Case(
         GemmSpec("multiblock_8x48", 61, 130, 45, trans_b=True, blocking=Blocking(8, 48, 24, 20, 96)),
