@@ -146,8 +146,12 @@ def test_decisions_follow_the_vector_width() -> None:
     # row groups for rows up to 256 elements (lanes up to 4 x 32), rows walked one at a time past it.
     k, text = _norm("layernorm", 64, 100, AVX2)
     assert k.walk is Walk.ROW_GROUPS and k.passes[0].reduction.lanes == 32 and "accumulate 32 lanes" in text
-    k, _ = _norm("layernorm", 64, 256, AVX2)
-    assert k.walk is Walk.ROW_GROUPS and k.passes[1].reduction == Reduction(Accumulate.STRIPS, 1024, chains=8, vector=8)
+    k, _ = _norm("layernorm", 64, 256, AVX2)  # lanes up to 256 elements in 8 steps of 32
+    assert k.walk is Walk.ROW_GROUPS and k.passes[1].reduction == Reduction(
+        Accumulate.LANES, 1024, lanes=32, whole_row=True
+    )
+    k, _ = _norm("layernorm", 64, 200, dataclasses.replace(AVX512, simd_lanes=4))  # 16 lanes: 8 steps at most
+    assert k.walk is Walk.ROW_GROUPS and k.passes[1].reduction.kind is Accumulate.STRIPS
     k, _ = _norm("layernorm", 64, 257, AVX2)
     assert k.walk is Walk.ROWS
     b = GraphBuilder()
