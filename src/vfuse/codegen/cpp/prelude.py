@@ -201,13 +201,6 @@ static inline float vf_clamp_sym_nan(float x, uint32_t lim) {
   b = b < lim - rot ? b : lim - rot;
   return vf_bits2f((b + rot) | (vf_f2bits(x) & 0x80000000u));
 }
-// exp(m) for m in [-88, 88] (vf_exp's polynomial): 2^n, n in [-127, 127], is one float built
-// from big's bits (one multiply, no range selects; n = -127 gives 0, harmless next to 1 + e).
-static inline float vf_exp_narrow(float m) {
-  int32_t kk;
-  const float p = vf_exp_p(m, kk);  // kk = n + 254
-  return p * vf_bits2f((uint32_t)(kk - 127) << 23);
-}
 // exp(x) for x <= 0 or NaN (x - rowmax(x) in softmax: codegen/cpp/rowfacts.py): no overflow to
 // check, and 2^n is one normal float down to x = -87.34, below which the result (< 2^-126) is
 // flushed to 0 instead of vf_exp's correctly rounded subnormal (-inf -> 0, NaN -> NaN). About 20
@@ -227,8 +220,9 @@ static inline float vf_exp_nonpos(float x) {
 // as eager's 1/(1+exp(-x)) does below -88.72 (between -88.72 and -88 eager gives < 6.1e-39, and
 // the true sigmoid/silu are tiny or subnormal there). sigmoid keeps NaN through the clamp.
 // Max error over every float x >= -88: sigmoid 2.48 ulp (0.98 of subnormal spacing), silu 2.40.
-// 1 + exp(m) for m in [-88, 88]: p * 2^n is exact (or below 2^-126, where 1 + it is 1), so one
-// fma rounds as 1 + vf_exp_narrow(m) does, one dependent operation sooner.
+// 1 + exp(m) for m in [-88, 88] (vf_exp's polynomial): 2^n, n in [-127, 127], is one float built
+// from big's bits (no range selects; n = -127 gives 0, harmless next to 1). p * 2^n is exact (or
+// below 2^-126, where 1 + it is 1), so one fma rounds as 1 + p * 2^n does.
 static inline float vf_one_plus_exp(float m) {
   int32_t kk;
   const float p = vf_exp_p(m, kk);  // kk = n + 254
