@@ -46,12 +46,14 @@ def test_training_graphs_share_one_arena_and_match_eager():
     backend = vfuse.backend(strict=True)
     backend.arenas = ArenaLender(release_max=0)
     fwd = torch.compile(model, backend=backend)
-    for _ in range(3):  # the steady state: the second and third steps reuse what the first made
+    for i in range(3):  # the steady state: the second and third steps reuse what the first made
         want, want_grads = _step(eager, eager, x)
         got, got_grads = _step(model, fwd, x)
         torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
         for g, w in zip(got_grads, want_grads, strict=True):
             torch.testing.assert_close(g, w, rtol=1e-4, atol=1e-5)
+        if i == 0:  # the forward's, then the backward's if that needs more: grown once
+            first_step = backend.arenas.allocated
     executors = [g.executor for g in backend.compiled]
     lent = [ex for ex in executors if ex._lender is backend.arenas]
     assert len(lent) == 2  # forward and backward (each needs more than LEND_MIN_BYTES)
@@ -59,7 +61,7 @@ def test_training_graphs_share_one_arena_and_match_eager():
     assert min(needs) >= LEND_MIN_BYTES
     # One arena, the larger need, where each graph used to keep its own.
     assert list(_arenas(backend).values()) == [max(needs)]
-    assert backend.arenas.allocated == 1
+    assert first_step <= 2 and backend.arenas.allocated == first_step
     # Between steps: that arena and the forward's pooled outputs no one holds (the saved
     # activations autograd freed); the backward's pooled outputs are the parameters' .grad.
     fwd_ex = lent[0]
