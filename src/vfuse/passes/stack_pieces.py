@@ -101,7 +101,7 @@ def _flat_range(get, name: str) -> tuple[str, int, int] | None:
 
 
 def _cat_of_slices(get, node: Node, fresh) -> str | tuple[Node, ...] | None:
-    if node.op is not Op.CAT or any(d != 1 for d in node.tensor_type.shape[: node.attrs["dim"]]):
+    if node.op is not Op.CAT or any(is_sym(d) or d != 1 for d in node.tensor_type.shape[: node.attrs["dim"]]):
         return None
     ranges = [_flat_range(get, i) for i in node.inputs]
     if any(r is None for r in ranges) or len({r[0] for r in ranges}) != 1:  # type: ignore[index]
