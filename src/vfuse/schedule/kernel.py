@@ -423,9 +423,8 @@ class ContractionKernel:
     prepacked_b: bool = False
     blocks: tuple[int, int] = (64, 64)  # attention: query rows x keys per tile (`microtile.attention_blocks`)
     scatter: ScatterWalk | None = None  # SCATTER_ADD: how its threads share the output
-    # GEMM on CPU: further values of the epilogue stored beside `out`, laid out like it (e.g. a
-    # linear layer's output saved for backward and its GELU), each once, from the same tile.
-    stores: tuple[Store, ...] = ()
+    stores: tuple[Store, ...] = ()  # GEMM on CPU: more outputs shaped like `out`, from the same tile
+    written = property(lambda self: (self.out, *(s.buf for s in self.stores)), doc="`out`, then `stores`' buffers")
 
     def prologue(self, i: int) -> OperandPrologue | None:
         return self.prologues[i] if i < len(self.prologues) else None
@@ -438,11 +437,6 @@ class ContractionKernel:
     @property
     def buffers(self) -> tuple[str, ...]:
         return tuple(dict.fromkeys((*self.direct, *self.extras, self.out, *self.written[1:])))
-
-    @property
-    def written(self) -> tuple[str, ...]:
-        """The buffers the kernel stores: `out`, then those of `stores`."""
-        return (self.out, *(s.buf for s in self.stores))
 
 
 AnyKernel = Kernel | ContractionKernel
