@@ -83,3 +83,22 @@ def test_reads_of_other_elements_keep_their_own_buffer() -> None:
     assert set(program.memory.offsets) == {"mm", "add"}, program.memory  # b is written by a kernel
     assert not _reused(program)
     assert program.memory.offsets["mm"] != program.memory.offsets["add"]
+
+
+def test_pointwise_kernel_stores_over_the_product_it_reads_last() -> None:
+    """b = tanh(h - colsum(h)) + exp(h) with h = x @ w: the column sum needs all of h first, so
+    h is stored; b's kernel reads h at its own index for the last time and takes h's bytes."""
+    torch._dynamo.reset()
+    torch.manual_seed(2)
+    x, w, w2 = torch.randn(29, 53), torch.randn(53, 67), torch.randn(67, 19)
+
+    def f(x: torch.Tensor, w: torch.Tensor, w2: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        h = x @ w
+        b = torch.tanh(h - h.sum(0, keepdim=True)) + torch.exp(h)
+        return b @ w2, b @ w2.t().contiguous().t()  # two GEMMs: b is stored, not a prologue
+
+    backend = vfuse.backend(strict=True)
+    got = torch.compile(f, backend=backend)(x, w, w2)
+    for a, e in zip(got, f(x, w, w2), strict=True):
+        torch.testing.assert_close(a, e, rtol=1e-4, atol=1e-4 * e.abs().max().item())
+    assert _reused(backend.compiled[-1].executor.program), "b did not take the bytes of h"
