@@ -8,20 +8,10 @@ import torch
 from torch import nn
 
 import vfuse
+from vfuse.bench.train import step_peak_bytes
 from vfuse.ir import Op
 from vfuse.runtime.steps import drops_after_steps
 from vfuse.schedule import TorchStep
-
-
-def _peak_bytes(fn) -> int:
-    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], profile_memory=True) as prof:
-        fn()
-    events = [e for e in prof.profiler.kineto_results.events() if e.name() == "[memory]"]
-    live = peak = 0
-    for e in sorted(events, key=lambda e: e.start_ns()):
-        live += e.nbytes()
-        peak = max(peak, live)
-    return peak
 
 
 def test_conv_weight_gradient_reads_the_arena_without_a_copy() -> None:
@@ -56,7 +46,7 @@ def test_conv_weight_gradient_reads_the_arena_without_a_copy() -> None:
     # Allocated by the backward and live at once (4.14 activations): the arena (the BN gradient),
     # x and the gradient permuted for the conv, the conv's own buffers; the copy of the arena
     # view made before was one activation more (5.14).
-    assert _peak_bytes(lambda: out.backward(grad)) <= 4.6 * act
+    assert step_peak_bytes(lambda: out.backward(grad)) <= 4.6 * act
 
 
 def test_values_are_dropped_after_their_last_step() -> None:
