@@ -28,7 +28,8 @@ from vfuse.targets import get_target
 from vfuse.targets.isa import IsaExtra
 
 TIERS = [t.value for t in tiers_here()]
-VNNI = IsaExtra.VNNI in get_target("cpu").isa_extras
+# The AVX-512 target's own extras: under VFUSE_ISA=avx2 the default target has none, but isa="avx512" gets them.
+VNNI = "avx512" in TIERS and IsaExtra.VNNI in get_target("cpu", isa="avx512").isa_extras
 
 
 class _DequantLinear(nn.Module):
