@@ -36,8 +36,24 @@ def _pointwise(shape: tuple[int, ...]) -> Graph:
 
 def test_pointwise_is_flat_blocks_of_the_table() -> None:
     g = _launch(_pointwise((37, 41)))
-    assert g == GpuLaunch(GpuWalk.FLAT, 1024, 1, 2, 4)  # 1517 elements: two programs of 1024
+    # 1517 elements: two programs of 1024, the first mask-free (1517 is odd: a masked program's
+    # accesses would be scalar)
+    assert g == GpuLaunch(GpuWalk.FLAT, 1024, 1, 2, 4, unmasked=1)
     assert _launch(_pointwise((3, 5))) == GpuLaunch(GpuWalk.FLAT, 16, 1, 1, 1)  # a block no wider than needed
+
+
+def test_flat_full_blocks_run_mask_free_where_a_mask_would_break_vector_accesses() -> None:
+    def launch(shape: tuple[int, ...], dtype: DType = F32) -> tuple[int, int]:
+        b = GraphBuilder()
+        x, y = inputs(b, (shape, dtype), ((shape[-1],), dtype))
+        g = _launch(b.build([b.add(Op.RELU, [b.add(Op.ADD, [x, y])])]))
+        return g.programs, g.unmasked
+
+    assert launch((4, 1024)) == (4, 4)  # no tail: every program mask-free
+    assert launch((1, 1)) == (1, 1)  # one element: one full block of 1
+    assert launch((1, 2053)) == (3, 2)  # odd: the tail program alone is masked
+    assert launch((2, 1026)) == (3, 0)  # 2052 = 4 x 513: the mask is constant per 4 fp32 lanes already
+    assert launch((2, 1026), DType.BF16) == (3, 2)  # but not per 8 bf16 lanes (a 16-byte vector)
 
 
 def test_rows_that_fit_are_persistent_and_short_rows_share_programs_on_big_grids() -> None:

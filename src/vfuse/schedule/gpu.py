@@ -102,7 +102,7 @@ def decide_gpu(k: Kernel, target: object, graph: Graph, retile: int = 0) -> Kern
     rows = math.prod(lp.size for lp in k.outer)
     row = math.prod(lp.size for lp in k.inner)
     if not k.outer and not any(p.reduces for p in k.passes):
-        launch = _flat(row, table)
+        launch = _flat(row, table, _vector_elements(k))
     elif k.walk is Walk.TILED_COLUMNS:
         launch = _columns(rows, row, table, sms)
     else:
@@ -141,9 +141,21 @@ def _row_bytes(k: Kernel) -> int:
     return min(max(sizes, default=4), 4)
 
 
-def _flat(total: int, table: GpuTable) -> GpuLaunch:
+def _vector_elements(k: Kernel) -> int:
+    """Elements of the narrowest dtype a kernel loads or stores in one 16-byte vector access."""
+    sizes = [s.dtype.itemsize for p in k.passes for s in (*p.before, *p.body) if isinstance(s, Load | Store)]
+    return 16 // max(1, min(min(sizes, default=4), 16))
+
+
+def _flat(total: int, table: GpuTable, vector: int = 4) -> GpuLaunch:
+    """Blocks of consecutive elements. Full blocks run mask-free (`unmasked`) where the count is
+    a multiple of the block (no tail at all) or not of `vector` (the tail's mask would keep every
+    program's accesses scalar); otherwise the mask is constant per vector already, and one masked
+    body is half the code to compile."""
     block = min(table.flat_block, _pow2(total))
-    return GpuLaunch(GpuWalk.FLAT, block, 1, _cdiv(total, block), _warps(block, table))
+    programs = _cdiv(total, block)
+    unmasked = total // block if total % block == 0 or total % vector else 0
+    return GpuLaunch(GpuWalk.FLAT, block, 1, programs, _warps(block, table), unmasked=unmasked)
 
 
 def _rows(rows: int, row: int, table: GpuTable, sms: int, persistent: bool = False, itemsize: int = 4) -> GpuLaunch:

@@ -31,6 +31,10 @@ class GpuLaunch:
     wide: bool = False  # 64-bit index arithmetic: an index or the grid's span reaches 2^31
     check_block: int = 0  # elements per program of the kernel's gather-index checks (0: none)
     merges: tuple[RowMerge, ...] = ()  # looped rows: pairs of passes read in one walk of the row
+    # FLAT: the first `unmasked` programs take full blocks without a mask (the rest, at most one,
+    # the masked tail). A mask `i < n` is constant over 2^k lanes only where 2^k divides n, so an
+    # odd n keeps masked accesses scalar; mask-free programs load and store 16-byte vectors.
+    unmasked: int = 0
 
 
 class ConvLayout(enum.Enum):

@@ -71,6 +71,8 @@ def _gpu(g: GpuLaunch) -> str:
         kept = "persistent" if g.persistent else "looped per pass"
         parts = [f"gpu {g.walk.value}, {g.rows} {what} x {g.block} per program ({kept})"]
     parts.append(f"{g.warps} warps, {g.programs} programs")
+    if g.walk is GpuWalk.FLAT and g.unmasked:
+        parts.append("all mask-free" if g.unmasked == g.programs else f"{g.unmasked} mask-free, the tail masked")
     if g.wide:
         parts.append("64-bit offsets")
     if g.check_block:

@@ -73,8 +73,10 @@ class TritonWriter:
         self.lines: list[str] = []
         self.depth = 1
         self.index = IndexWriter(groups)
-        self.mask = "m_"
+        self.mask: str | None = "m_"  # None: every lane valid (a FLAT kernel's full blocks)
+        self.lanes = "(xf_ >= 0)"  # true in every lane, where a mask-free scope needs a mask's shape
         self.defined: set[str] = set()
+        self.fault_slots: dict[str, int] = {}  # a statement rendered in two scopes records one slot
         self.recips: dict[str, str] = {}
         self.defs: dict[str, Stmt] = {}  # every statement of the kernel by var (for recomputation)
         for p in k.passes:
@@ -124,8 +126,9 @@ class TritonWriter:
             self.w(f"{s.var}_hi = _vf_key_hi({seed}, {s.stream})")
             return
         if isinstance(s, Compute) and is_fault_site(s):
-            slot = self.faults.add(FaultKind.ZERO_DIVISION, str(s.attrs["node"]))
-            self.w(f"_vf_flag(faults + {slot}, {self.mask} & ({s.args[1]} == 0))")
+            if s.var not in self.fault_slots:
+                self.fault_slots[s.var] = self.faults.add(FaultKind.ZERO_DIVISION, str(s.attrs["node"]))
+            self.w(f"_vf_flag(faults + {self.fault_slots[s.var]}, {self.mask or self.lanes} & ({s.args[1]} == 0))")
         self.w(f"{s.var} = {self.value(s)}")
 
     def emit_with_deps(self, s: Stmt | Store) -> None:
@@ -175,7 +178,8 @@ class TritonWriter:
             idx = f"tl.minimum(tl.maximum({idx}, 0), {max(b.type.numel - 1, 0)})"
         moves = bool(expr.var_ids(s.index) or expr.dyn_names(s.index))
         other = "0.0" if s.dtype.is_fp8 else "0"  # the interpreter casts no int array to fp8
-        text = f"tl.load({param(s.buf)} + {idx}" + (f", mask={self.mask}, other={other})" if moves else ")")
+        masked = moves and self.mask is not None
+        text = f"tl.load({param(s.buf)} + {idx}" + (f", mask={self.mask}, other={other})" if masked else ")")
         if s.dtype is DType.F16:
             return f"{text}.to(tl.float32)"
         if s.dtype is DType.BF16:
@@ -200,8 +204,9 @@ class TritonWriter:
             raise TritonUnsupported(f"{self.k.name}: store of {s.dtype.value} %{s.buf}")
         idx = self.index.render(s.index)
         if not expr.var_ids(s.index):  # one element per row (or kernel): the pointer takes the mask's shape
-            idx = f"{idx} + 0 * {self.mask}.to(tl.int32)"
-        self.w(f"tl.store({param(s.buf)} + {idx}, {v}, mask={self.mask})")
+            idx = f"{idx} + 0 * {self.mask or self.lanes}.to(tl.int32)"
+        mask = f", mask={self.mask}" if self.mask is not None else ""
+        self.w(f"tl.store({param(s.buf)} + {idx}, {v}{mask})")
 
     def hoist_recips(self, divisors: Sequence[str]) -> None:
         """The schedule's pass-invariant divisors (`Pass.recips`): x / d is x * (1/d)."""
