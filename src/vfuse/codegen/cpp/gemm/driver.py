@@ -21,6 +21,12 @@ value, costs nothing when K <= KC (no workspace at all: the epilogue sees the fi
 straight from the micro-kernel) and is allocated once per thread like the packing buffers.
 A work item covers the same rows and columns in every K block, so a thread only ever reads
 back the partial sums it wrote.
+
+Column sums (`Epilogue.colsum`, a bias gradient): on the last K block each tile adds its rows'
+values per column, in row order, and stores them at its MR-row sliver's row of an fp32 partials
+array (batch x slivers x N, scratch slot 2: no workspace exists with an fp32 C). Slivers start at
+multiples of MR whatever the threads, so every partial is written once, by one thread, and the
+entry sums them sliver by sliver after the parallel region: the same bits for any thread count.
 """
 
 from __future__ import annotations
@@ -77,6 +83,48 @@ def _workspace(d: Driver, blk: Blocking, epi: Epilogue) -> int:
     return d.m * _panel(blk)
 
 
+def _colsum_rows(d: Driver, blk: Blocking, epi: Epilogue) -> int:
+    """Rows of column-sum partials: one per MR-row sliver of every batch entry (0: no column sums)."""
+    if not epi.colsum:
+        return 0
+    if epi.out_ctype != "float":
+        raise ValueError(f"{d.name}: column sums need an fp32 C (scratch slot 2 holds no workspace then)")
+    return d.batch * -(-d.m // blk.mr)
+
+
+def _colsum_reduce(d: Driver, blk: Blocking, epi: Epilogue) -> str:
+    """Sum the partials row by row into `colsum_out`: a fixed order, vectorized over columns."""
+    rows = _colsum_rows(d, blk, epi)
+    if not rows:
+        return ""
+    return f"""  {{
+    float* __restrict vg_o = {epi.colsum_out};
+#pragma omp simd
+    for (long j = 0; j < {d.n}; ++j) vg_o[j] = vg_cs[j];
+    for (long t = 1; t < {rows}; ++t) {{
+#pragma omp simd
+      for (long j = 0; j < {d.n}; ++j) vg_o[j] += vg_cs[t * {d.n} + j];
+    }}
+  }}
+"""
+
+
+def _colsum_parts(d: Driver, blk: Blocking, epi: Epilogue) -> tuple[str, str, str, str]:
+    """The writeback's column-sum pieces: (parameter, tile accumulator, per-element add, store of
+    the tile's sums at its sliver's partials row on the last K block); empty without colsum."""
+    if not _colsum_rows(d, blk, epi):
+        return "", "", "", ""
+    row0 = f"(bi * {-(-d.m // blk.mr)} + i0 / {blk.mr}) * {d.n} + j0"
+    store = f"""  if (last) {{
+    float* __restrict dst = vg_cs + {row0};
+#pragma omp simd
+    for (int q = 0; q < ncols; ++q) dst[q] = vg_acc[q];
+  }}
+"""
+    acc = f"  alignas(64) float vg_acc[{blk.nr}] = {{}};\n"
+    return ", float* __restrict vg_cs", acc, f"      vg_acc[q] += {epi.colsum};\n", store
+
+
 def _panel(blk: Blocking) -> int:
     """Columns of one packed B panel (NC rounded up to whole slivers)."""
     return -(-blk.nc // blk.nr) * blk.nr
@@ -97,13 +145,14 @@ def _writeback(d: Driver, blk: Blocking, epi: Epilogue) -> str:
     }}
 """
     first = f"FIRST ? trow[q] : {part}[q] + trow[q]" if part else "trow[q]"
+    cparam, cinit, cadd, cstore = _colsum_parts(d, blk, epi)
     return f"""
 template <bool FULL, bool FIRST>
-static inline void {d.name}_wb(const float* __restrict t, {epi.out_ctype}* __restrict c_b{wparam}, long co, long bi,
-                               long i0, long j0, int mr, int nr, bool last{epi.params()}) {{
+static inline void {d.name}_wb(const float* __restrict t, {epi.out_ctype}* __restrict c_b{wparam}{cparam}, long co,
+                               long bi, long i0, long j0, int mr, int nr, bool last{epi.params()}) {{
   (void)co; (void)bi; (void)last;
   const int ncols = {nr_expr};
-  for (int r = 0; r < mr; ++r) {{
+{cinit}  for (int r = 0; r < mr; ++r) {{
     [[maybe_unused]] const long i = i0 + r;
 {d.row_names}    {epi.out_ctype}* __restrict crow = c_b + i * {d.ldc} + j0;
 {wrow}    const float* __restrict trow = t + r * {blk.nr};
@@ -113,9 +162,9 @@ static inline void {d.name}_wb(const float* __restrict t, {epi.out_ctype}* __res
       [[maybe_unused]] const long o = co + i * {d.ldc} + j;
 {d.elem_names}      float v = {first};
 {epi.code("      ")}      crow[q] = {epi.store};
-    }}
+{cadd}    }}
   }}
-}}
+{cstore}}}
 """
 
 
@@ -123,6 +172,7 @@ def _tile_loop(d: Driver, blk: Blocking, epi: Epilogue) -> str:
     """The work-item loop: pack an A block, then jr (B slivers) x ir (A slivers) micro-kernel calls."""
     wb = f"{d.name}_wb"
     wp = f", vg_ws + (ic + ir) * {_panel(blk)} + (j - jc)" if _workspace(d, blk, epi) else ""
+    wp += ", vg_cs" if _colsum_rows(d, blk, epi) else ""
     call = f"(t, c_b{wp}, co, bi, ic + ir, j, mr, nr, last{epi.names()})"
     pack_a = d.pack_a or f"vg_pack_a<{blk.mr}>(a_b + ic * {d.lda} + pc, {d.lda}, mcur, kc, ap);"
     return f"""      for (long w = tid; w < items; w += nth) {{
@@ -218,6 +268,7 @@ def _one(d: Driver, blk: Blocking, epi: Epilogue) -> str:
     m, mr = d.m, blk.mr
     mc_max = -(-blk.mc // mr) * mr  # no row block below is longer: mb >= m / mc_max
     ws = ", float* __restrict vg_ws" if _workspace(d, blk, epi) else ""
+    ws += ", float* __restrict vg_cs" if _colsum_rows(d, blk, epi) else ""
     return f"""
 static void {d.name}_one(long bi, long tid, long nth, bool coop, float* __restrict bp{ws}, {d.params}{epi.params()}) {{
 {d.batch_setup}  float* __restrict ap = vg_scratch(0, {mc_max * blk.kc});
@@ -255,6 +306,10 @@ def _entry(d: Driver, blk: Blocking, epi: Epilogue) -> str:
     private = panel + (f", vg_scratch(2, {wsize})" if wsize else "")
     shared = "bp" + (", vg_wsp" if wsize else "")
     alloc = f"float* vg_wsp = vg_scratch(2, {wsize});\n    " if wsize else ""
+    crows = _colsum_rows(d, blk, epi)
+    calloc = f"  float* const vg_cs = vg_scratch(2, {crows * d.n});\n" if crows else ""
+    if crows:
+        private, shared = private + ", vg_cs", shared + ", vg_cs"
     args = f"{d.args}{epi.names()}"
     pre, once = "", ""
     if d.prepack:
@@ -268,7 +323,7 @@ def _entry(d: Driver, blk: Blocking, epi: Epilogue) -> str:
     return f"""
 {d.linkage} void {d.name}({d.params}{epi.params()}{pre}, int nthreads) {{
   const long nth = nthreads > 0 ? nthreads : omp_get_max_threads();
-{once}  if (nth == 1) {{
+{calloc}{once}  if (nth == 1) {{
     for (long bi = 0; bi < {d.batch}; ++bi) {d.name}_one(bi, 0, 1, false, {private}, {args});
   }} else if ({d.batch} > 1 && ({d.batch} % nth == 0 || {d.batch} >= 4 * nth)) {{
 #pragma omp parallel for num_threads(nth) schedule(static)
@@ -279,7 +334,7 @@ def _entry(d: Driver, blk: Blocking, epi: Epilogue) -> str:
     for (long bi = 0; bi < {d.batch}; ++bi)
       {d.name}_one(bi, omp_get_thread_num(), omp_get_num_threads(), true, {shared}, {args});
   }}
-}}
+{_colsum_reduce(d, blk, epi)}}}
 """
 
 

@@ -16,6 +16,11 @@ in the kernel signature, in the order given here.
 The output need not be fp32 (GEMM only): with `out_ctype` e.g. "int8_t", the kernel's C is
 that type and `store` (an expression, e.g. the variable holding the epilogue's final cast) is
 what each element receives; partial sums over K blocks then live in an fp32 workspace.
+
+With `colsum` (GEMM, fp32 C only) the kernel also writes the column sums of that per-element
+expression over all rows and batch entries to the argument named `colsum_out` (N floats): a
+bias gradient `sum(dH, 0)` made from the tile while it is in registers instead of a re-read of
+dH (driver.py: per-MR-row-sliver partials, then one reduce in a fixed order).
 """
 
 from __future__ import annotations
@@ -45,6 +50,8 @@ class Epilogue:
     body: tuple[str, ...] = ()
     store: str = "v"
     out_ctype: str = "float"
+    colsum: str = ""  # per-element C++ expression whose column sums go to `colsum_out` ("": none)
+    colsum_out: str = ""  # the name of a `float*` argument among `args`
 
     def params(self) -> str:
         """The arguments as a C++ parameter list fragment with a leading comma (or empty)."""
@@ -63,7 +70,8 @@ class Epilogue:
         if clash:
             raise ValueError(f"epilogue arguments clash: {sorted(clash)}")
         name, args, body = f"{self.name}+{other.name}", self.args + other.args, self.body + other.body
-        return Epilogue(name, args, body, other.store, other.out_ctype)
+        colsum, out = (other.colsum, other.colsum_out) if other.colsum else (self.colsum, self.colsum_out)
+        return Epilogue(name, args, body, other.store, other.out_ctype, colsum, out)
 
 
 _BIAS = EpilogueArg("bias", "const float*")
