@@ -125,10 +125,19 @@ def open_lock(path: Path) -> int:
 
 def sweep_stale(cache_dir: Path, max_age_s: float = STALE_TMP_S) -> int:
     """Remove the temp files of compiles that were killed (older than `max_age_s`); their count."""
-    cutoff, removed = time.time() - max_age_s, 0
+    return _sweep(cache_dir, max_age_s)[0]
+
+
+def _sweep(cache_dir: Path, max_age_s: float) -> tuple[int, int]:
+    """(stale temp files removed, libraries' markers found) in `cache_dir`."""
+    cutoff, removed, libraries = time.time() - max_age_s, 0, 0
     with os.scandir(cache_dir) as entries:
         for e in entries:
-            if not (e.name.startswith("vf_") and e.name.endswith(".tmp")):
+            if not e.name.startswith("vf_"):
+                continue
+            if e.name.endswith(".ok") and not e.name.startswith("vf_pch_"):
+                libraries += 1
+            if not e.name.endswith(".tmp"):
                 continue
             try:
                 if e.stat(follow_symlinks=False).st_mtime < cutoff:
@@ -136,14 +145,15 @@ def sweep_stale(cache_dir: Path, max_age_s: float = STALE_TMP_S) -> int:
                     removed += 1
             except OSError:
                 continue  # removed meanwhile by another process
-    return removed
+    return removed, libraries
 
 
 @functools.lru_cache(maxsize=64)
-def sweep_once(cache_dir: str) -> None:
+def sweep_once(cache_dir: str) -> int:
     """sweep_stale at most once per process and directory: it lists the directory, which holds
-    four files per kernel ever built, so it runs on the first compile, not on every cache hit."""
+    four files per kernel ever built, so it runs on the first compile, not on every cache hit.
+    The number of markers it found (how much the directory is used: `pch.py` counts them)."""
     try:
-        sweep_stale(Path(cache_dir))
+        return _sweep(Path(cache_dir), STALE_TMP_S)[1]
     except OSError:
-        pass  # an unreadable directory fails later with a clearer error
+        return 0  # an unreadable directory fails later with a clearer error

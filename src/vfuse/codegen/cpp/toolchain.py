@@ -16,6 +16,7 @@ scratch files are temporaries of the same directory, swept like the library's.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import ctypes
 import fcntl
@@ -30,6 +31,7 @@ from pathlib import Path
 
 from vfuse.cachedir import private_dir, usable_dir, warn_unused
 from vfuse.codegen.cpp.cache import atomic_write, entry, open_lock, publish, sweep_once, validated
+from vfuse.codegen.cpp.pch import KEY_TEXT, Pch, prelude_pch
 from vfuse.codegen.cpp.units import split
 from vfuse.errors import VfuseCompileError, VfuseError
 from vfuse.targets.cpu import isa_fingerprint, isa_for
@@ -52,6 +54,9 @@ LIBS = ("-lmvec", "-lm")
 # ~100 KB a unit (GPT-2's 250 KB: 2.0 s of g++ as one unit, 1.4 s as two on two idle cores).
 MAX_UNITS = 4
 UNIT_BYTES = 100_000
+# Libraries this process built per directory: with those its first sweep found, what `pch.py`
+# weighs a precompiled prelude's cost against.
+_built: collections.Counter[str] = collections.Counter()
 
 
 class CompilerNotFound(VfuseError, RuntimeError):
@@ -110,15 +115,18 @@ def cache_key(source: str, tc: Toolchain) -> str:
     return h.hexdigest()[:32]
 
 
-def _compile(source: str, so: Path, tc: Toolchain) -> Path:
+def _compile(source: str, so: Path, tc: Toolchain, seen: int) -> Path:
     """Compile `source` (written next to `so` as .cpp) into a new temp file; its path. A large
-    source is compiled as several units in parallel (`units.py`); should that fail, as one."""
+    source is compiled as several units in parallel (`units.py`), each through the precompiled
+    prelude where there is one (`pch.py`); should that fail, without it, then as one unit."""
     cpp = so.with_suffix(".cpp")
     atomic_write(cpp, source)
-    pieces = split(source, unit_count(len(source)))
-    if pieces is not None:
-        with contextlib.suppress(CompileError):
-            return _compile_units(pieces, so, tc)
+    pieces = split(source, unit_count(len(source))) or [source]
+    pch = prelude_pch(source, so.parent, cache_key(KEY_TEXT, tc), tc, seen)
+    for first in (pch, None) if pch is not None else (None,):
+        if first is not None or len(pieces) > 1:
+            with contextlib.suppress(CompileError):
+                return _compile_units(pieces, so, tc, first)
     fd, tmp = tempfile.mkstemp(dir=so.parent, prefix=so.stem, suffix=".so.tmp")
     os.close(fd)
     try:
@@ -149,24 +157,31 @@ def _run(cmd: list[str], cpp: Path, tc: Toolchain) -> None:
         raise CompileError(f"{tc.cxx} failed on {cpp}: {first}\n{res.stderr[-4000:]}")
 
 
-def _compile_units(pieces: list[str], so: Path, tc: Toolchain) -> Path:
-    """Each piece to an object file, all at once, then one link into a new temp file (its path).
+def _compile_units(pieces: list[str], so: Path, tc: Toolchain, pch: Pch | None) -> Path:
+    """Each piece to an object file, all at once, then one link into a new temp file (its path);
+    one piece is compiled and linked in one go. With `pch`, each piece's prelude comes from it.
     Undefined symbols fail the link: a kernel left out of every unit fails here, not at dlopen.
     The scratch files end in .tmp, so a killed build's are swept like its library's."""
     fd, out = tempfile.mkstemp(dir=so.parent, prefix=so.stem, suffix=".so.tmp")
     os.close(fd)
     scratch: list[str] = []
+    extra = pch.flags() if pch is not None else ()
     try:
         cmds = []
         for piece in pieces:
             fd, cpp = tempfile.mkstemp(dir=so.parent, prefix=so.stem, suffix=".cpp.tmp")
             with os.fdopen(fd, "w") as f:
-                f.write(piece)
+                name = so.with_suffix(".cpp").name if len(pieces) == 1 else Path(cpp).name
+                f.write(piece if pch is None else pch.unit(piece, name))
             obj = cpp.removesuffix(".cpp.tmp") + ".o.tmp"
             scratch += [cpp, obj]
-            cmds.append([tc.cxx, *(f for f in tc.flags if f != "-shared"), "-c", "-x", "c++", cpp, "-o", obj])
+            cmds.append([tc.cxx, *(f for f in tc.flags if f != "-shared"), *extra, "-c", "-x", "c++", cpp, "-o", obj])
+        if len(cmds) == 1:  # compile and link in one run
+            cmds = [[tc.cxx, *tc.flags, *extra, "-x", "c++", scratch[0], "-x", "none", "-o", out, *tc.libs]]
+            scratch.pop()
         _run_all(cmds, tc)
-        _run([tc.cxx, *tc.flags, *scratch[1::2], "-o", out, "-Wl,-z,defs", *tc.libs], so, tc)
+        if len(pieces) > 1:
+            _run([tc.cxx, *tc.flags, *scratch[1::2], "-o", out, "-Wl,-z,defs", *tc.libs], so, tc)
     except BaseException:  # the linker removes its output when it fails
         Path(out).unlink(missing_ok=True)
         raise
@@ -197,12 +212,13 @@ def _run_all(cmds: list[list[str]], tc: Toolchain) -> None:
 
 def _build_locked(source: str, cache_dir: Path, key: str, tc: Toolchain) -> Path:
     so, marker = entry(cache_dir, key)
-    sweep_once(str(cache_dir))
+    seen = sweep_once(str(cache_dir)) + _built[str(cache_dir)]
     lock = open_lock(cache_dir / f"vf_{key}.lock")
     try:
         fcntl.flock(lock, fcntl.LOCK_EX)
         if not validated(so, marker, key):  # another process may have built it meanwhile
-            publish(_compile(source, so, tc), so, marker, key)
+            publish(_compile(source, so, tc, seen), so, marker, key)
+            _built[str(cache_dir)] += 1
     finally:
         os.close(lock)
     return so
