@@ -38,6 +38,7 @@ from vfuse.ir.defs.contraction import sdpa_dropout, sdpa_has_mask
 from vfuse.ir.shapes import Shape, numel
 from vfuse.ir.sym import hint, is_sym, same
 from vfuse.schedule import expr
+from vfuse.schedule.conv_fold import folded_conv, folded_mnk
 from vfuse.schedule.expr import Lin, Var
 from vfuse.schedule.kernel import ContractionKernel, Load, OperandPrologue, Rand, RandKey, ScatterWalk, Stmt, Store
 from vfuse.schedule.lower import Lowerer, Unsupported
@@ -317,6 +318,9 @@ def _register_tile(graph: Graph, node: str, unit: VectorUnit) -> Tile:
     shape = n.tensor_type.shape
     if n.op in ATTENTION:
         return attention_tile(unit)
+    if n.op is Op.CONV2D and folded_conv(n.attrs, *(graph[i].tensor_type.shape for i in n.inputs), shape):
+        m, cols, _ = folded_mnk(*(graph[i].tensor_type.shape for i in n.inputs), shape)
+        return pick_micro_tile(m, cols, unit)  # one GEMM over all images (schedule/conv_fold.py)
     if n.op is Op.CONV2D:
         # At OH x OW columns, not the direct conv's padded width: a tile that fits the padded width of a
         # small plane exactly would hide the weight re-reads the cost model does not price (library_choice).
@@ -425,6 +429,10 @@ def library_choice(graph: Graph, cost: Cost, cp: ContractionPlan) -> Contraction
     if k.op is Op.SCATTER_ADD:  # eager's walk (no tile to pad): the call and the lost fusion decide
         return choose(cost, 1.0, hint(graph[k.node].type.nbytes), bool(cp.rest))
     shape = k.out_shape
+    if k.op is Op.CONV2D and folded_conv(k.attrs, k.shapes[0], k.shapes[1], shape):
+        m, n, _ = folded_mnk(k.shapes[0], k.shapes[1], shape)  # a weight gradient: images folded
+        epilogue = bool(k.epilogue) or bool(cp.rest)
+        return choose(cost, tile_waste(m, n, k.mr, k.nr), hint(graph[k.node].type.nbytes), epilogue)
     if k.op is Op.CONV2D:
         m, n = shape[1] // k.attrs["groups"], conv_columns(k.attrs, k.shapes[0], k.shapes[1], k.out_shape)
     else:

@@ -30,6 +30,7 @@ from vfuse.codegen.cpp.gemm import (
     render_conv2d,
     render_gemm,
 )
+from vfuse.codegen.cpp.gemm.conv_wgrad import render_conv2d_folded, spec_mnk
 from vfuse.codegen.cpp.gemm.int8 import Int8Spec, render_int8_gemm
 from vfuse.codegen.cpp.gemm.prepack import prepack_layout
 from vfuse.codegen.cpp.gemm.prologue import Prologue
@@ -38,6 +39,7 @@ from vfuse.codegen.cpp.scatter import render_scatter
 from vfuse.codegen.cpp.writer import StatementWriter, pointer, pointer_line
 from vfuse.ir import DType, Op
 from vfuse.ir.sym import hint, same
+from vfuse.schedule.conv_fold import folded_conv
 from vfuse.schedule.kernel import ContractionKernel, Program
 from vfuse.schedule.microtile import VectorUnit
 
@@ -174,9 +176,12 @@ def _conv(k: ContractionKernel, program: Program) -> tuple[str, str]:
         f"{k.name}_conv", n, c, h, w, o, kh, kw, tuple(a["stride"]), tuple(a["padding"]), tuple(a["dilation"]),
         a["groups"], linkage="static", caches=k.caches,
     )  # fmt: skip
-    spec = dataclasses.replace(spec, blocking=_blocking(k, *spec.gemm_mnk))
     epi = Epilogue(k.op.value, _extras(k, program), tuple(_statements(k, _conv_names(k))))
-    return render_conv2d(spec, epi), f"{spec.name}({_args(k)}, {_out(k)}{epi.names()}, nt);"
+    call = f"{spec.name}({_args(k)}, {_out(k)}{epi.names()}, nt);"
+    if folded_conv(a, *k.shapes, k.out_shape):  # a weight gradient: one GEMM over all images
+        return render_conv2d_folded(dataclasses.replace(spec, blocking=_blocking(k, *spec_mnk(spec))), epi), call
+    spec = dataclasses.replace(spec, blocking=_blocking(k, *spec.gemm_mnk))
+    return render_conv2d(spec, epi), call
 
 
 def _mask_strides(mask: tuple[int, ...]) -> list[int]:
