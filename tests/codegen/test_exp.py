@@ -3,8 +3,9 @@
 Every result is compared with float64 math rounded once to float32: within a few ulp for
 normal results and subnormal spacing for subnormal ones, exactly for the edge values (inf,
 0, NaN, signs of zero). Overflow to +inf and underflow to 0 must happen exactly where the
-correctly rounded result is inf or 0. fp32 sigmoid and silu clamp exp's argument to [-88, 88]
-and give +0 / -0 below x = -88 (eager gives 0 below -88.72; the exact values there are < 6.1e-39).
+correctly rounded result is inf or 0. fp32 sigmoid and silu clamp exp's argument at -88 and
+saturate 1 + exp(-x) to +inf below x = -88.376: +0 / -0 there (eager gives 0 below -88.72; the
+exact values there are < 4.2e-39).
 """
 
 from __future__ import annotations
@@ -21,11 +22,14 @@ from vfuse.ir import DType, GraphBuilder, Op
 from vfuse.targets.isa import Isa
 
 INF, NAN = float("inf"), float("nan")
+# sigmoid/silu: 1 + exp(-x) is +inf (n = 128) from this x down; the next float up is finite
+SATURATES = -88.37627410888672
 SPECIALS = [INF, -INF, NAN, 0.0, -0.0, 3.4028234663852886e38, -3.4028234663852886e38, 1e-45, -1e-45, 1.0, -1.0]
 # float32 bit patterns around which exp changes regime: overflow (88.72), normal/subnormal
 # (-87.34), the smallest subnormal (-103.28), rounding to 0 (-103.97), and vf_exp's own
-# range selects (89, -150), sigmoid/silu's clamp (+-88); each also negated.
+# range selects (89, -150), sigmoid/silu's clamp (+-88) and saturation (-88.376); each also negated.
 BOUNDARIES = [88.72283935546875, -87.33654022216797, -103.27892303466797, -103.97207641601562, 89.0, -150.0, 88.0]
+BOUNDARIES += [SATURATES]
 
 
 def _near(value: float, n: int = 300) -> torch.Tensor:
@@ -89,9 +93,10 @@ def test_exp_sigmoid_silu_over_every_regime(tier: Isa) -> None:
     xd = x.double()
     exact = {"exp": torch.exp(xd), "sigmoid": 1 / (1 + torch.exp(-xd)), "silu": xd / (1 + torch.exp(-xd))}
     # measured over all 2^32 floats (sigmoid, silu: x >= -88), Horner's polynomial: exp 1.01 / 0.75,
-    # sigmoid 2.48 / 0.98, silu 2.40 / 0.50; Estrin's, over this sweep: 1.02 / 0.75, 2.47 / 0.95, 2.36 / 0.50
+    # sigmoid 2.48 / 0.98, silu 2.40 / 0.50; Estrin's, over this sweep: 1.02 / 0.75, 2.47 / 0.95, 2.36 / 0.50;
+    # every float in [-88.376, -88): sigmoid 0.73 of subnormal spacing, silu 1.50 ulp
     bounds = {"exp": (2.0, 1.0), "sigmoid": (3.0, 1.0), "silu": (3.0, 1.0)}
-    below = x < -88  # sigmoid and silu: exactly +0 and -0 there (NaN for silu(-inf))
+    below = x <= SATURATES  # sigmoid and silu: exactly +0 and -0 there (NaN for silu(-inf))
     for name, got in (("exp", exp), ("sigmoid", sigmoid), ("silu", silu)):
         keep = ~below if name != "exp" else torch.ones_like(below)
         assert_edges_exact(got[keep], exact[name][keep])
@@ -109,16 +114,19 @@ def test_exp_sigmoid_silu_over_every_regime(tier: Isa) -> None:
 
 def test_edge_values_exactly() -> None:
     x = torch.tensor([-INF, INF, NAN, 0.0, -0.0, 88.72283172607422, 88.72283935546875, -103.972, -104.0, -100.0, 100.0])
-    x = torch.cat([x, torch.tensor([-88.0, -88.00001, 88.0, 1e30, -1e30])])
+    x = torch.cat([x, torch.tensor([-88.0, -88.00001, 88.0, 1e30, -1e30, SATURATES])])
+    x = torch.cat([x, x[-1:].view(torch.int32).sub(1).view(torch.float32)])  # the next float up
     exp, sigmoid, silu = run_f32(x)
     assert exp[:5].tolist()[:2] == [0.0, INF] and exp[2].isnan() and exp[3] == exp[4] == 1.0
     assert 3.40279e38 < exp[5] < INF and exp[6] == INF  # the last float with a finite exp, the next
     assert exp[7] == 1.401298464324817e-45 and exp[8] == 0.0  # min subnormal, then 0
     assert sigmoid.tolist()[:2] == [0.0, 1.0] and sigmoid[2].isnan() and sigmoid[3] == sigmoid[4] == 0.5
-    assert sigmoid[9] == 0.0 and sigmoid[10] == 1.0  # fp32 sigmoid is 0 below -88, as eager's below -88.72
-    assert abs(sigmoid[11].item() - 6.0546e-39) < 1e-42 and sigmoid[12] == 0 and sigmoid[13] == 1.0
-    assert sigmoid[14] == 1.0 and sigmoid[15] == 0.0
-    assert abs(silu[11].item() + 5.3280e-37) < 1e-40 and silu[12] == 0 and torch.signbit(silu[12])
+    assert sigmoid[9] == 0.0 and sigmoid[10] == 1.0  # fp32 sigmoid is 0 below -88.376, as eager's below -88.72
+    assert abs(sigmoid[11].item() - 6.0546e-39) < 1e-42 and abs(sigmoid[12].item() - 6.0546e-39) < 1e-42
+    assert sigmoid[13] == 1.0 and sigmoid[14] == 1.0 and sigmoid[15] == 0.0
+    assert abs(sigmoid[17].item() - 4.1560e-39) < 1e-42 and sigmoid[16] == 0 and not torch.signbit(sigmoid[16])
+    assert abs(silu[11].item() + 5.3280e-37) < 1e-40 and abs(silu[12].item() + 5.3280e-37) < 1e-40
+    assert silu[16] == 0 and torch.signbit(silu[16]) and abs(silu[17].item() + 3.6729e-37) < 1e-40
     assert silu[13] == 88.0 and silu[14] == 1e30 and silu[15] == 0 and torch.signbit(silu[15])
     assert silu[9] == 0 and torch.signbit(silu[9])
     # silu(-inf) is NaN as in eager (-inf * sigmoid(-inf) = -inf * 0); silu(-0) keeps its sign
