@@ -20,6 +20,7 @@ import heapq
 from collections.abc import Iterator
 from dataclasses import dataclass
 
+from vfuse.fusion.columns import fold_column_sums
 from vfuse.fusion.cost import external_inputs
 from vfuse.fusion.forms import POINTWISE_KINDS, Illegal
 from vfuse.fusion.groups import Kernel, KernelTable
@@ -302,5 +303,6 @@ def plan_fusion(graph: Graph, target: Target, budgets: Budgets | None = None) ->
         planner.score_all()
         planner.run()
         plan = planner.plan()
-    # CPU only: the Triton renderer has no horizontal walk (a GPU would want one launch too).
-    return plan if target.is_gpu else horizontal(plan, target.launch_s)
+    # CPU only: the Triton renderer has no horizontal walk (a GPU would want one launch too),
+    # and its GEMM template no column sums (fusion/columns.py).
+    return plan if target.is_gpu else horizontal(fold_column_sums(plan), target.launch_s)

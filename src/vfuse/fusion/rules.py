@@ -31,6 +31,7 @@ class Rule(str, enum.Enum):
     PROLOGUE_INTO_CONTRACTION = "prologue-into-contraction", "a cheap operand transform runs while packing"
     RECOMPUTE_INTO_CONSUMERS = "recompute-into-consumers", "a cheap producer is recomputed in each of its consumers"
     HORIZONTAL = "horizontal", "independent pointwise kernels of one dtype (e.g. every parameter's update) run as one"
+    COLUMN_SUM_EPILOGUE = "column-sum-epilogue", "a bias gradient (sum of a GEMM output's rows) is added up in its tile"
     # forbidding: kernel forms
     TWO_CONTRACTIONS = "two-contractions", "at most one GEMM/conv/attention per kernel"
     CONTRACTION_WITH_REDUCTION = "contraction-with-reduction", "a contraction kernel takes only a pointwise epilogue"

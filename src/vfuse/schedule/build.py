@@ -398,7 +398,7 @@ def _with_io(seg: Segment, buffers: dict[str, Buffer]) -> Segment:
 
 def _stores(k: AnyKernel) -> list[Store]:
     if isinstance(k, ContractionKernel):
-        return [Store(k.out, Lin(), k.result, DType.F32), *k.stores]
+        return [Store(k.out, Lin(), k.result, DType.F32), *k.stores, *((k.colsum,) if k.colsum else ())]
     out = [s for p in k.passes for s in p.body if isinstance(s, Store)]
     return out + [s for s in k.after if isinstance(s, Store)]
 

@@ -38,6 +38,7 @@ from vfuse.ir.defs.contraction import sdpa_dropout, sdpa_has_mask
 from vfuse.ir.shapes import Shape, numel
 from vfuse.ir.sym import hint, is_sym, same
 from vfuse.schedule import expr
+from vfuse.schedule.colsum import column_store, split_column_sum
 from vfuse.schedule.conv_fold import folded_conv, folded_mnk
 from vfuse.schedule.expr import Lin, Var
 from vfuse.schedule.kernel import ContractionKernel, Load, OperandPrologue, Rand, RandKey, ScatterWalk, Stmt, Store
@@ -351,11 +352,14 @@ def plan_contraction(graph: Graph, nodes: tuple[str, ...], outputs: tuple[str, .
             ops.add(i)
     else:
         raise Unsupported(f"no template for {op.value}")
+    # A bias gradient the planner put in the group (fusion/columns.py) is no epilogue value.
+    cs, rest, outputs = split_column_sum(graph, node, rest, outputs)
     if op is Op.SCATTER_ADD:
         fused = _reshaped(graph, node, rest, outputs)
     else:
         fused = None if op in NO_EPILOGUE else _fuse(graph, node, rest, outputs, prologue, dtypes is GPU_DTYPES)
     out, stmts, result, extras, stores = fused if fused else (node, [], "v", set(), ())
+    colsum = column_store(graph, node, cs, out, result, stores) if fused and dtypes is not GPU_DTYPES else None
     kernel = ContractionKernel(
         f"k{gid}_c", gid, label, op, node, tuple(ops.names), tuple(ops.shapes), graph[node].tensor_type.shape,
         graph[out].tensor_type.shape, out, tuple(stmts), result, tuple(sorted(extras | ops.loads)),
@@ -368,10 +372,14 @@ def plan_contraction(graph: Graph, nodes: tuple[str, ...], outputs: tuple[str, .
         scatter=scatter_walk(ops.shapes[0], graph[node].tensor_type.shape, graph[node].attrs["taps"])
         if op is Op.SCATTER_ADD else None,
         stores=stores,
+        colsum=colsum,
     )  # fmt: skip
     # Split: the leftover kernels recompute the (cheap) prologue values they read, and store
-    # those other groups read, as torch used to leave them in its env.
+    # those other groups read, as torch used to leave them in its env. A column sum not in the
+    # template runs after it, as its own row kernel.
     rest_nodes = frozenset() if fused else rest | prologue
+    if cs is not None and colsum is None:
+        rest_nodes |= cs.nodes
     return ContractionPlan(tuple(dict.fromkeys(ops.copies)), prologue, kernel, rest_nodes)
 
 

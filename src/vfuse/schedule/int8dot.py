@@ -41,7 +41,7 @@ class _Affine:
 def with_int8_dot(k: ContractionKernel, graph: Graph, extras: frozenset[IsaExtra]) -> ContractionKernel:
     """`k` computed as an int8 dot product where that is exact and the target has the instruction."""
     dot = next((d for d in DOTS if d[1] in extras and d[2] == k.vector), None)
-    if dot is None or k.op is not Op.MATMUL:
+    if dot is None or k.op is not Op.MATMUL or k.colsum is not None:  # the int8 template has no column sums
         return k
     a, b = graph[k.node].inputs
     ta, tb = graph[a].tensor_type, graph[b].tensor_type

@@ -424,7 +424,8 @@ class ContractionKernel:
     blocks: tuple[int, int] = (64, 64)  # attention: query rows x keys per tile (`microtile.attention_blocks`)
     scatter: ScatterWalk | None = None  # SCATTER_ADD: how its threads share the output
     stores: tuple[Store, ...] = ()  # GEMM on CPU: more outputs shaped like `out`, from the same tile
-    written = property(lambda self: (self.out, *(s.buf for s in self.stores)), doc="`out`, then `stores`' buffers")
+    colsum: Store | None = None  # GEMM on CPU: `buf` gets the column sums of var `arg` (schedule/colsum.py)
+    written = property(lambda self: (self.out, *(s.buf for s in (*self.stores, *filter(None, [self.colsum])))))
 
     def prologue(self, i: int) -> OperandPrologue | None:
         return self.prologues[i] if i < len(self.prologues) else None

@@ -136,6 +136,10 @@ def _gemm(k: ContractionKernel, program: Program) -> tuple[str, str]:
     out = program.buffers[k.out].type.dtype
     stmts = tuple(_statements(k, _gemm_names(k), out))
     epi = Epilogue(k.op.value, _extras(k, program), stmts, _store(k, out), STORAGE_TYPE[out])
+    if k.colsum is not None:  # a bias gradient: column sums of an epilogue value (gemm/driver.py)
+        sums = pointer(k.colsum.buf)
+        args = (*epi.args, EpilogueArg(sums, "float*"))
+        epi = dataclasses.replace(epi, args=args, colsum=k.colsum.arg, colsum_out=sums)
     if k.prepacked_b and spec.tiles().nr != k.nr:  # prepack_bytes sized the region for k.nr
         raise ValueError(f"{k.name}: blocking nr {spec.tiles().nr} is not the kernel's {k.nr}")
     return render_gemm(spec, epi), f"{spec.name}({_args(k)}, {_out(k)}{epi.names()}{_pre(k, program)}, nt);"
