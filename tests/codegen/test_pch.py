@@ -4,8 +4,10 @@ wrong library."""
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
+import sys
 import threading
 from pathlib import Path
 
@@ -167,3 +169,35 @@ def test_concurrent_builders_build_it_once(tmp_path: Path, monkeypatch: pytest.M
     for t in threads:
         t.join()
     assert builds == [1] and len(got) == 3 and all(g is not None for g in got)
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="built in the background on two cores or more")
+def test_prepared_directory_has_it_for_the_first_compile(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """An entry point's `prepare` builds it while the graph is traced: a cold one-graph compile takes it."""
+    monkeypatch.delenv("VFUSE_PCH", raising=False)
+    used: list[bool] = []
+    real = toolchain._compile_units
+    monkeypatch.setattr(
+        toolchain, "_compile_units", lambda p, so, tc, h: used.append(h is not None) or real(p, so, tc, h)
+    )
+    monkeypatch.setattr(toolchain, "UNIT_BYTES", 1)  # as for a large source: waits for the build
+    toolchain.prepare(tmp_path)
+    toolchain.prepare(tmp_path)  # once per process and directory
+    assert len([t for t in threading.enumerate() if t.name == "vfuse-pch"]) <= 1
+    monkeypatch.setenv("VFUSE_CXX_UNITS", "1")
+    _check(11, tmp_path)
+    assert used == [True]
+
+
+def test_process_ending_during_the_build_leaves_the_cache_usable(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A process that exits while its background build runs kills the compiler; the header is
+    built again by the next process that wants it."""
+    code = (
+        "import sys\nfrom pathlib import Path\nfrom vfuse.codegen.cpp import pch, toolchain\n"
+        f"toolchain.prepare(Path({str(tmp_path)!r}))\nsys.exit(0 if pch._started else 3)\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
+    assert not list(tmp_path.glob("vf_pch_*.ok"))
+    _pch(tmp_path, monkeypatch)

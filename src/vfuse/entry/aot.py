@@ -20,6 +20,7 @@ import torch.utils._pytree as pytree
 from torch.export import ExportedProgram
 from torch.export.graph_signature import InputKind, OutputKind
 
+from vfuse.codegen.cpp.toolchain import prepare
 from vfuse.compiler import compile_fx, lower_fx, optimize
 from vfuse.context import Context, Options
 from vfuse.entry import observe
@@ -258,6 +259,8 @@ def _lifted_tensor(program: ExportedProgram, spec: Any) -> torch.Tensor | None:
 
 def compile_aot(fn: Callable, example_inputs: Sequence[Any], dynamic_shapes: Any = None, **options: Any) -> AotCompiled:
     checked = Options.from_env(**options)  # a bad option fails before the export
+    if checked.backend in ("cpp", "auto"):  # the precompiled prelude, built during the export
+        prepare(checked.cache_dir, checked.isa)
     program = export(fn, example_inputs, dynamic_shapes)
     foreign = foreign_device(program.graph_module, allowed=devices_for(checked.backend))
     if foreign is not None:  # kernels read CPU memory only; torch.compile runs such graphs eagerly

@@ -23,6 +23,7 @@ from torch._subclasses.fake_tensor import unset_fake_temporarily
 
 # The pipeline is imported with the backend (at torch.compile time), not inside the first
 # compile: a user's first call then waits for compilation only.
+from vfuse.codegen.cpp.toolchain import prepare
 from vfuse.compiler import compile_fx
 from vfuse.context import Options
 from vfuse.entry import dropout, observe
@@ -69,6 +70,8 @@ class VfuseBackend:
         self.arenas = ArenaLender()  # one arena lent to its graphs in turn (runtime/arenas.py)
 
     def __call__(self, gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> Callable:
+        if self.options.backend in ("cpp", "auto"):  # the precompiled prelude, built during AOTAutograd
+            prepare(self.options.cache_dir, self.options.isa)
         frozen = _parameter_inputs(gm, example_inputs) if self.options.freeze and not torch.is_grad_enabled() else {}
         attention = None  # before AOTAutograd, which would save the N x N probabilities:
         if _needs_grad(gm, example_inputs):

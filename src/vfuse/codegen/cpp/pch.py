@@ -17,18 +17,22 @@ swept like the libraries'), renamed into place, and probed with `-H`, which prin
 header g++ took precompiled; the marker, written last, names the digests of both files and the
 verdict. A header is used only while its marker matches both files (symlinks refused; hashed
 again only when a file's identity changes), and only a `used` verdict counts: a rejected one
-compiles the full text as before. Any failure of a compile through the header recompiles the full
+compiles the full text as before. Entry points call `toolchain.prepare` before tracing: on two
+cores or more the header is then built in a thread meanwhile, so even a cold one-graph compile
+takes it (the tracing runs on one core). Any failure of a compile through the header recompiles the full
 text without it (`toolchain._compile`). VFUSE_PCH=0 turns it off, =1 builds it on the first unit.
 """
 
 from __future__ import annotations
 
+import atexit
 import fcntl
 import hashlib
 import os
 import stat
 import subprocess
 import tempfile
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -44,6 +48,8 @@ BUILD_AFTER = 4  # libraries a directory has seen before a header is built for i
 _UNSAFE = ("__FILE__", "__COUNTER__", "__DATE__", "__TIME__", "__BASE_FILE__", "__INCLUDE_LEVEL__")
 _OPEN_FLAGS = os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC
 EVICT_AFTER_S = 86400.0
+_started: dict[str, threading.Thread] = {}  # marker -> this process's `start` thread
+_running: set[subprocess.Popen[bytes]] = set()  # header builds under way
 _failed: set[str] = set()  # markers whose build failed in this process: not tried again
 _checked: dict[str, tuple[tuple[tuple[int, ...], ...], str]] = {}  # marker -> (identities it matched, verdict)
 
@@ -87,14 +93,40 @@ def files(cache_dir: Path, key: str) -> tuple[Path, Path, Path]:
     return header, cache_dir / f"vf_pch_{key}.h.gch", cache_dir / f"vf_pch_{key}.ok"
 
 
-def prelude_pch(source: str, cache_dir: Path, key: str, tc: Compiler, seen: int) -> Pch | None:
+def start(cache_dir: Path, key: str, tc: Compiler) -> bool:
+    """Check, and build when missing, the header of `cache_dir` in a thread of its own (once per
+    process): the caller traces and schedules meanwhile, on one core, and its first compile finds
+    the header ready (`prelude_pch` waits for the thread). Only on two cores or more; whether a
+    thread was started."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    header, gch, marker = files(cache_dir, key)
+    if mode() == "0" or not eligible(PRELUDE) or cores < 2 or str(marker) in _started or str(marker) in _failed:
+        return False
+    thread = threading.Thread(target=_background, args=(header, gch, marker, key, tc), name="vfuse-pch", daemon=True)
+    _started[str(marker)] = thread
+    thread.start()
+    return True
+
+
+def _background(header: Path, gch: Path, marker: Path, key: str, tc: Compiler) -> None:
+    if _build_locked(header, gch, marker, key, tc) is None:
+        _failed.add(str(marker))
+
+
+def prelude_pch(source: str, cache_dir: Path, key: str, tc: Compiler, seen: int, wait: bool = True) -> Pch | None:
     """The precompiled prelude for `source` in `cache_dir` (which has seen `seen` libraries), built
-    now when due; None when the source does not start with the prelude, it is off or not due, or
-    g++ rejects it."""
+    now when due, or by `start`'s thread: waited for if `wait` (a large source: the build is
+    well under way, or pays anyway), else not taken while unfinished. None when the source does
+    not start with the prelude, it is off, not due or not ready, or g++ rejects it."""
     want = mode()
     if want == "0" or not eligible(source):
         return None
     header, gch, marker = files(cache_dir, key)
+    thread = _started.get(str(marker))
+    if thread is not None:
+        if not wait and thread.is_alive():
+            return None
+        thread.join()
     verdict = _verdict(header, gch, marker, key)
     if verdict is None and (want == "1" or seen >= BUILD_AFTER) and str(marker) not in _failed:
         verdict = _build_locked(header, gch, marker, key, tc)
@@ -129,7 +161,7 @@ def _build(header: Path, gch: Path, marker: Path, key: str, tc: Compiler) -> str
     try:
         flags = [f for f in tc.flags if f != "-shared"]
         cmd = [tc.cxx, *flags, "-x", "c++-header", str(header), "-o", tmp]
-        subprocess.run(cmd, capture_output=True, timeout=600, check=True)
+        _run(cmd)
         with open(tmp, "rb") as f:
             os.fsync(f.fileno())
         os.replace(tmp, gch)
@@ -142,6 +174,25 @@ def _build(header: Path, gch: Path, marker: Path, key: str, tc: Compiler) -> str
         return None  # replaced meanwhile: not ours to vouch for
     atomic_write(marker, _marker_text(key, lines, verdict))
     return verdict
+
+
+def _run(cmd: list[str]) -> None:
+    """Run the compiler, killed at exit should this process end first (a `start` thread's)."""
+    with subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL) as proc:
+        _running.add(proc)
+        try:
+            if proc.wait(timeout=600) != 0:
+                raise subprocess.CalledProcessError(proc.returncode, cmd)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+            _running.discard(proc)
+
+
+@atexit.register
+def _kill_running() -> None:
+    for proc in list(_running):
+        proc.kill()
 
 
 def _evict(cache_dir: Path, keep: Path) -> None:

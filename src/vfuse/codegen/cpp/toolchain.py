@@ -11,7 +11,8 @@ concurrent compiles of the same graph (several processes) build it once. A cache
 is unsafe (another owner, writable by others) or read-only is not written; kernels then go to a
 private temporary directory, with a CacheDirWarning (`vfuse.cachedir`). A large source is
 compiled as several units at once, one per core, and linked (`units.py`, `unit_count`); their
-scratch files are temporaries of the same directory, swept like the library's.
+scratch files are temporaries of the same directory, swept like the library's. Units take
+the prelude from a precompiled header of the cache where there is one (`pch.py`).
 """
 
 from __future__ import annotations
@@ -29,9 +30,9 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from vfuse.cachedir import private_dir, usable_dir, warn_unused
+from vfuse.cachedir import dir_problem, make_private_dir, private_dir, usable_dir, warn_unused
 from vfuse.codegen.cpp.cache import atomic_write, entry, open_lock, publish, sweep_once, validated
-from vfuse.codegen.cpp.pch import KEY_TEXT, Pch, prelude_pch
+from vfuse.codegen.cpp.pch import KEY_TEXT, Pch, prelude_pch, start
 from vfuse.codegen.cpp.units import split
 from vfuse.errors import VfuseCompileError, VfuseError
 from vfuse.targets.cpu import isa_fingerprint, isa_for
@@ -122,7 +123,8 @@ def _compile(source: str, so: Path, tc: Toolchain, seen: int) -> Path:
     cpp = so.with_suffix(".cpp")
     atomic_write(cpp, source)
     pieces = split(source, unit_count(len(source))) or [source]
-    pch = prelude_pch(source, so.parent, cache_key(KEY_TEXT, tc), tc, seen)
+    # A small source does not wait for a header still being built: its prelude costs less.
+    pch = prelude_pch(source, so.parent, cache_key(KEY_TEXT, tc), tc, seen, wait=len(source) >= UNIT_BYTES)
     for first in (pch, None) if pch is not None else (None,):
         if first is not None or len(pieces) > 1:
             with contextlib.suppress(CompileError):
@@ -222,6 +224,19 @@ def _build_locked(source: str, cache_dir: Path, key: str, tc: Toolchain) -> Path
     finally:
         os.close(lock)
     return so
+
+
+def prepare(cache_dir: Path, isa: str = "auto") -> None:
+    """Have the precompiled prelude of `cache_dir` checked or built in the background
+    (`pch.start`) while the caller traces and schedules a graph. Quiet: a directory that cannot
+    be used or a compiler that does not run is left for the build to report."""
+    try:
+        make_private_dir(cache_dir)
+        if dir_problem(cache_dir) is None:
+            tc = find_toolchain(isa=None if isa == "auto" else Isa(isa))
+            start(cache_dir, cache_key(KEY_TEXT, tc), tc)
+    except (OSError, ValueError, VfuseError):
+        return
 
 
 def build_library(source: str, cache_dir: Path, tc: Toolchain) -> Path:
