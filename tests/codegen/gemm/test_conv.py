@@ -8,7 +8,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from vfuse.codegen.cpp.gemm import ConvSpec, Epilogue, render_conv2d
+from vfuse.codegen.cpp.gemm import Blocking, ConvSpec, Epilogue, render_conv2d
 from vfuse.codegen.cpp.gemm import epilogues as E
 from vfuse.codegen.cpp.gemm.conv import render_conv2d_gemm
 from vfuse.schedule.microtile import VectorUnit
@@ -128,3 +128,21 @@ def test_other_tiers(build, call, unit: VectorUnit, march: str, stride: int) -> 
     out = torch.empty_like(want)
     call(lib, s.name, x, w, out, bias)
     torch.testing.assert_close(out, want, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("groups", [1, 2])
+def test_weight_packed_once_per_call(build, call, groups: int) -> None:
+    """Several images share the weight, packed once per call for all of them (conv.py
+    _packed_weight): ragged MR slivers (14 rows of 8), K blocks of 48 over K = 360 (the last
+    short), 3 threads over 3 images; a second call with another weight must use that weight."""
+    blk = Blocking(mr=8, nr=48, mc=16, kc=48, nc=96, lanes=16)
+    s = ConvSpec(f"packed_once_g{groups}", 3, 40, 11, 9, 14 * groups, 3, 3, (2, 2), (1, 1), groups=groups, blocking=blk)
+    lib = build(render_conv2d(s, E.bias_relu("c")))
+    x = torch.randn(s.n, s.c_in, s.h, s.w)
+    for seed in (1, 2):
+        torch.manual_seed(seed)
+        w, bias = torch.randn(s.c_out, s.c_in // groups, 3, 3) / 19.0, torch.randn(s.c_out)
+        out = torch.full((s.n, s.c_out, *s.out_hw), float("nan"))
+        call(lib, s.name, x, w, out, bias, nthreads=3)
+        want = F.relu(F.conv2d(x, w, bias, stride=2, padding=1, groups=groups))
+        torch.testing.assert_close(out, want, rtol=1e-4, atol=1e-4)

@@ -199,11 +199,13 @@ def render_conv2d_gemm(spec: ConvSpec, epilogue: Epilogue) -> str:
     else:
         pack = f"{spec.name}_im2col(x_b, pc, kc, j, nr, bps);"
         gather = _im2col(spec, blk.nr)
+    params = "const float* __restrict X, const float* __restrict Wt, float* __restrict Y"
+    shared_a = spec.n > 1  # images share the weight: pack it once per call (_packed_weight)
     driver = Driver(
-        name=spec.name,
-        linkage=spec.linkage,
-        params="const float* __restrict X, const float* __restrict Wt, float* __restrict Y",
-        args="X, Wt, Y",
+        name=f"{spec.name}_gemm" if shared_a else spec.name,
+        linkage="static" if shared_a else spec.linkage,
+        params=params + (", const float* __restrict Ap" if shared_a else ""),
+        args="X, Wt, Y" + (", Ap" if shared_a else ""),
         batch=spec.n * spec.groups,
         m=m,
         n=n_cols,
@@ -214,13 +216,70 @@ def render_conv2d_gemm(spec: ConvSpec, epilogue: Epilogue) -> str:
         pack_b=pack,
         row_names=f"    [[maybe_unused]] const long n = bi / {spec.groups}, c = (bi % {spec.groups}) * {m} + i;\n",
         elem_names="      [[maybe_unused]] const long p = j;\n",
+        pack_a=_packed_block(spec, blk) if shared_a else "",
     )
     header = f"// vfuse conv2d {spec.name}: {spec}, epilogue {epilogue.name}, {blk}\n"
-    return (
-        render_prelude()
-        + PACKERS
-        + render_microkernel(blk.mr, blk.nr, blk.lanes)
-        + gather
-        + header
-        + render_driver(driver, blk, epilogue)
-    )
+    body = render_driver(driver, blk, epilogue)
+    if shared_a:
+        body += _packed_weight(spec, blk, params, epilogue)
+    return render_prelude() + PACKERS + render_microkernel(blk.mr, blk.nr, blk.lanes) + gather + header + body
+
+
+def _mpad(spec: ConvSpec, blk: Blocking) -> int:
+    return -(-spec.gemm_mnk[0] // blk.mr) * blk.mr
+
+
+def _packed_block(spec: ConvSpec, blk: Blocking) -> str:
+    """The driver's A block (rows ic.., K columns pc..) inside the weight packed by NAME_pack_all:
+    per group, per KC block (at pc * Mpad), MR-row slivers of kc x MR floats (the sliver at row ic
+    at ic * kc): the layout vg_pack_a writes per block, so the micro-kernel reads it in place."""
+    k = spec.gemm_mnk[2]
+    return f"ap = const_cast<float*>(Ap) + g_ * {k * _mpad(spec, blk)} + pc * {_mpad(spec, blk)} + ic * kc;"
+
+
+def _packed_weight(spec: ConvSpec, blk: Blocking, params: str, epi: Epilogue) -> str:
+    """NAME: packs the weight once for all images, then runs the driver (NAME_gemm) on it.
+
+    Why: the driver packs A per batch entry, and a conv's A (the weight) is the same for every
+    image: a strided pass over the whole weight per image, ~1/4 of a 2-image 16x16 -> 8x8 conv's
+    time (perf, AVX2, 128 -> 256 channels). Packed in parallel (one fork) into a buffer of the
+    calling thread that every thread reads."""
+    m, _, k = spec.gemm_mnk
+    mpad, slivers = _mpad(spec, blk), _mpad(spec, blk) // blk.mr
+    blocks = -(-k // blk.kc)
+    name, total = spec.name, spec.groups * k * mpad
+    return f"""
+static float* {name}_abuf() {{
+  struct Buf {{ float* p = nullptr; ~Buf() {{ std::free(p); }} }};
+  static thread_local Buf b;
+  if (!b.p) b.p = static_cast<float*>(std::aligned_alloc(64, {-(-total * 4 // 64) * 64}));
+  return b.p;
+}}
+
+static void {name}_pack_all(const float* __restrict Wt, float* __restrict ap, long nth) {{
+#pragma omp parallel for num_threads(nth) schedule(static) if (nth > 1)
+  for (long t = 0; t < {spec.groups * blocks * slivers}; ++t) {{
+    const long g = t / {blocks * slivers}, pc = (t / {slivers}) % {blocks} * {blk.kc}, ic = t % {slivers} * {blk.mr};
+    const long kc = vg_min({blk.kc}, {k} - pc), rows = vg_min({blk.mr}, {m} - ic);
+    const float* __restrict w = Wt + g * {m * k} + ic * {k} + pc;
+    float* __restrict d = ap + g * {k * mpad} + pc * {mpad} + ic * kc;
+    // k-major with the MR rows innermost: contiguous stores from MR read streams, 1.8x faster
+    // than vg_pack_a's row-at-a-time strided stores (256 x 1152, AVX2).
+    if (rows == {blk.mr}) {{
+      for (long kk = 0; kk < kc; ++kk)
+#pragma GCC unroll 16
+        for (int r = 0; r < {blk.mr}; ++r) d[kk * {blk.mr} + r] = w[r * {k} + kk];
+    }} else {{
+      for (long kk = 0; kk < kc; ++kk)
+        for (int r = 0; r < {blk.mr}; ++r) d[kk * {blk.mr} + r] = r < rows ? w[r * {k} + kk] : 0.0f;
+    }}
+  }}
+}}
+
+{spec.linkage} void {name}({params}{epi.params()}, int nthreads) {{
+  const long nth = nthreads > 0 ? nthreads : omp_get_max_threads();
+  float* ap = {name}_abuf();
+  {name}_pack_all(Wt, ap, nth);
+  {name}_gemm(X, Wt, Y, ap{epi.names()}, nthreads);
+}}
+"""
