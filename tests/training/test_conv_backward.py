@@ -14,7 +14,6 @@ import vfuse
 from vfuse.context import Context
 from vfuse.entry.trace import trace_aten
 from vfuse.frontend.lower import lower
-from vfuse.fusion.rules import Rule
 from vfuse.interp import run
 from vfuse.ir import Op
 from vfuse.report.rows import RunKind
@@ -135,6 +134,7 @@ WGRAD_CASES = [
     (2, 3, 1, 1, 4, 3, 1, 1),  # 1x1 spatial: grad_output 1x1, a 3x3 plane (per image)
     (1, 2, 12, 12, 17, 5, 1, 2),  # 5x5
     (2, 3, 15, 15, 8, 7, 2, 3),  # a stem: 7x7 stride 2 over 3 channels
+    (1, 2, 2, 3, 3, 3, 2, 3),  # padding past the taps' reach: rows of zeros only
 ]
 
 

@@ -12,8 +12,8 @@ contraction (`fusion/library.py`), never as a torch convolution_backward:
   a conv over grad_output dilated by s), and the phases are interleaved (CAT, a pointwise
   kernel) and cut to the input's size, which the forward's output may not determine.
 * grad_weight: the batch/channel swap. Over x viewed as Cg images of G*N channels and grad_output
-  as G*Og filters of N channels (Ho x Wo taps), conv2d with stride d, dilation s, padding p and
-  G groups gives (Cg, Cout, >= k, >= k): cropped to the kernel and transposed.
+  as G*Og filters of N channels (Ho x Wo taps), conv2d with stride d, dilation s and G groups over
+  x cut and zero-padded to the positions the taps read gives (Cg, Cout, k, k): transposed.
 * grad_bias: the sum of grad_output over N, H, W.
 
 Only the gradients in output_mask are computed.
@@ -140,17 +140,38 @@ def grad_input(em: Emitter, go: str, w: str, in_hw: Pair, geo: Geometry) -> str:
     return slice_(em, slice_(em, v, 2, 0, in_hw[0]), 3, 0, in_hw[1])
 
 
+def _window(em: Emitter, v: str, dim: int, lo: int, hi: int) -> str:
+    """v's positions [lo, hi) along dim, zeros where they fall outside v (explicit padding)."""
+    size, t = em.ttype(v).shape[dim], em.ttype(v)
+    if max(lo, 0) >= min(hi, size):  # padding only
+        shape = (*t.shape[:dim], hi - lo, *t.shape[dim + 1 :])
+        return em.emit(Op.FULL, value=python_scalar(0, t.dtype), shape=shape, dtype=t.dtype)
+    parts = []
+    for width in (-lo, None, hi - size):
+        if width is None:
+            parts.append(slice_(em, v, dim, max(lo, 0), min(hi, size)))
+        elif width > 0:
+            shape = (*t.shape[:dim], width, *t.shape[dim + 1 :])
+            parts.append(em.emit(Op.FULL, value=python_scalar(0, t.dtype), shape=shape, dtype=t.dtype))
+    return parts[0] if len(parts) == 1 else em.emit(Op.CAT, parts, dim=dim)
+
+
 def grad_weight(em: Emitter, go: str, x: str, kernel: Pair, geo: Geometry) -> str:
-    """dL/dw: conv2d over x with batch and channels exchanged, grad_output as the filters."""
+    """dL/dw: conv2d over x with batch and channels exchanged, grad_output as the filters. x is cut
+    (and zero-padded) to the rows and columns the kernel's taps read, so the conv's output plane
+    is the kernel itself: a symmetric padding would add p // d rows, and a stride s output
+    positions up to the input's end (3x3, stride 2 at 16x16: a 4x4 plane, 78 % more flops)."""
     n, c, h, w = em.ttype(x).shape
     _, out_ch, ho, wo = em.ttype(go).shape
     g = geo.groups
+    for dim, k, o, s, p, d in zip((2, 3), kernel, (ho, wo), geo.stride, geo.padding, geo.dilation, strict=True):
+        x = _window(em, x, dim, -p, (k - 1) * d + (o - 1) * s - p + 1)
+    h, w = em.ttype(x).shape[2:]
     xs = reshape(em, x, (n, g, c // g, h, w))
     xs = reshape(em, permute(em, xs, (2, 1, 0, 3, 4)), (c // g, g * n, h, w))
     gs = reshape(em, go, (n, g, out_ch // g, ho, wo))
     gs = reshape(em, permute(em, gs, (1, 2, 0, 3, 4)), (out_ch, n, ho, wo))
-    v = em.emit(Op.CONV2D, (xs, gs), stride=geo.dilation, padding=geo.padding, dilation=geo.stride, groups=g)
-    v = slice_(em, slice_(em, v, 2, 0, kernel[0]), 3, 0, kernel[1])
+    v = em.emit(Op.CONV2D, (xs, gs), stride=geo.dilation, padding=(0, 0), dilation=geo.stride, groups=g)
     return permute(em, v, (1, 0, 2, 3))
 
 
