@@ -54,6 +54,8 @@ CASES: dict[str, tuple[Callable, Callable[[], tuple[torch.Tensor, ...]]]] = {
         lambda x, w: F.silu(F.rms_norm(x.bfloat16(), (256,), w.bfloat16())).float(),
         lambda: (torch.randn(64, 256), torch.randn(256)),
     ),
+    # an odd count: mask-free full blocks (16-byte accesses), the tail program masked; a bool output
+    "pointwise_odd": (lambda x, y: ((x - y).sigmoid(), x > y), lambda: (torch.randn(100003), torch.randn(100003))),
     "linear_gelu": (lambda x, w: F.gelu(x @ w.t()), lambda: (torch.randn(130, 96), torch.randn(70, 96))),
     "fp8_linear": (  # fp8 operands straight into an fp8 wgmma, the scales on the accumulator
         lambda a, b: (a.float() * 0.5) @ (b.float() * 0.25).t(),
@@ -122,7 +124,12 @@ def test_parameters_are_read_in_place_by_the_graph() -> None:
     w.mul_(-2)
     torch.testing.assert_close(compiled(x, w), fn(x, w))
     (cap,) = _executor(compiled)._graphs[x.device]._graphs.values()
-    assert cap.inputs[1] is w and cap.copied == (0,) and _graphs(compiled).captures == 1
+    # x, passed again at its address, is held too: the replay copies nothing
+    assert cap.inputs[1] is w and cap.inputs[0] is x and cap.copied == () and _graphs(compiled).captures == 1
+    x2 = torch.randn(32, 256, device="cuda")  # another x: copied from then on (captured once more)
+    torch.testing.assert_close(compiled(x2, w), fn(x2, w))
+    (cap,) = _executor(compiled)._graphs[x.device]._graphs.values()
+    assert cap.inputs[1] is w and cap.copied == (0,) and _graphs(compiled).captures == 2
 
 
 def test_static_outputs_reuse_the_captured_buffer() -> None:
@@ -192,3 +199,16 @@ def test_the_cost_model_leaves_large_inputs_and_single_kernels_uncaptured() -> N
         torch.testing.assert_close(compiled(x, y), (x + y).relu())
     s = _graphs(compiled)
     assert s.captures == 0 and s.uncaptured == 2 and "copy" in s.declined, s
+
+
+def test_the_autotuner_compiles_candidates_ahead_then_times_them(tmp_path: Any) -> None:
+    """The first CUDA call of a GEMM with an empty autotune cache: every candidate compiled
+    concurrently before timing (`TemplateTimer.prepare`), each timed by launching its compiled
+    kernel; the choice runs and matches eager."""
+    fn = lambda x, w: F.gelu(x @ w.t())  # noqa: E731
+    x, w = torch.randn(256, 192, device="cuda"), torch.randn(320, 192, device="cuda")
+    compiled = _compile(fn, (x, w), cache_dir=tmp_path)
+    torch.testing.assert_close(compiled(x, w), fn(x, w), rtol=2e-3, atol=2e-3)
+    tuner = _executor(compiled).autotuner
+    assert tuner is not None and tuner.timed >= 2 and tuner.compile_s > 0, tuner
+    print(f"autotune: {tuner.timed} candidates compiled ahead in {tuner.compile_s:.1f} s")

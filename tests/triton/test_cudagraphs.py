@@ -86,7 +86,10 @@ def test_warm_up_then_capture_once_then_replay_with_inputs_copied() -> None:
     assert (s.warmups, s.captures, s.replays, s.uncaptured) == (1, 1, 3, 0)
     assert (driver.captures, driver.replays, len(driver.pools)) == (1, 3, 1)
     (cap,) = ex._graphs[torch.device("cpu")]._graphs.values()
-    assert cap.copied == (0, 1) and cap.pinned == {}  # plain tensors: both copied
+    # x: a new tensor per call, copied into its static buffer; w: passed again at its address
+    # (the warm-up's), so it is held: read in place, never copied
+    assert cap.copied == (0,) and cap.pinned == {1: w.data_ptr()} and cap.inputs[1] is w
+    assert s.copies == 3
     ptrs = [t.data_ptr() for t in cap.inputs]
     compiled(x, w)
     assert [t.data_ptr() for t in cap.inputs] == ptrs and torch.equal(cap.inputs[0], x)
@@ -94,6 +97,59 @@ def test_warm_up_then_capture_once_then_replay_with_inputs_copied() -> None:
     assert len({o.data_ptr() for o in seen}) == len(seen)
     for xi, out in zip(xs, seen, strict=True):
         torch.testing.assert_close(out, fn(xi, w))
+
+
+def test_inputs_passed_again_are_read_in_place_until_one_moves() -> None:
+    """A caller reusing its input buffers: the replay copies nothing and reads what is in them
+    now (updated in place too); a buffer at another address later is copied from then on (one
+    capture more), the others stay held."""
+    fn = lambda x, y: torch.relu(x + y) * y  # noqa: E731
+    x, y = torch.randn(5, 11), torch.randn(5, 11)
+    compiled, ex, drivers = _graphed(fn, (x, y))
+    for _ in range(3):
+        torch.testing.assert_close(compiled(x, y), fn(x, y))
+    x.mul_(-2)  # in place: the held buffer is what the graph reads
+    torch.testing.assert_close(compiled(x, y), fn(x, y))
+    s = _stats(ex)
+    assert (s.warmups, s.captures, s.replays, s.copies) == (1, 1, 3, 0)
+    (cap,) = ex._graphs[torch.device("cpu")]._graphs.values()
+    assert cap.copied == () and cap.inputs[0] is x and cap.inputs[1] is y
+    x2 = torch.randn(5, 11)
+    for xi in (x2, torch.randn(5, 11), x):  # x moved: copied for good, even when x comes back
+        torch.testing.assert_close(compiled(xi, y), fn(xi, y))
+    (cap,) = ex._graphs[torch.device("cpu")]._graphs.values()
+    assert cap.copied == (0,) and cap.pinned == {1: y.data_ptr()} and cap.inputs[0] is not x
+    assert (s.captures, s.replays, s.copies, drivers[0].captures) == (2, 6, 3, 2)
+    assert "(3 input copies)" in s.describe()
+
+
+def test_a_held_input_that_moves_is_priced_again_with_its_copy() -> None:
+    """Captured without copies (x held), the key is priced again once x moves: a copy of a
+    large input against one launch saved is declined, and the key runs uncaptured."""
+    fn = lambda x: x.exp() * 2  # noqa: E731
+    x = torch.randn(64, 64)
+    compiled, ex, _ = _graphed(fn, (x,), static_outputs=True)
+    ex.replay_cost = ReplayCost(launches=2, device_s=1e-9, launch_s=3e-6, bandwidth=1e9)  # a copy: 32 us
+    for _ in range(3):
+        torch.testing.assert_close(compiled(x), fn(x))
+    s = _stats(ex)
+    assert (s.captures, s.replays, s.copies) == (1, 2, 0)
+    x2 = torch.randn(64, 64)
+    torch.testing.assert_close(compiled(x2), fn(x2))
+    assert (s.captures, s.replays, s.uncaptured) == (1, 2, 1) and "copy 0.02 MiB in 1 copies" in s.declined
+    torch.testing.assert_close(compiled(x), fn(x))  # declined for good
+    assert s.uncaptured == 2 and not ex._graphs[torch.device("cpu")]._graphs
+
+
+def test_a_replay_draws_no_seed_for_a_graph_without_random_numbers() -> None:
+    fn = lambda x: x.sigmoid() + 1  # noqa: E731
+    x = torch.randn(6)
+    compiled, ex, _ = _graphed(fn, (x,))
+    seeds: list[int] = []
+    ex.seed = lambda: seeds.append(1)  # type: ignore[method-assign]
+    for _ in range(4):
+        torch.testing.assert_close(compiled(x), fn(x))
+    assert _stats(ex).replays == 3 and len(seeds) == 1  # the warm-up draws; replays skip seed()
 
 
 def test_one_capture_per_input_shape_key() -> None:
@@ -116,7 +172,7 @@ def test_parameters_keep_their_address_and_a_moved_one_recaptures() -> None:
     for _ in range(3):
         torch.testing.assert_close(ex([x, lin])[0], fn(x, lin).detach())
     (cap,) = ex._graphs[torch.device("cpu")]._graphs.values()
-    assert cap.copied == (0,) and cap.pinned == {1: lin.data_ptr()} and cap.inputs[1] is lin
+    assert cap.copied == () and cap.pinned == {0: x.data_ptr(), 1: lin.data_ptr()} and cap.inputs[1] is lin
     with torch.no_grad():
         lin.mul_(3)  # updated in place: read in place at replay, nothing copied
     torch.testing.assert_close(ex([x, lin])[0], fn(x, lin).detach())

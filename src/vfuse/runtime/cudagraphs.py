@@ -157,13 +157,17 @@ class GraphStats:
     uncaptured: int = 0
     blocker: str = ""
     declined: str = ""  # the cost model's reason for the last input-shape key left uncaptured
+    copies: int = 0  # inputs copied into static buffers at replays (held and parameter inputs are not)
 
     def describe(self) -> str:
         if self.blocker:
             return f"not captured: {self.blocker}"
         if self.declined and not self.captures:
             return f"not captured (cost model): {self.declined}"
-        return f"{self.captures} captured, {self.replays} replays, {self.warmups} warm-up calls"
+        return (
+            f"{self.captures} captured, {self.replays} replays ({self.copies} input copies), "
+            f"{self.warmups} warm-up calls"
+        )
 
 
 @dataclass
@@ -171,10 +175,15 @@ class Captured:
     """One input-shape key's graph and its static memory."""
 
     graph: Replayable
-    inputs: list[torch.Tensor]  # what the graph reads: static buffers, or the parameters themselves
+    inputs: list[torch.Tensor]  # what the graph reads: static buffers, or the inputs themselves
     copied: tuple[int, ...]  # inputs copied into their static buffer each call
-    pinned: dict[int, int]  # parameter index -> the address it was captured at
+    # inputs read at their own address (parameters; tensors the caller passes again): index ->
+    # the address captured; another address recaptures
+    pinned: dict[int, int]
     outputs: list[torch.Tensor]
+    held: tuple[int, ...] = ()  # `pinned`'s inputs and addresses, as the replay checks them
+    addresses: list[int] = field(default_factory=list)
+    buffers: dict[str, torch.Tensor] = field(default_factory=dict)  # the kernels' output buffers
 
 
 class Body(Protocol):
@@ -197,57 +206,102 @@ Key = tuple[tuple[tuple[int, ...], torch.dtype, tuple[int, ...]], ...]
 
 
 @dataclass
+class _Seen:
+    """A warmed-up key: its outputs' count and bytes, and the addresses of its inputs then."""
+
+    outputs: int
+    out_bytes: int
+    addresses: tuple[int, ...]
+
+
+@dataclass
 class GraphRunner:
+    """Warm-up, capture and replay per input-shape key (module docstring). An input that is not a
+    parameter but that the caller passes again at the same address (the warm-up's tensor at the
+    capture call: a reused input buffer) is *held*: read at its own address like a parameter, so
+    a replay copies nothing for it; once it comes at another address the key is captured again
+    with that input copied, for good (the cost model asked again with the copy)."""
+
     body: Body
     driver: GraphDriver
     static_outputs: bool = False
     blocker: str = ""
     cost: ReplayCost | None = None  # None: capture every key (tests of the mechanics)
     stats: GraphStats = field(default_factory=GraphStats)
-    _seen: dict[Key, tuple[int, int]] = field(default_factory=dict)  # key -> outputs' (count, bytes)
+    _seen: dict[Key, _Seen] = field(default_factory=dict)
     _declined: set[Key] = field(default_factory=set)
     _graphs: dict[Key, Captured] = field(default_factory=dict)
+    _moved: dict[Key, set[int]] = field(default_factory=dict)  # inputs no longer held (copied)
     _pool: Any = None
 
     def __post_init__(self) -> None:
         self.stats.blocker = self.blocker
+        # A body without RNG seeds has nothing to draw per call (the executor says so).
+        self._draws = bool(getattr(self.body, "draws_seeds", True))
 
     def __call__(self, inputs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
-        key = tuple((tuple(t.shape), t.dtype, tuple(t.stride())) for t in inputs)
+        key = tuple([(t.shape, t.dtype, t.stride()) for t in inputs])  # a list comprehension: ~1 us less
+        cap = self._graphs.get(key)
+        # The replay: as little host work as the graph allows (the bar is ~10 us per call).
+        if (
+            cap is not None
+            and not self.blocker
+            and (not cap.held or [inputs[i].data_ptr() for i in cap.held] == cap.addresses)
+        ):
+            for i in cap.copied:
+                cap.inputs[i].copy_(inputs[i])
+            self.stats.copies += len(cap.copied)
+            if self._draws:
+                self.body.seed()
+            cap.graph.replay()
+            self.stats.replays += 1
+            if self.static_outputs:
+                return list(cap.outputs)
+            return [o.clone() if isinstance(o, torch.Tensor) else o for o in cap.outputs]
+        return self._slow(key, inputs, cap)
+
+    def _slow(self, key: Key, inputs: Sequence[torch.Tensor], cap: Captured | None) -> list[torch.Tensor]:
+        """Everything but a replay: uncaptured calls, the warm-up, (re)captures."""
         if self.blocker:
             self.stats.uncaptured += 1
             return self._eager(inputs)
-        if key not in self._seen:  # warm-up: compile kernels and make library handles uncaptured
+        seen = self._seen.get(key)
+        if seen is None:  # warm-up: compile kernels and make library handles uncaptured
             self.stats.warmups += 1
             out = self._eager(inputs)
-            self._seen[key] = (len(out), sum(_nbytes(t) for t in out))
+            addresses = tuple(t.data_ptr() for t in inputs)
+            self._seen[key] = _Seen(len(out), sum(_nbytes(t) for t in out), addresses)
             return out
-        if key in self._declined or (key not in self._graphs and self._decline(key, inputs)):
+        if cap is not None:  # a pinned input moved: a held one is copied from now on
+            moved = self._moved.setdefault(key, set())
+            moved.update(i for i, p in cap.pinned.items() if inputs[i].data_ptr() != p and not _is_param(inputs[i]))
+            del self._graphs[key]
+        if key in self._declined or self._decline(key, inputs):
             self.stats.uncaptured += 1
             return self._eager(inputs)
-        cap = self._graphs.get(key)
-        if cap is None or any(inputs[i].data_ptr() != p for i, p in cap.pinned.items()):
-            try:
-                cap = self._graphs[key] = self._capture(inputs)
-            except Exception as e:  # e.g. an op that cannot be captured: run uncaptured from now on
-                self.blocker = self.stats.blocker = f"capture failed: {type(e).__name__}: {e}"
-                self.stats.uncaptured += 1
-                return self._eager(inputs)
-        for i in cap.copied:
-            cap.inputs[i].copy_(inputs[i])
-        self.body.seed()
-        cap.graph.replay()
-        self.stats.replays += 1
-        if self.static_outputs:
-            return list(cap.outputs)
-        return [o.clone() if isinstance(o, torch.Tensor) else o for o in cap.outputs]
+        try:
+            self._graphs[key] = self._capture(key, inputs, cap.buffers if cap is not None else None)
+        except Exception as e:  # e.g. an op that cannot be captured: run uncaptured from now on
+            self.blocker = self.stats.blocker = f"capture failed: {type(e).__name__}: {e}"
+            self.stats.uncaptured += 1
+            return self._eager(inputs)
+        return self(inputs)
+
+    def _held(self, key: Key, inputs: Sequence[torch.Tensor]) -> set[int]:
+        """Inputs read at their own address: parameters, and tensors found at the warm-up's address."""
+        seen, moved = self._seen[key], self._moved.get(key, set())
+        return {
+            i for i, t in enumerate(inputs) if _is_param(t) or (i not in moved and t.data_ptr() == seen.addresses[i])
+        }
 
     def _decline(self, key: Key, inputs: Sequence[torch.Tensor]) -> bool:
         """Whether the cost model keeps `key` uncaptured (recorded with its reason)."""
         if self.cost is None:
             return False
-        copied = [t for t in inputs if not isinstance(t, torch.nn.Parameter)]
-        clones, cloned = (0, 0) if self.static_outputs else self._seen[key]
+        held = self._held(key, inputs)
+        copied = [t for i, t in enumerate(inputs) if i not in held]
+        seen = self._seen[key]
+        clones, cloned = (0, 0) if self.static_outputs else (seen.outputs, seen.out_bytes)
         why = self.cost.verdict(sum(_nbytes(t) for t in copied), len(copied), cloned, clones)
         if why:
             self._declined.add(key)
@@ -258,13 +312,18 @@ class GraphRunner:
         self.body.seed()
         return self.body.launch(inputs, None)
 
-    def _capture(self, inputs: Sequence[torch.Tensor]) -> Captured:
-        pinned = {i: t.data_ptr() for i, t in enumerate(inputs) if isinstance(t, torch.nn.Parameter)}
+    def _capture(
+        self, key: Key, inputs: Sequence[torch.Tensor], buffers: dict[str, torch.Tensor] | None = None
+    ) -> Captured:
+        """`key`'s graph on `inputs`; `buffers`: the output buffers of the graph it replaces
+        (a recapture writes where the last one did: static outputs stay put)."""
+        held = self._held(key, inputs)
+        pinned = {i: inputs[i].data_ptr() for i in sorted(held)}
         static = [t if i in pinned else torch.empty_like(t) for i, t in enumerate(inputs)]
         copied = tuple(i for i in range(len(inputs)) if i not in pinned)
         for i in copied:
             static[i].copy_(inputs[i])
-        outputs = self.body.output_buffers()
+        outputs = buffers if buffers is not None else self.body.output_buffers()
         # Once more uncaptured on the static buffers (with the last call's seeds: one draw per
         # call, as uncaptured), so kernels specialized for their alignment compile now, not
         # during the capture.
@@ -274,7 +333,11 @@ class GraphRunner:
         results: list[list[torch.Tensor]] = []
         graph = self.driver.capture(lambda: results.append(self.body.launch(static, outputs)), self._pool)
         self.stats.captures += 1
-        return Captured(graph, static, copied, pinned, results[0])
+        return Captured(graph, static, copied, pinned, results[0], tuple(pinned), list(pinned.values()), outputs)
+
+
+def _is_param(t: object) -> bool:
+    return isinstance(t, torch.nn.Parameter)
 
 
 def _nbytes(t: object) -> int:

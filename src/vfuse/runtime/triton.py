@@ -255,6 +255,11 @@ class TritonExecutor(StepRunner):
             self.stats.cuda_graphs = runner.stats
         return runner
 
+    @property
+    def draws_seeds(self) -> bool:
+        """Whether a call draws RNG seeds (`seed` does nothing otherwise: a replay skips it)."""
+        return bool(self._seed_nodes)
+
     def seed(self) -> None:
         """This call's RNG seeds, drawn in graph order as the reference executor does, written
         into the device's seed tensor (on CUDA, outside any captured graph)."""
