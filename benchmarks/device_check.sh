@@ -8,7 +8,10 @@
 #      vfuse's beside Inductor's, with the cost model's prediction per kernel, and for conv_bn_relu
 #      the NHWC Triton template itself (library verdict off) beside cuDNN: the conv share of
 #      fusion/library.py (capped at 150 s).
-# About 10 minutes in all. Writes env.txt, gpu_tests.txt, bench.txt, bench.json and profile.txt under $OUT
+#   4. benchmarks/autotune_compile.py --workers 16: the GPT-2 block's autotune candidates compiled
+#      offline in a 16-thread pool (the host's cores; no GPU used), against 107 s one after another
+#      (capped at 75 s; writes autotune_compile.txt).
+# About 11 minutes in all. Writes env.txt, gpu_tests.txt, bench.txt, bench.json and profile.txt under $OUT
 # (default /tmp/vfuse-device). Runs the repository's sources (PYTHONPATH=src) under the machine's
 # python3 (its torch and triton), or under VFUSE_PY. Exit status: the tests' (the bench's JSON
 # says per contender what failed).
@@ -30,5 +33,7 @@ echo "== vfuse bench --device cuda"
 timeout 330 "$PY" -m vfuse.bench --device cuda --budget-s 260 --json "$OUT/bench.json" 2>&1 | tee "$OUT/bench.txt" | tail -n 30
 echo "== per-kernel profile (${VFUSE_PROFILE:-gpt2_block conv_bn_relu})"
 timeout 150 "$PY" benchmarks/device_profile.py ${VFUSE_PROFILE:-gpt2_block conv_bn_relu} 2>&1 | tee "$OUT/profile.txt" | tail -n 60
+echo "== autotune candidates compiled ahead (16 threads)"
+timeout 75 "$PY" benchmarks/autotune_compile.py --workers 16 2>&1 | tee "$OUT/autotune_compile.txt" | tail -n 3
 nvidia-smi --query-gpu=clocks.sm,clocks.mem,temperature.gpu,power.draw --format=csv >>"$OUT/env.txt" 2>&1
 exit "$tests"
