@@ -9,6 +9,7 @@ import shutil
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -143,12 +144,21 @@ def test_planted_header_cannot_make_a_wrong_library(
     _check(7, tmp_path)
 
 
-def test_rejected_header_is_not_used(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_rejected_header_is_not_used_and_old_ones_are_evicted(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(pch, "_taken", lambda *a: False)
     monkeypatch.setenv("VFUSE_PCH", "1")
     tc = find_toolchain()
+    for stem, age in (("old", 2 * pch.EVICT_AFTER_S), ("young", 0)):  # other keys' headers
+        for suffix in (".ok", ".h", ".h.gch"):
+            (tmp_path / f"vf_pch_{stem}{suffix}").write_text("x")
+            os.utime(tmp_path / f"vf_pch_{stem}{suffix}", (time.time() - age,) * 2)
     assert pch.prelude_pch(pch.PRELUDE, tmp_path, "k1", tc, seen=0) is None
     assert "verdict rejected" in (tmp_path / "vf_pch_k1.ok").read_text()
+    assert sorted(p.name for p in tmp_path.glob("vf_pch_[oy]*")) == [
+        "vf_pch_young.h",
+        "vf_pch_young.h.gch",
+        "vf_pch_young.ok",
+    ]
     monkeypatch.setattr(pch, "_build", lambda *a: pytest.fail("a rejected header is not built again"))
     assert pch.prelude_pch(pch.PRELUDE, tmp_path, "k1", tc, seen=0) is None
 
