@@ -146,3 +146,28 @@ def test_weight_packed_once_per_call(build, call, groups: int) -> None:
         call(lib, s.name, x, w, out, bias, nthreads=3)
         want = F.relu(F.conv2d(x, w, bias, stride=2, padding=1, groups=groups))
         torch.testing.assert_close(out, want, rtol=1e-4, atol=1e-4)
+
+
+PHASED = {
+    # (n, c_in, h, w, c_out, kh, kw, stride, padding, dilation, groups): column strides > 1
+    "s2_dilated": (2, 5, 13, 11, 9, 3, 3, (2, 2), (2, 1), (2, 2), 1),
+    "s1x3_2x4": (2, 4, 7, 17, 6, 2, 4, (1, 3), (0, 2), (1, 1), 1),
+    "s3_1x1": (1, 6, 10, 10, 7, 1, 1, (3, 3), (0, 0), (1, 1), 1),
+    "s2_7x7_tiny": (3, 3, 5, 6, 8, 7, 7, (2, 2), (3, 3), (1, 1), 1),
+    "s2_groups3": (2, 6, 9, 12, 9, 3, 3, (2, 2), (1, 1), (1, 1), 3),
+}
+
+
+@pytest.mark.parametrize("name", list(PHASED))
+def test_column_strided_convs_read_phases(build, call, name: str) -> None:
+    """Column strides > 1 gather im2col from the padded column phases (conv_phases.py): odd
+    strides, dilation, padding wider than the kernel's reach, outputs of one column."""
+    n, c, h, w, o, kh, kw, stride, padding, dilation, groups = PHASED[name]
+    s = ConvSpec(f"phased_{name}", n, c, h, w, o, kh, kw, stride, padding, dilation, groups)
+    lib = build(render_conv2d(s, E.bias("c")))
+    torch.manual_seed(3)
+    x, wt, bias = torch.randn(n, c, h, w), torch.randn(o, c // groups, kh, kw) / 5.0, torch.randn(o)
+    out = torch.full((n, o, *s.out_hw), float("nan"))
+    call(lib, s.name, x, wt, out, bias, nthreads=2)
+    want = F.conv2d(x, wt, bias, stride, padding, dilation, groups)
+    torch.testing.assert_close(out, want, rtol=1e-4, atol=1e-4)

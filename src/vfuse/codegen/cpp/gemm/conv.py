@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 
 from vfuse.codegen.cpp.gemm.blocking import Blocking, choose_blocking
 from vfuse.codegen.cpp.gemm.conv_direct import direct_fits, render_conv2d_direct
+from vfuse.codegen.cpp.gemm.conv_phases import phase_copy, phased, phased_im2col
 from vfuse.codegen.cpp.gemm.driver import Driver, render_driver
 from vfuse.codegen.cpp.gemm.epilogue import Epilogue
 from vfuse.codegen.cpp.gemm.gemm import DEFAULT_CACHES, check_kernel_name
@@ -166,10 +167,13 @@ def _table_path(spec: ConvSpec, nr: int) -> str:
 def _batch_setup(spec: ConvSpec) -> str:
     m, n_cols, k = spec.gemm_mnk
     g, cg = spec.groups, spec.c_in // spec.groups
+    x_b = f"X + n_ * {spec.c_in * spec.h * spec.w} + g_ * {cg * spec.h * spec.w}"
+    if phased(spec):  # this thread's phased copy of the entry's input (conv_phases.py)
+        x_b = f"{spec.name}_phases({x_b})"
     return (
         f"  const long n_ = bi / {g}, g_ = bi % {g};\n"
         f"  const float* __restrict a_b = Wt + g_ * {m * k};\n"
-        f"  const float* __restrict x_b = X + n_ * {spec.c_in * spec.h * spec.w} + g_ * {cg * spec.h * spec.w};\n"
+        f"  const float* __restrict x_b = {x_b};\n"
         f"  const long co = n_ * {spec.c_out * n_cols} + g_ * {m * n_cols};\n"
         f"  float* __restrict c_b = Y + co;\n"
     )
@@ -198,7 +202,7 @@ def render_conv2d_gemm(spec: ConvSpec, epilogue: Epilogue) -> str:
         gather = ""
     else:
         pack = f"{spec.name}_im2col(x_b, pc, kc, j, nr, bps);"
-        gather = _im2col(spec, blk.nr)
+        gather = phase_copy(spec) + phased_im2col(spec, blk.nr) if phased(spec) else _im2col(spec, blk.nr)
     params = "const float* __restrict X, const float* __restrict Wt, float* __restrict Y"
     shared_a = spec.n > 1  # images share the weight: pack it once per call (_packed_weight)
     driver = Driver(
