@@ -212,3 +212,19 @@ def test_the_autotuner_compiles_candidates_ahead_then_times_them(tmp_path: Any) 
     tuner = _executor(compiled).autotuner
     assert tuner is not None and tuner.timed >= 2 and tuner.compile_s > 0, tuner
     print(f"autotune: {tuner.timed} candidates compiled ahead in {tuner.compile_s:.1f} s")
+
+
+def test_the_first_call_loads_the_kernels_compiled_ahead() -> None:
+    """Every kernel compiled at once before the first launch (`offline.precompile`); the JIT's
+    launches then load those very kernels from Triton's cache (same hash), not new compiles."""
+    fn = lambda x: (torch.softmax(x, -1), x.sum(0))  # noqa: E731
+    x = torch.randn(37, 1001, device="cuda")
+    compiled = _compile(fn, (x,), cuda_graphs=False)
+    for got, want in zip(compiled(x), fn(x), strict=True):
+        torch.testing.assert_close(got, want)
+    ex = _executor(compiled)
+    ahead = {f.result().hash for f in ex.precompiled.values()}
+    launched = {k.hash for run in ex._memory[x.device].launchers.values() if isinstance(run, LeanLaunch)
+                for k in run.kernels.values()}  # fmt: skip
+    assert launched and launched <= ahead, (launched, ahead)
+    print(f"precompiled {len(ahead)} kernels in {ex.precompile_s:.2f} s")

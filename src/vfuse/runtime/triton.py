@@ -15,6 +15,7 @@ after a segment, a fault a kernel recorded is raised as eager raises it, naming 
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -27,7 +28,7 @@ import torch
 from vfuse import interp
 from vfuse.codegen.triton.autotune import Autotuner, Timer, cuda_timer
 from vfuse.codegen.triton.module import load_module, module_path
-from vfuse.codegen.triton.offline import Resources, compile_kernel, resources_of
+from vfuse.codegen.triton.offline import Resources, compile_kernel, precompile, resources_of
 from vfuse.codegen.triton.render import Launch, TritonProgram, render
 from vfuse.codegen.triton.writer import FAULTS, SEEDS, FaultKind
 from vfuse.fusion.plan import FusionPlan
@@ -152,6 +153,12 @@ class TritonExecutor(StepRunner):
         # timings say nothing about a GPU; tests add "cpu" with a fake timer).
         self.tuned_devices: tuple[str, ...] = ("cuda",)
         self.autotuner: Autotuner | None = None
+        # Devices whose first call compiles every kernel at once before launching any (CUDA: the
+        # launches then load them from Triton's cache; tests add "cpu" with a fake `precompile`).
+        self.precompiled_devices: tuple[str, ...] = ("cuda",)
+        self.precompile = precompile
+        self.precompile_s = 0.0  # wall seconds the last device's kernels took to compile ahead
+        self.precompiled: Any = None  # what `precompile` returned: (fn, warps, stages) -> future
         self._memory: dict[torch.device, _Memory] = {}
         self._mem: _Memory | None = None
         self._arena = None
@@ -203,6 +210,10 @@ class TritonExecutor(StepRunner):
             if n.op is Op.CONSTANT
         }
         rendered, path = self._tuned(device)
+        if device.type in self.precompiled_devices:
+            start = time.perf_counter()
+            self.precompiled = self.precompile(rendered, path, _sm(device))
+            self.precompile_s = time.perf_counter() - start
         module = load_module(path, interpret=device.type == "cpu")
         mem = _Memory(device, module, arena, views, seeds, faults, constants, rendered)
         plan = make_lean_plan(self.program, self.graph, rendered) if device.type in self.lean_devices else None
@@ -418,3 +429,12 @@ def replay_cost(plan: FusionPlan, program: Program, kernels: int) -> ReplayCost:
     steps = sum(isinstance(s, TorchStep) for s in program.steps)
     device_s = sum(g.cost.time_s for g in plan.groups)
     return ReplayCost(kernels + steps, device_s, target.launch_s, target.dram_bw)
+
+
+def _sm(device: torch.device) -> int:
+    """The compute capability of a CUDA device as Triton's targets spell it (90: sm_90); 90
+    elsewhere (tests)."""
+    if device.type != "cuda":
+        return 90
+    major, minor = torch.cuda.get_device_capability(device)
+    return major * 10 + minor

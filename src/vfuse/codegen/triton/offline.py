@@ -14,9 +14,12 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import re
 import subprocess
 import tempfile
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -91,6 +94,31 @@ def pressure(program: TritonProgram, cache_dir: Path, sm: int = 90) -> dict[str,
             out[ln.fn] = resources_of(
                 compile_kernel(module, ln.fn, program.signatures[ln.fn], ln.warps, sm, ln.stages), sm
             )
+    return out
+
+
+def precompile(
+    program: TritonProgram,
+    path: Path,
+    sm: int,
+    workers: int | None = None,
+    compile_fn: Callable[..., Any] | None = None,
+) -> dict[tuple[str, int, int], Future]:
+    """Every launched function of `program` (its module at `path`) compiled for `sm` at once, in
+    a thread pool, ahead of the first launches: Triton's cache then holds each kernel under the
+    key its JIT computes at a launch with 16-byte aligned pointers (the same function source,
+    pointer attributes and options), so those launches load it instead of compiling one after
+    another. Returns when all are done: (function, warps, stages) -> its future (a failure is
+    left to the JIT launch, which raises it as before)."""
+    module = load_module(path, interpret=False)
+    compile_fn = compile_fn or compile_kernel
+    jobs = {(ln.fn, ln.warps, ln.stages): ln for ln in program.launches}
+    if not jobs:
+        return {}
+    out: dict[tuple[str, int, int], Future] = {}
+    with ThreadPoolExecutor(min(len(jobs), workers or min(16, os.cpu_count() or 1)), "vfuse-compile") as pool:
+        for key, ln in jobs.items():
+            out[key] = pool.submit(compile_fn, module, ln.fn, program.signatures[ln.fn], ln.warps, sm, ln.stages)
     return out
 
 
