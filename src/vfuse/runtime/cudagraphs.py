@@ -7,12 +7,14 @@ synchronize) goes through a `GraphDriver`, so the policy is tested on CPU with a
 Per call, for an input-shape key:
 - first call: warm-up, uncaptured (Triton compiles its kernels, cuBLAS makes its handles:
   neither may happen during a capture);
-- second call: capture. Inputs that are parameters (`torch.nn.Parameter`) are captured at their
-  own address; every other input gets a static buffer it is copied into. Outputs are static
+- second call: capture. Inputs that are parameters (`torch.nn.Parameter`), and inputs found at
+  the warm-up's address (a buffer the caller reuses: *held*), are captured at their own address;
+  every other input gets a static buffer it is copied into. Outputs are static
   buffers too. Host-side work (drawing the RNG seeds) is not captured: the seeds live in a device
   tensor that the host writes before each replay, so dropout differs per call as in eager;
 - later calls: copy inputs into their buffers, write the seeds, replay. A parameter found at
-  another address (the user replaced it) recaptures the key.
+  another address (the user replaced it) recaptures the key; so does a held input, which is
+  copied from then on.
 Outputs: with `static_outputs=False` each call returns copies of the static output buffers
 (fresh tensors the next call never overwrites, as on the CPU); with `static_outputs=True` the
 buffers themselves (the next call overwrites them, as on the CPU).
