@@ -54,6 +54,8 @@ def test_flat_full_blocks_run_mask_free_where_a_mask_would_break_vector_accesses
     assert launch((1, 2053)) == (3, 2)  # odd: the tail program alone is masked
     assert launch((2, 1026)) == (3, 0)  # 2052 = 4 x 513: the mask is constant per 4 fp32 lanes already
     assert launch((2, 1026), DType.BF16) == (3, 2)  # but not per 8 bf16 lanes (a 16-byte vector)
+    (k,) = _kernels(_pointwise((1, 2053)), H100)
+    assert "3 programs, 2 mask-free, the tail masked" in format_kernel(k)
 
 
 def test_rows_that_fit_are_persistent_and_short_rows_share_programs_on_big_grids() -> None:
