@@ -12,8 +12,9 @@ contraction (`fusion/library.py`), never as a torch convolution_backward:
   a conv over grad_output dilated by s), and the phases are interleaved (CAT, a pointwise
   kernel) and cut to the input's size, which the forward's output may not determine.
 * grad_weight: the batch/channel swap. Over x viewed as Cg images of G*N channels and grad_output
-  as G*Og filters of N channels (Ho x Wo taps), conv2d with stride d, dilation s and G groups over
-  x cut and zero-padded to the positions the taps read gives (Cg, Cout, k, k): transposed.
+  as G*Og filters of N channels (Ho x Wo taps), conv2d with stride d, dilation s, padding p and
+  G groups gives (Cg, Cout, >= k, >= k): cropped to the kernel and transposed (with fixed sizes,
+  x is instead cut and zero-padded where the plane would be longer than the kernel).
 * grad_bias: the sum of grad_output over N, H, W.
 
 Only the gradients in output_mask are computed.
@@ -32,6 +33,7 @@ from vfuse.frontend.errors import Fallback
 from vfuse.frontend.lower_layout import permute, reshape, slice_
 from vfuse.frontend.registry import lowers
 from vfuse.ir import Op
+from vfuse.ir.sym import is_sym
 
 aten = torch.ops.aten
 
@@ -157,21 +159,28 @@ def _window(em: Emitter, v: str, dim: int, lo: int, hi: int) -> str:
 
 
 def grad_weight(em: Emitter, go: str, x: str, kernel: Pair, geo: Geometry) -> str:
-    """dL/dw: conv2d over x with batch and channels exchanged, grad_output as the filters. x is cut
-    (and zero-padded) to the rows and columns the kernel's taps read, so the conv's output plane
-    is the kernel itself: a symmetric padding would add p // d rows, and a stride s output
-    positions up to the input's end (3x3, stride 2 at 16x16: a 4x4 plane, 78 % more flops)."""
-    n, c, h, w = em.ttype(x).shape
+    """dL/dw: conv2d over x with batch and channels exchanged, grad_output as the filters, cropped
+    to the kernel. Along an axis where that conv's plane would be longer than the kernel (a
+    stride s > 1 reaches positions up to the input's end: 3x3, stride 2 at 16x16 gave a 4x4
+    plane, 78 % more flops), x is cut and zero-padded to the positions the taps read instead
+    (fixed sizes), so the plane is the kernel itself."""
+    n, c, _, _ = em.ttype(x).shape
     _, out_ch, ho, wo = em.ttype(go).shape
-    g = geo.groups
+    g, pad = geo.groups, []
     for dim, k, o, s, p, d in zip((2, 3), kernel, (ho, wo), geo.stride, geo.padding, geo.dilation, strict=True):
-        x = _window(em, x, dim, -p, (k - 1) * d + (o - 1) * s - p + 1)
+        size = em.ttype(x).shape[dim]
+        if is_sym(size) or is_sym(o) or (size + 2 * p - s * (o - 1) - 1) // d + 1 == k:
+            pad.append(p)  # stride 1: the padded conv's plane is the kernel
+        else:
+            x = _window(em, x, dim, -p, (k - 1) * d + (o - 1) * s - p + 1)
+            pad.append(0)
     h, w = em.ttype(x).shape[2:]
     xs = reshape(em, x, (n, g, c // g, h, w))
     xs = reshape(em, permute(em, xs, (2, 1, 0, 3, 4)), (c // g, g * n, h, w))
     gs = reshape(em, go, (n, g, out_ch // g, ho, wo))
     gs = reshape(em, permute(em, gs, (1, 2, 0, 3, 4)), (out_ch, n, ho, wo))
-    v = em.emit(Op.CONV2D, (xs, gs), stride=geo.dilation, padding=(0, 0), dilation=geo.stride, groups=g)
+    v = em.emit(Op.CONV2D, (xs, gs), stride=geo.dilation, padding=tuple(pad), dilation=geo.stride, groups=g)
+    v = slice_(em, slice_(em, v, 2, 0, kernel[0]), 3, 0, kernel[1])
     return permute(em, v, (1, 0, 2, 3))
 
 
