@@ -2,24 +2,21 @@
 
 Every generated unit starts with `prelude.PRELUDE`; parsing it (<immintrin.h> alone is 2.6 MB
 preprocessed) is ~0.4 s of g++'s CPU per unit, two thirds of a typical small graph's compile.
-g++ loads a precompiled header of it in ~0.05 s instead. Building one costs ~1.4 s of CPU, so it
-is built for a directory only once that directory has seen `BUILD_AFTER` libraries (the markers
-its first compile's sweep found, plus the libraries this process built there since): a cold one-graph
-run never pays for it, a test suite or a long session does after a few graphs.
+g++ loads a precompiled header of it in ~0.05 s instead; building one costs ~1.4 s of CPU. So it
+is built either in a thread that the entry points start before tracing (`start`, through
+`toolchain.prepare`; two cores or more: tracing runs on one, and even a cold one-graph compile
+then finds it ready), or synchronously once a directory has seen `BUILD_AFTER` libraries (the
+markers its first sweep found plus those this process built there since).
 
-Entry `vf_pch_<key>.{h,h.gch,ok,lock}`, key: sha256 of the prelude's text, the compiler path and
-version, its flags and this CPU (`toolchain.cache_key` of `KEY_TEXT`): a changed prelude or
-another tier gets a header of its own. The header holds the prelude's
-exact text, so a unit reads the same tokens whether g++ takes the .gch or (rejecting it: g++ then
-silently parses the header) the text: the generated code is the same either way (`tests/codegen/
-test_pch.py` compares the assembly). Built under the key's flock into temp files (`vf_pch_*.tmp`,
-swept like the libraries'), renamed into place, and probed with `-H`, which prints `!` for a
-header g++ took precompiled; the marker, written last, names the digests of both files and the
-verdict. A header is used only while its marker matches both files (symlinks refused; hashed
-again only when a file's identity changes), and only a `used` verdict counts: a rejected one
-compiles the full text as before. Entry points call `toolchain.prepare` before tracing: on two
-cores or more the header is then built in a thread meanwhile, so even a cold one-graph compile
-takes it (the tracing runs on one core). Any failure of a compile through the header recompiles the full
+Entry `vf_pch_<key>.{h,h.gch,ok,lock}`, key: `toolchain.cache_key` of `KEY_TEXT` (the prelude's
+text) with the compiler, its flags and this CPU: a changed prelude or another tier gets its own.
+The header holds the prelude's exact text, so a unit reads the same tokens whether g++ takes the
+.gch or (rejecting it, silently) parses the header: the same code either way (`tests/codegen/
+test_pch.py` compares the assembly). Built under the key's flock into a temp file (`vf_pch_*.tmp`,
+swept like the libraries'), renamed into place, probed with `-H` (which prints `!` for a header
+taken precompiled); the marker, written last, names both files' sha256 and the verdict. A header
+is used only while its marker matches both files (symlinks refused; hashed again only when a
+file's identity changes) and says `used`. Any failure of a compile through it recompiles the full
 text without it (`toolchain._compile`). VFUSE_PCH=0 turns it off, =1 builds it on the first unit.
 """
 
