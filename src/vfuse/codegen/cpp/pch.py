@@ -106,7 +106,7 @@ def start(cache_dir: Path, key: str, tc: Compiler) -> bool:
 
 
 def _background(header: Path, gch: Path, marker: Path, key: str, tc: Compiler) -> None:
-    if _build_locked(header, gch, marker, key, tc) is None:
+    if _verdict(header, gch, marker, key) is None and _build_locked(header, gch, marker, key, tc) is None:
         _failed.add(str(marker))
 
 
