@@ -155,16 +155,20 @@ PHASED = {
     "s3_1x1": (1, 6, 10, 10, 7, 1, 1, (3, 3), (0, 0), (1, 1), 1),
     "s2_7x7_tiny": (3, 3, 5, 6, 8, 7, 7, (2, 2), (3, 3), (1, 1), 1),
     "s2_groups3": (2, 6, 9, 12, 9, 3, 3, (2, 2), (1, 1), (1, 1), 3),
+    "s2_pad_rows_only": (1, 3, 11, 12, 5, 3, 2, (2, 2), (1, 0), (1, 2), 1),
 }
 
 
+@pytest.mark.parametrize("march", ["-march=native", "-march=x86-64-v3"], ids=["native", "avx2"])
 @pytest.mark.parametrize("name", list(PHASED))
-def test_column_strided_convs_read_phases(build, call, name: str) -> None:
+def test_column_strided_convs_read_phases(build, call, name: str, march: str) -> None:
     """Column strides > 1 gather im2col from the padded column phases (conv_phases.py): odd
-    strides, dilation, padding wider than the kernel's reach, outputs of one column."""
+    strides, dilation, padding wider than the kernel's reach, outputs of one column; built for
+    AVX2 too (g++ 12 -O3 miscompiled a first form of the phase copy there only)."""
     n, c, h, w, o, kh, kw, stride, padding, dilation, groups = PHASED[name]
-    s = ConvSpec(f"phased_{name}", n, c, h, w, o, kh, kw, stride, padding, dilation, groups)
-    lib = build(render_conv2d(s, E.bias("c")))
+    unit = VectorUnit(8, 16) if "v3" in march else VectorUnit(16, 32)
+    s = ConvSpec(f"phased_{name}", n, c, h, w, o, kh, kw, stride, padding, dilation, groups, unit=unit)
+    lib = build(render_conv2d(s, E.bias("c")), (march,))
     torch.manual_seed(3)
     x, wt, bias = torch.randn(n, c, h, w), torch.randn(o, c // groups, kh, kw) / 5.0, torch.randn(o)
     out = torch.full((n, o, *s.out_hw), float("nan"))

@@ -37,7 +37,7 @@ def _dims(spec: ConvSpec) -> tuple[int, int, int, int]:
 def phase_copy(spec: ConvSpec) -> str:
     """NAME_phases(x): one (image, group)'s Cg input planes -> the calling thread's phased copy."""
     hp, pwid, rw, plane = _dims(spec)
-    (ph, pw), sw, cg = spec.padding, spec.stride[1], spec.c_in // spec.groups
+    ph, cg = spec.padding[0], spec.c_in // spec.groups
     total = cg * plane
     return f"""
 static const float* {spec.name}_phases(const float* __restrict x) {{
@@ -54,15 +54,26 @@ static const float* {spec.name}_phases(const float* __restrict x) {{
         continue;
       }}
       const float* __restrict src = x + (c * {spec.h} + h) * {spec.w};
-      for (long ph_ = 0; ph_ < {sw}; ++ph_)
-        for (long q = 0; q < {pwid}; ++q) {{
-          const long col = q * {sw} + ph_ - {pw};
-          row[ph_ * {pwid} + q] = col >= 0 && col < {spec.w} ? src[col] : 0.0f;
-        }}
-    }}
+{_phase_rows(spec, pwid)}    }}
   return xs;
 }}
 """
+
+
+def _phase_rows(spec: ConvSpec, pwid: int) -> str:
+    """C++: one input row `src` -> its SW phases in `row`, each a zero run, a strided copy and a
+    zero run of constant bounds. Why not one loop with a bounds test per column: g++ 12 -O3 at
+    -march=x86-64-v3 miscompiled that form (wrong columns; -O2 and AVX-512 builds were right)."""
+    sw, pw, out = spec.stride[1], spec.padding[1], ""
+    for b in range(sw):
+        # Phase b holds padded columns q * SW + b, input column q * SW + b - PW: in [0, W) for q in [lo, hi).
+        lo = min(pwid, max(0, -(-(pw - b) // sw)))
+        hi = max(lo, min(pwid, -(-(spec.w + pw - b) // sw)))
+        d = f"row + {b * pwid}"
+        out += f"      for (long q = 0; q < {lo}; ++q) ({d})[q] = 0.0f;\n"
+        out += f"      for (long q = {lo}; q < {hi}; ++q) ({d})[q] = src[q * {sw} + {b - pw}];\n"
+        out += f"      for (long q = {hi}; q < {pwid}; ++q) ({d})[q] = 0.0f;\n"
+    return out
 
 
 def phased_im2col(spec: ConvSpec, nr: int) -> str:
