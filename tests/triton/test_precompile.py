@@ -84,3 +84,9 @@ def test_the_first_call_on_a_device_precompiles_once(tmp_path: Path) -> None:
             torch.testing.assert_close(got, want)
     assert seen == [(e.rendered, e.path, 90)]
     assert compile_triton(_rows_and_columns, (X,)).compiled.executor.precompiled_devices == ("cuda",)
+
+
+def test_a_single_kernel_is_left_to_its_launch(tmp_path: Path) -> None:
+    e = compile_triton(torch.sigmoid, (X,), cache_dir=tmp_path).compiled.executor
+    assert len(e.rendered.launches) == 1
+    assert precompile(e.rendered, e.path, 90, compile_fn=lambda *a: pytest.fail("nothing to overlap")) == {}

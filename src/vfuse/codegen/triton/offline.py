@@ -109,12 +109,12 @@ def precompile(
     key its JIT computes at a launch with 16-byte aligned pointers (the same function source,
     pointer attributes and options), so those launches load it instead of compiling one after
     another. Returns when all are done: (function, warps, stages) -> its future (a failure is
-    left to the JIT launch, which raises it as before)."""
+    left to the JIT launch, which raises it as before); nothing for a single kernel."""
+    jobs = {(ln.fn, ln.warps, ln.stages): ln for ln in program.launches}
+    if len(jobs) < 2:  # nothing to overlap: the launch compiles it as soon
+        return {}
     module = load_module(path, interpret=False)
     compile_fn = compile_fn or compile_kernel
-    jobs = {(ln.fn, ln.warps, ln.stages): ln for ln in program.launches}
-    if not jobs:
-        return {}
     out: dict[tuple[str, int, int], Future] = {}
     with ThreadPoolExecutor(min(len(jobs), workers or min(16, os.cpu_count() or 1)), "vfuse-compile") as pool:
         for key, ln in jobs.items():
