@@ -199,15 +199,15 @@ class TemplateTimer:
 
         compile_fn = self.compile_fn or compile_kernel
         sm = self._sm()
-        jobs = []
-        for k in kernels:
+        jobs = {}
+        for k in kernels:  # two templates alike (one shape, one epilogue) compile once
             key, ln, (load, sig) = self._job(k, program)
-            if key not in self.compiled:
-                jobs.append((key, load(), ln, sig))  # modules loaded here: imports stay on one thread
+            if key not in self.compiled and key not in jobs:
+                jobs[key] = (load(), ln, sig)  # modules loaded here: imports stay on one thread
         if not jobs:
             return
         with ThreadPoolExecutor(min(self.workers, len(jobs)), thread_name_prefix="vfuse-tune") as pool:
-            for key, module, ln, sig in jobs:
+            for key, (module, ln, sig) in jobs.items():
                 self.compiled[key] = pool.submit(compile_fn, module, ln.fn, sig, ln.warps, sm, ln.stages)
         for f in self.compiled.values():
             f.exception()  # wait for all; a failure is raised when that candidate is timed
