@@ -78,6 +78,23 @@ def test_short_rows_walk_in_groups_with_lanes() -> None:
     assert "walk row groups, one thread, 4 rows per group" in text and "accumulate 64 lanes, whole row" in text
 
 
+def test_row_groups_prefetch_rows_ahead_where_l1_holds_them() -> None:
+    # 8 KiB of rows ahead (8 rows of 1 KiB) beside the group's 10 KiB in use (4 rows of x and of the
+    # output, weight and bias once) fit in 60 % of 32 KiB, at either width; 64 KiB inputs (above) stay
+    # in L2: none. Each pass's row loop prefetches its share of the row 8 ahead.
+    for target in (AVX512, AVX2):
+        k, text = _norm("layernorm", 8192, 256, dataclasses.replace(target, l1_bytes=32 << 10))
+        assert k.walk is Walk.ROW_GROUPS and k.prefetch is not None and k.prefetch.distance == 8
+        (pl,) = k.prefetch.loads  # x only, not the broadcast weights
+        assert pl.step == 16 and pl.shares == ((0, 80), (80, 160), (160, 256))
+        assert "walk row groups, threaded, 4 rows per group, prefetch 8 rows ahead (locality 3)" in text
+    # 128-element rows: 16 rows ahead (8 KiB); in 16 KiB of L1 the group's own rows leave no room.
+    k, _ = _norm("layernorm", 8192, 128, dataclasses.replace(AVX512, l1_bytes=32 << 10))
+    assert k.walk is Walk.ROW_GROUPS and k.prefetch is not None and k.prefetch.distance == 16
+    k, _ = _norm("layernorm", 8192, 256, dataclasses.replace(AVX512, l1_bytes=16 << 10))
+    assert k.walk is Walk.ROW_GROUPS and k.prefetch is None
+
+
 def test_softmax_row_facts_and_nan_tracking_max() -> None:
     k, text = _norm("softmax", 8192, 1024)
     mx, expsum, div = k.passes

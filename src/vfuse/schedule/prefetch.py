@@ -26,9 +26,18 @@ LINE = 64  # bytes per cache line: one prefetch each
 DISTANCE_BYTES = 12 * 1024  # how far ahead: 2-3 rows of 4 KiB measured best
 MAX_DISTANCE = 8  # rows
 LOCALITY = 3  # into L1 (prefetcht0)
-MIN_ROW_BYTES = 2048  # shorter rows go through row groups, whose prefetch lost
+MIN_ROW_BYTES = 2048  # shorter rows go through row groups (`plan_group_prefetch`)
 L1_SHARE = 2  # the rows in flight (used + prefetched) may fill 1/L1_SHARE of L1
 MIN_DISTANCE = 2  # one row ahead lost to none on Zen 4 (softmax 1.2x slower): too little lead
+# Row groups (rows <= 256 elements): LayerNorm 8192x256 on Zen 4, both tiers, two threads: 6 or 8
+# rows (6-8 KiB) ahead 1.4-1.6x faster than none, 12 rows 1.3-1.45x (docs/perf-log.md).
+GROUP_DISTANCE_BYTES = 8 * 1024
+# ... which with a group of 4 rows in use (10 KiB: x and output, weight and bias once) fills 18 of
+# 32 KiB: more than L1_SHARE allows, measured better than 6 rows (16 KiB); 12 rows (22 KiB) worse.
+GROUP_L1_FILL = 0.6
+# Smaller inputs stay in L2 between calls (Zen 4: 1 MiB), where the hardware fetches short rows
+# soon enough (not measured: kept as before).
+GROUP_MIN_BYTES = 1 << 20
 
 
 def plan_prefetch(k: Kernel, l1: int = 48 << 10) -> RowPrefetch | None:
@@ -37,14 +46,7 @@ def plan_prefetch(k: Kernel, l1: int = 48 << 10) -> RowPrefetch | None:
     inner loop, loads whose offset is plain loop variables (no div/mod/clamp/gather), stride
     1 along the row and moving with the row; rows of at least MIN_ROW_BYTES; at least
     MIN_DISTANCE rows ahead fitting in `l1` bytes of L1 beside the rows in use."""
-    if len(k.passes) < 2 or len(k.outer) != 1 or len(k.inner) != 1 or k.tile or k.outer[0].size < 2:
-        return None
-    row, vec = expr.Var(k.outer[0].var), expr.Var(k.inner[0].var)
-    loads: dict[str, Load] = {}
-    for p in k.passes:
-        for s in p.body:
-            if isinstance(s, Load) and s.buf not in loads and _streams_rows(s.index, row, vec):
-                loads[s.buf] = s
+    loads = _row_loads(k)
     if not loads:
         return None
     row_bytes = hint(max(k.inner[0].size * s.dtype.itemsize for s in loads.values()))  # perf only
@@ -59,20 +61,55 @@ def plan_prefetch(k: Kernel, l1: int = 48 << 10) -> RowPrefetch | None:
     return RowPrefetch(distance, planned, row_bytes, LOCALITY)
 
 
-def _resident_bytes(k: Kernel) -> int:
-    """Bytes of L1 one row's passes keep in use: a row of every buffer loaded or stored along the
-    row (parameters like LayerNorm's weight included) and every row buffer."""
-    vec = expr.Var(k.inner[0].var)
+def plan_group_prefetch(k: Kernel, group: int, l1: int = 48 << 10) -> RowPrefetch | None:
+    """The same for short rows walked `group` at a time (`Walk.ROW_GROUPS`): each pass's row loop
+    prefetches its share of the row `distance` ahead, GROUP_DISTANCE_BYTES of rows ahead where
+    GROUP_L1_FILL of L1 holds them beside the group's rows in use, and at least a group ahead (nearer rows are the
+    group's own, which its first pass reads anyway)."""
+    loads = _row_loads(k)
+    if not loads:
+        return None
+    row_bytes = hint(max(k.inner[0].size * s.dtype.itemsize for s in loads.values()))  # perf only
+    ahead = hint(sum(k.inner[0].size * s.dtype.itemsize for s in loads.values()))  # perf only
+    if hint(k.outer[0].size) * ahead < GROUP_MIN_BYTES:
+        return None
+    room = (int(l1 * GROUP_L1_FILL) - _resident_bytes(k, group)) // ahead
+    distance = min(math.ceil(GROUP_DISTANCE_BYTES / row_bytes), room)
+    if distance < group:
+        return None
+    planned = tuple(_shares(s, k.inner[0].size, len(k.passes)) for s in loads.values())
+    return RowPrefetch(distance, planned, row_bytes, LOCALITY)
+
+
+def _row_loads(k: Kernel) -> dict[str, Load]:
+    """The loads `plan_prefetch` may prefetch (none where `k` is not such a row kernel), by buffer."""
+    if len(k.passes) < 2 or len(k.outer) != 1 or len(k.inner) != 1 or k.tile or k.outer[0].size < 2:
+        return {}
+    row, vec = expr.Var(k.outer[0].var), expr.Var(k.inner[0].var)
+    loads: dict[str, Load] = {}
+    for p in k.passes:
+        for s in p.body:
+            if isinstance(s, Load) and s.buf not in loads and _streams_rows(s.index, row, vec):
+                loads[s.buf] = s
+    return loads
+
+
+def _resident_bytes(k: Kernel, rows: int = 1) -> int:
+    """Bytes of L1 the passes over `rows` rows keep in use: those rows of every buffer loaded or
+    stored along the row (a buffer that does not move with the row, like LayerNorm's weight,
+    once) and of every row buffer."""
+    row, vec = expr.Var(k.outer[0].var), expr.Var(k.inner[0].var)
     size = hint(k.inner[0].size)  # perf only
     bufs: dict[str, int] = {}
     for p in k.passes:
         for s in p.body:
             if isinstance(s, (Load, Store)) and s.index.coef(vec) != 0:
-                bufs[s.buf] = max(bufs.get(s.buf, 0), s.dtype.itemsize)
+                share = s.dtype.itemsize * (rows if s.index.coef(row) != 0 else 1)
+                bufs[s.buf] = max(bufs.get(s.buf, 0), share)
     computed = {s.var: s.dtype for p in k.passes for s in (*p.before, *p.body) if hasattr(s, "var")}
     buffered = {v for p in k.passes for v in p.buffered}
     row_buffers = sum(max(4, computed[v].itemsize) if v in computed else 4 for v in buffered)
-    return size * (sum(bufs.values()) + row_buffers)
+    return size * (sum(bufs.values()) + rows * row_buffers)
 
 
 def _shares(s: Load, size: int, parts: int) -> PrefetchLoad:

@@ -19,7 +19,7 @@ from vfuse.ir.sym import hint, is_sym
 from vfuse.schedule.expr import Clamp, Lin, Var, walk
 from vfuse.schedule.kernel import Accumulate, Compute, Kernel, Load, Loop, Pass, RandKey, Reduction, Store, Walk
 from vfuse.schedule.peel import interior, threaded_selects
-from vfuse.schedule.prefetch import plan_prefetch
+from vfuse.schedule.prefetch import plan_group_prefetch, plan_prefetch
 from vfuse.schedule.rowfacts import below_row_max, pass_invariant_divisors
 from vfuse.schedule.transpose import plan_transpose, stream_tiles
 
@@ -64,7 +64,7 @@ def decide(k: Kernel, vector: int, l1: int = 48 << 10, llc: int = 0) -> Kernel:
         # Streamed or not by the tiles' own rule (their traffic, not the stores' alone).
         k = dataclasses.replace(k, walk=Walk.TILED_TRANSPOSE, transpose=tiles, stream=stream_tiles(k, tiles, llc))
     if k.walk is Walk.ROW_GROUPS:
-        k = dataclasses.replace(k, row_group=ROW_GROUP)
+        k = dataclasses.replace(k, row_group=ROW_GROUP, prefetch=plan_group_prefetch(k, ROW_GROUP, l1))
     elif k.walk is Walk.ROWS:
         k = dataclasses.replace(k, prefetch=plan_prefetch(k, l1))
     elif k.walk is Walk.LOOKUP_TABLE:

@@ -1,5 +1,6 @@
 """Software prefetch of a row kernel's next rows, as the schedule planned it (`Kernel.prefetch`,
-`schedule/prefetch.py`): before each pass, its share of the lines of the row `distance` ahead."""
+`schedule/prefetch.py`): before each pass (row groups: in each pass's row loop), its share of the
+lines of the row `distance` ahead."""
 
 from __future__ import annotations
 
@@ -8,13 +9,13 @@ from vfuse.schedule import expr
 from vfuse.schedule.kernel import RowPrefetch
 
 
-def render_prefetch(w: KernelWriter, pf: RowPrefetch, part: int) -> None:
+def render_prefetch(w: KernelWriter, pf: RowPrefetch, part: int, declare: bool = False) -> None:
     """Prefetch share `part` of row `i + distance` (the last row for the last few) of every
-    planned buffer."""
+    planned buffer; the row ahead is defined at part 0, or where `declare` (a new scope)."""
     (lp,) = w.k.outer
     (vec,) = w.k.inner
     row = w.names[lp.var]
-    if part == 0:
+    if part == 0 or declare:
         w.w(f"const int64_t {row}_pf = {row} + {pf.distance} < {lp.size} ? {row} + {pf.distance} : {lp.size - 1};")
     names = {**w.names, lp.var: f"{row}_pf", vec.var: "c"}
     for pl in pf.loads:

@@ -8,7 +8,8 @@ result the next pass waits for, so one row at a time leaves the core mostly idle
 out-of-order core independent chains per pass. The per-row scalars a pass produces (`before`
 values, reduction results) are kept in small arrays between passes, constants are defined once
 per group; every row's arithmetic, and so its rounding, is unchanged. The schedule decides
-which kernels (`schedule/strategy.py`).
+which kernels (`schedule/strategy.py`), and the rows each pass prefetches ahead
+(`schedule/prefetch.plan_group_prefetch`).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from vfuse.codegen.cpp.passes import render_pass
+from vfuse.codegen.cpp.prefetch import render_prefetch
 from vfuse.codegen.cpp.rows import row_region
 from vfuse.codegen.cpp.rules import COMPUTE_TYPE
 from vfuse.codegen.cpp.writer import KernelWriter
@@ -42,8 +44,10 @@ def _groups(w: KernelWriter) -> None:
     for s in (s for p in w.k.passes for s in p.before if isinstance(s, Const)):
         w.stmt(s)
     carried: list[str] = []  # per-row scalars of earlier passes, in definition order
-    for p in w.k.passes:
+    for i, p in enumerate(w.k.passes):
         _open_row(w, row, carried)
+        if w.k.prefetch:  # each pass's row loop: its share of the row `distance` ahead
+            render_prefetch(w, w.k.prefetch, i, declare=True)
         render_pass(w, replace(p, before=tuple(s for s in p.before if not isinstance(s, Const))))
         made = [s.var for s in p.before if not isinstance(s, Store | Const)] + [r.var for r in p.reduces]
         for v in made:
