@@ -153,16 +153,87 @@ def _packers(spec: GemmSpec, blk: Blocking, epilogue: Epilogue) -> tuple[str, st
     return source, pack_a, pack_b
 
 
+# A packed once per call (`_shared_a`) while the packed copy stays within this many floats
+# (512 KiB: about half an L2, where the micro-kernels read it back from).
+SHARED_A_FLOATS = 1 << 17
+
+
+def _mpad(spec: GemmSpec, blk: Blocking) -> int:
+    return -(-spec.m // blk.mr) * blk.mr
+
+
+def _shared_a(spec: GemmSpec, blk: Blocking) -> bool:
+    """Pack all of A once per call, in parallel, into the calling thread's A-panel scratch, when
+    the driver would pack it more than once: with one row block (M <= MC) every thread packs the
+    whole A block for its own column chunk (twice the A packing at two threads: ~1/8 of a
+    130x256x256 GEMM), and every column panel (N > NC) packs A again. One matrix (no batch)."""
+    mc_max = -(-blk.mc // blk.mr) * blk.mr
+    one_block = -(-spec.m // mc_max) == 1
+    fits = _mpad(spec, blk) * spec.k <= SHARED_A_FLOATS
+    return math.prod(spec.batch) == 1 and fits and (one_block or spec.n > blk.nc)
+
+
+def _pack_all_a(spec: GemmSpec, blk: Blocking, epi: Epilogue) -> str:
+    """NAME_pack_all: A in the layout the driver packs per block (per KC block at pc * Mpad, MR-row
+    slivers at ic * kc), one (block, sliver) per iteration over the threads; k-major with the MR
+    rows innermost (contiguous stores: conv.py measured 1.8x vg_pack_a's strided ones)."""
+    lda = spec.lead[0]
+    mr, mpad, slivers, blocks = blk.mr, _mpad(spec, blk), _mpad(spec, blk) // blk.mr, -(-spec.k // blk.kc)
+    if spec.a_prologue is not None:
+        pack = f"{packer_name(spec.name, 'a')}(0, ic, pc, rows, kc, d{epi.names()});"
+    else:
+        pack = f"""const float* __restrict w = A + ic * {lda} + pc;
+    if (rows == {mr}) {{
+      for (long kk = 0; kk < kc; ++kk)
+#pragma GCC unroll 16
+        for (int r = 0; r < {mr}; ++r) d[kk * {mr} + r] = w[r * {lda} + kk];
+    }} else {{
+      for (long kk = 0; kk < kc; ++kk)
+        for (int r = 0; r < {mr}; ++r) d[kk * {mr} + r] = r < rows ? w[r * {lda} + kk] : 0.0f;
+    }}"""
+    return f"""
+static void {spec.name}_pack_all(const float* __restrict A, float* __restrict ap, long nth{epi.params()}) {{
+  (void)A;
+#pragma omp parallel for num_threads(nth) schedule(static) if (nth > 1)
+  for (long t = 0; t < {blocks * slivers}; ++t) {{
+    const long pc = t / {slivers} * {blk.kc}, ic = t % {slivers} * {mr};
+    const long kc = vg_min({blk.kc}, {spec.k} - pc), rows = vg_min({mr}, {spec.m} - ic);
+    float* __restrict d = ap + pc * {mpad} + ic * kc;
+    {pack}
+  }}
+}}
+"""
+
+
+def _shared_a_entry(spec: GemmSpec, blk: Blocking, epi: Epilogue, params: str) -> str:
+    """NAME: packs A once (`_shared_a`), then runs the driver (NAME_gemm) reading it in place.
+    The buffer is the calling thread's slot 0, sized so the driver's own request never regrows it."""
+    floats = max(_mpad(spec, blk) * spec.k, -(-blk.mc // blk.mr) * blk.mr * blk.kc)
+    pre, pre_arg = (", char* __restrict vg_pre", ", vg_pre") if spec.prepack else ("", "")
+    return f"""
+{spec.linkage} void {spec.name}({params}{epi.params()}{pre}, int nthreads) {{
+  const long nth = nthreads > 0 ? nthreads : omp_get_max_threads();
+  float* ap = vg_scratch(0, {floats});
+  {spec.name}_pack_all(A, ap, nth{epi.names()});
+  {spec.name}_gemm(A, B, C, ap{epi.names()}{pre_arg}, nthreads);
+}}
+"""
+
+
 def render_gemm(spec: GemmSpec, epilogue: Epilogue) -> str:
     """The kernel's C++ source: guarded prelude, micro-kernel and packers, then the function."""
     lda, _, ldc = spec.lead
     blk = spec.tiles()
     packers, pack_a, pack_b = _packers(spec, blk, epilogue)
+    params = f"const float* __restrict A, const float* __restrict B, {epilogue.out_ctype}* __restrict C"
+    shared = _shared_a(spec, blk)
+    if shared:
+        pack_a = f"ap = const_cast<float*>(Ap) + pc * {_mpad(spec, blk)} + ic * kc;"
     driver = Driver(
-        name=spec.name,
-        linkage=spec.linkage,
-        params=f"const float* __restrict A, const float* __restrict B, {epilogue.out_ctype}* __restrict C",
-        args="A, B, C",
+        name=f"{spec.name}_gemm" if shared else spec.name,
+        linkage="static" if shared else spec.linkage,
+        params=params + (", const float* __restrict Ap" if shared else ""),
+        args="A, B, C" + (", Ap" if shared else ""),
         batch=math.prod(spec.batch),
         m=spec.m,
         n=spec.n,
@@ -183,4 +254,5 @@ def render_gemm(spec: GemmSpec, epilogue: Epilogue) -> str:
         + header
         + packers
         + render_driver(driver, blk, epilogue)
+        + (_pack_all_a(spec, blk, epilogue) + _shared_a_entry(spec, blk, epilogue, params) if shared else "")
     )
