@@ -88,9 +88,9 @@ def test_row_groups_prefetch_rows_ahead_where_l1_holds_them() -> None:
         (pl,) = k.prefetch.loads  # x only, not the broadcast weights
         assert pl.step == 16 and pl.shares == ((0, 80), (80, 160), (160, 256))
         assert "walk row groups, threaded, 4 rows per group, prefetch 8 rows ahead (locality 3)" in text
-    # 128-element rows: 16 rows ahead (8 KiB); in 16 KiB of L1 the group's own rows leave no room.
-    k, _ = _norm("layernorm", 8192, 128, dataclasses.replace(AVX512, l1_bytes=32 << 10))
-    assert k.walk is Walk.ROW_GROUPS and k.prefetch is not None and k.prefetch.distance == 16
+    # 128-element rows (512 bytes) keep up without; in 16 KiB of L1 the group's own rows leave no room.
+    k, _ = _norm("layernorm", 16384, 128, dataclasses.replace(AVX512, l1_bytes=32 << 10))
+    assert k.walk is Walk.ROW_GROUPS and k.prefetch is None
     k, _ = _norm("layernorm", 8192, 256, dataclasses.replace(AVX512, l1_bytes=16 << 10))
     assert k.walk is Walk.ROW_GROUPS and k.prefetch is None
 
