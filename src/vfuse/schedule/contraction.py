@@ -39,7 +39,7 @@ from vfuse.ir.shapes import Shape, numel
 from vfuse.ir.sym import hint, is_sym, same
 from vfuse.schedule import expr
 from vfuse.schedule.colsum import column_store, split_column_sum
-from vfuse.schedule.conv_fold import folded_conv, folded_mnk
+from vfuse.schedule.conv_fold import folded_conv, folded_mnk, swapped_base
 from vfuse.schedule.expr import Lin, Var
 from vfuse.schedule.kernel import ContractionKernel, Load, OperandPrologue, Rand, RandKey, ScatterWalk, Stmt, Store
 from vfuse.schedule.lower import Lowerer, Unsupported
@@ -230,13 +230,24 @@ def _gemm_operands(graph: Graph, node: str, ops: _Operands) -> bool:
     return False
 
 
-def _conv_operands(graph: Graph, node: str, ops: _Operands) -> None:
+def _conv_operands(graph: Graph, node: str, ops: _Operands, cpu: bool) -> bool:
+    """Adds the operands; True when the folded template reads both in place through their swap
+    of the first two dims (a weight gradient's x and grad_output; schedule/conv_fold.py)."""
     attrs = graph[node].attrs
     geometry = (attrs["stride"], attrs["padding"], attrs["dilation"])
     if not all(isinstance(p, tuple | list) and len(p) == 2 and all(isinstance(x, int) for x in p) for p in geometry):
         raise Unsupported(f"%{node}: conv geometry {geometry} is not (h, w) integer pairs")
-    for i in graph[node].inputs:
+    inputs = graph[node].inputs
+    shapes = [graph[i].tensor_type.shape for i in inputs]
+    if cpu and folded_conv(attrs, *shapes, graph[node].tensor_type.shape):
+        bases = [swapped_base(graph, ops.prologue, i) for i in inputs]
+        if all(bases):
+            for b, shape in zip(bases, shapes, strict=True):
+                ops.add_buffer(b, shape)  # the conv's shape over B's bytes, read swapped
+            return True
+    for i in inputs:
         ops.add(i)
+    return False
 
 
 def _sdpa_operands(graph: Graph, node: str, ops: _Operands, dtypes: frozenset[DType]) -> None:
@@ -340,11 +351,11 @@ def plan_contraction(graph: Graph, nodes: tuple[str, ...], outputs: tuple[str, .
     _check_types(graph, node, dtypes)
     op = graph[node].op
     ops = _Operands(graph, prologue)
-    trans_b = False
+    trans_b = swapped = False
     if op is Op.MATMUL:
         trans_b = _gemm_operands(graph, node, ops)
     elif op is Op.CONV2D:
-        _conv_operands(graph, node, ops)
+        swapped = _conv_operands(graph, node, ops, dtypes is not GPU_DTYPES)
     elif op in ATTENTION:
         _sdpa_operands(graph, node, ops, dtypes)
     elif op is Op.SCATTER_ADD:
@@ -360,10 +371,11 @@ def plan_contraction(graph: Graph, nodes: tuple[str, ...], outputs: tuple[str, .
         fused = None if op in NO_EPILOGUE else _fuse(graph, node, rest, outputs, prologue, dtypes is GPU_DTYPES)
     out, stmts, result, extras, stores = fused if fused else (node, [], "v", set(), ())
     colsum = column_store(graph, node, cs, out, result, stores) if fused and dtypes is not GPU_DTYPES else None
+    attrs = graph[node].attrs.replace(swapped=True) if swapped else graph[node].attrs  # read in place
     kernel = ContractionKernel(
         f"k{gid}_c", gid, label, op, node, tuple(ops.names), tuple(ops.shapes), graph[node].tensor_type.shape,
         graph[out].tensor_type.shape, out, tuple(stmts), result, tuple(sorted(extras | ops.loads)),
-        graph[node].attrs, trans_b, caches, tuple(ops.prologues), unit.lanes, *_register_tile(graph, node, unit),
+        attrs, trans_b, caches, tuple(ops.prologues), unit.lanes, *_register_tile(graph, node, unit),
         # Not for symbolic sizes: the persistent region sits past the arena's intermediates, so
         # it would move with the size (ir/sym.py; the runtime shares one arena across sizes).
         prepacked_b=op is Op.MATMUL and dtypes is not GPU_DTYPES and _constant_b(graph, ops)

@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from vfuse.ir import Graph, Op
 from vfuse.ir.sym import is_sym
 
 # Output planes up to this many pixels under a kernel plane at least as large: weight gradients
@@ -33,3 +34,35 @@ def folded_conv(attrs: Mapping[str, Any], x_shape: tuple[Any, ...], w_shape: tup
 def folded_mnk(x_shape: tuple[int, ...], w_shape: tuple[int, ...], out_shape: tuple[int, ...]) -> tuple[int, int, int]:
     """The folded GEMM: M = output channels, N = images x output plane, K = in channels x taps."""
     return w_shape[0], x_shape[0] * out_shape[2] * out_shape[3], w_shape[1] * w_shape[2] * w_shape[3]
+
+
+def swapped_base(graph: Graph, inside: frozenset[str], v: str) -> str | None:
+    """The buffer B (n, c, h, w) when the in-group value `v` is B with its first two dims
+    exchanged through reshapes that only add or drop unit dims around one permute (the weight
+    gradient's x and grad_output, `frontend/lower_conv_backward.grad_weight`, one group): the
+    folded template then reads B in place instead of a copy. None for anything else."""
+    while v in inside and graph[v].op is Op.RESHAPE:
+        v = graph[v].inputs[0]
+    if v not in inside or graph[v].op is not Op.PERMUTE:
+        return None
+    perm, src = tuple(graph[v].attrs["perm"]), graph[v].inputs[0]
+    mid = graph[src].tensor_type.shape
+    while src in inside and graph[src].op is Op.RESHAPE:
+        src = graph[src].inputs[0]
+    base = graph[src].tensor_type.shape
+    if src in inside or len(base) != 4:
+        return None
+    labels: list[int | None] = []  # which dim of B each dim of `mid` is (None: an inserted 1)
+    j = 0
+    for d in mid:
+        if j < 4 and d == base[j]:
+            labels.append(j)
+            j += 1
+        elif d == 1:
+            labels.append(None)
+        else:
+            return None
+    if j != 4:
+        return None
+    order = [labels[p] for p in perm if labels[p] is not None]
+    return src if order == [1, 0, 2, 3] else None

@@ -72,3 +72,17 @@ def test_forward_convs_are_not_folded() -> None:
     assert not folded_conv({"groups": 1}, (4, 8, 40, 40), (6, 8, 30, 30), (4, 6, 11, 11))
     with pytest.raises(ValueError, match="one group"):
         render_conv2d_folded(ConvSpec("g2", 2, 4, 9, 9, 4, 7, 7, groups=2), E.none())
+
+
+@pytest.mark.parametrize("name", ["s1p1", "s2p0", "wide"])
+def test_folded_conv_reads_swapped_operands(build, call, name: str) -> None:
+    """`swapped`: X and the weight given as the bytes of (IC, IMG, H, W) and (IC, OC, KH, KW) tensors
+    (the weight gradient's x and grad_output read in place), same numbers."""
+    s = SPECS[name]
+    lib = build(render_conv2d_folded(s, E.none(), swapped=True))
+    torch.manual_seed(7)
+    x, w = torch.randn(s.n, s.c_in, s.h, s.w), torch.randn(s.c_out, s.c_in, s.kh, s.kw)
+    want = F.conv2d(x, w, None, s.stride, s.padding, s.dilation)
+    out = torch.full_like(want, float("nan"))
+    call(lib, s.name, x.transpose(0, 1).contiguous(), w.transpose(0, 1).contiguous(), out, nthreads=3)
+    torch.testing.assert_close(out, want, rtol=1e-4, atol=1e-4 * want.abs().max().item())

@@ -183,7 +183,8 @@ def _conv(k: ContractionKernel, program: Program) -> tuple[str, str]:
     epi = Epilogue(k.op.value, _extras(k, program), tuple(_statements(k, _conv_names(k))))
     call = f"{spec.name}({_args(k)}, {_out(k)}{epi.names()}, nt);"
     if folded_conv(a, *k.shapes, k.out_shape):  # a weight gradient: one GEMM over all images
-        return render_conv2d_folded(dataclasses.replace(spec, blocking=_blocking(k, *spec_mnk(spec))), epi), call
+        folded = dataclasses.replace(spec, blocking=_blocking(k, *spec_mnk(spec)))
+        return render_conv2d_folded(folded, epi, swapped=bool(a.get("swapped"))), call
     spec = dataclasses.replace(spec, blocking=_blocking(k, *spec.gemm_mnk))
     return render_conv2d(spec, epi), call
 

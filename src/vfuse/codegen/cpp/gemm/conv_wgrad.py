@@ -90,7 +90,62 @@ static inline void {spec.name}_fold(const float* __restrict xt, long pc, long kc
 """
 
 
-def _scatter(spec: ConvSpec, epilogue: Epilogue) -> str:
+def _transpose(spec: ConvSpec, swapped: bool) -> str:
+    """xt[(ic, hw), img] = X[img, ic, hw] in 16 x 16 blocks (both sides stay in L1); `swapped`: X's
+    bytes are (ic, img, hw) (the weight gradient's x read in place), one block transpose per ic."""
+    img_n, plane = spec.n, spec.h * spec.w
+    if not swapped:
+        rows = spec.c_in * plane
+        return f"""#pragma omp parallel for num_threads(nth) schedule(static) if (par)
+  for (long r0 = 0; r0 < {rows}; r0 += 16) {{
+    for (long i0 = 0; i0 < {img_n}; i0 += 16) {{
+      const long r1 = vg_min(r0 + 16, {rows}), i1 = vg_min(i0 + 16, {img_n});
+      for (long r = r0; r < r1; ++r)
+        for (long i = i0; i < i1; ++i) xt[r * {img_n} + i] = X[i * {rows} + r];
+    }}
+  }}
+"""
+    return f"""#pragma omp parallel for collapse(2) num_threads(nth) schedule(static) if (par)
+  for (long ic = 0; ic < {spec.c_in}; ++ic) {{
+    for (long r0 = 0; r0 < {plane}; r0 += 16) {{
+      const float* __restrict src = X + ic * {img_n * plane};
+      float* __restrict dst = xt + ic * {plane * img_n};
+      for (long i0 = 0; i0 < {img_n}; i0 += 16) {{
+        const long r1 = vg_min(r0 + 16, {plane}), i1 = vg_min(i0 + 16, {img_n});
+        for (long r = r0; r < r1; ++r)
+          for (long i = i0; i < i1; ++i) dst[r * {img_n} + i] = src[i * {plane} + r];
+      }}
+    }}
+  }}
+"""
+
+
+def _pack_a_swapped(spec: ConvSpec, mr: int) -> str:
+    """NAME_pack_a: rows [i0, i0 + mc) x K [pc, pc + kc) of the weight read from its bytes
+    (ic, oc, taps) (the weight gradient's grad_output in place), as vg_pack_a lays them out:
+    per input channel, a row's taps are contiguous."""
+    taps, oc_n = spec.kh * spec.kw, spec.c_out
+    return f"""
+static inline void {spec.name}_pack_a(const float* __restrict g, long i0, long mc, long pc, long kc,
+                                      float* __restrict ap) {{
+  for (long ir = 0; ir < mc; ir += {mr}, ap += {mr} * kc) {{
+    const long mr = vg_min({mr}, mc - ir);
+    for (long kk = 0; kk < kc;) {{
+      const long k = pc + kk, icn = k / {taps}, t = k % {taps}, len = vg_min({taps} - t, kc - kk);
+      for (long r = 0; r < {mr}; ++r) {{
+        const float* __restrict src = g + (icn * {oc_n} + i0 + ir + r) * {taps} + t;
+        float* __restrict d = ap + kk * {mr} + r;
+        if (r < mr) for (long q = 0; q < len; ++q) d[q * {mr}] = src[q];
+        else for (long q = 0; q < len; ++q) d[q * {mr}] = 0.0f;
+      }}
+      kk += len;
+    }}
+  }}
+}}
+"""
+
+
+def _scatter(spec: ConvSpec, epilogue: Epilogue, swapped: bool) -> str:
     """The entry: X transposed to images-innermost, the GEMM into scratch, then C[oc, (t, img)] ->
     Y[img, oc, t] with the epilogue."""
     m, n_cols, _ = spec_mnk(spec)
@@ -102,16 +157,7 @@ def _scatter(spec: ConvSpec, epilogue: Epilogue) -> str:
   const bool par = {img_n * rows} >= {_PARALLEL_SCATTER} && nth > 1;
   float* xt = static_cast<float*>(std::malloc(sizeof(float) * {img_n * rows}));
   float* tmp = static_cast<float*>(std::malloc(sizeof(float) * {m * n_cols}));
-  // xt[r, img] = X[img, r]: 16 x 16 blocks (both sides stay in L1).
-#pragma omp parallel for num_threads(nth) schedule(static) if (par)
-  for (long r0 = 0; r0 < {rows}; r0 += 16) {{
-    for (long i0 = 0; i0 < {img_n}; i0 += 16) {{
-      const long r1 = vg_min(r0 + 16, {rows}), i1 = vg_min(i0 + 16, {img_n});
-      for (long r = r0; r < r1; ++r)
-        for (long i = i0; i < i1; ++i) xt[r * {img_n} + i] = X[i * {rows} + r];
-    }}
-  }}
-  {spec.name}_g(xt, Wt, tmp, nthreads);
+{_transpose(spec, swapped)}  {spec.name}_g(xt, Wt, tmp, nthreads);
   // Channel-major: tmp's row c (OH*OW x IMG) stays in L1 while the output lines it fills, one
   // per image, are completed by the next channels (image-major swept tmp once per image: 2 MB
   // at 2x256x8x8 -> 256, 4x slower than torch).
@@ -134,8 +180,10 @@ def _scatter(spec: ConvSpec, epilogue: Epilogue) -> str:
 """
 
 
-def render_conv2d_folded(spec: ConvSpec, epilogue: Epilogue) -> str:
-    """The kernel's C++ source (module doc). One group, fp32 output (the epilogue's store is a float)."""
+def render_conv2d_folded(spec: ConvSpec, epilogue: Epilogue, swapped: bool = False) -> str:
+    """The kernel's C++ source (module doc). One group, fp32 output (the epilogue's store is a float).
+    `swapped`: X and Wt are given as the bytes of tensors with their first two dims exchanged
+    ((IC, IMG, H, W) and (IC, OC, KH, KW): the weight gradient's x and grad_output, no copies)."""
     if spec.groups != 1:
         raise ValueError(f"{spec.name}: the folded conv takes one group, got {spec.groups}")
     m, n_cols, k = spec_mnk(spec)
@@ -153,6 +201,7 @@ def render_conv2d_folded(spec: ConvSpec, epilogue: Epilogue) -> str:
         ldc=n_cols,
         batch_setup="  const float* __restrict a_b = Wt;\n  const long co = 0;\n  float* __restrict c_b = Y;\n",
         pack_b=f"{spec.name}_fold(X, pc, kc, j, nr, bps);",
+        pack_a=f"{spec.name}_pack_a(a_b, ic, mcur, pc, kc, ap);" if swapped else "",
     )
     header = f"// vfuse folded conv2d {spec.name}: {spec}, epilogue {epilogue.name}, {blk}\n"
     return (
@@ -160,7 +209,8 @@ def render_conv2d_folded(spec: ConvSpec, epilogue: Epilogue) -> str:
         + PACKERS
         + render_microkernel(blk.mr, blk.nr, blk.lanes)
         + _packer(spec, blk.nr)
+        + (_pack_a_swapped(spec, blk.mr) if swapped else "")
         + header
         + render_driver(driver, blk, Epilogue())
-        + _scatter(spec, epilogue)
+        + _scatter(spec, epilogue, swapped)
     )
