@@ -246,8 +246,11 @@ def _packed_weight(spec: ConvSpec, blk: Blocking, params: str, epi: Epilogue) ->
 
     Why: the driver packs A per batch entry, and a conv's A (the weight) is the same for every
     image: a strided pass over the whole weight per image, ~1/4 of a 2-image 16x16 -> 8x8 conv's
-    time (perf, AVX2, 128 -> 256 channels). Packed in parallel (one fork) into a buffer of the
-    calling thread that every thread reads."""
+    time (perf, AVX2, 128 -> 256 channels). Packed by the calling thread, before the driver's
+    parallel region, into a buffer of its own that every thread reads: a parallel pack would add a
+    fork and join per call, which costs a time slice when a thread has lost its core (conv_direct.py
+    packs its weight the same way); the images' threads packed concurrently before, so with one
+    image per thread the wall time of a (now 1.8x faster) pack is what it was at most."""
     m, _, k = spec.gemm_mnk
     mpad, slivers = _mpad(spec, blk), _mpad(spec, blk) // blk.mr
     blocks = -(-k // blk.kc)
@@ -260,8 +263,7 @@ static float* {name}_abuf() {{
   return b.p;
 }}
 
-static void {name}_pack_all(const float* __restrict Wt, float* __restrict ap, long nth) {{
-#pragma omp parallel for num_threads(nth) schedule(static) if (nth > 1)
+static void {name}_pack_all(const float* __restrict Wt, float* __restrict ap) {{
   for (long t = 0; t < {spec.groups * blocks * slivers}; ++t) {{
     const long g = t / {blocks * slivers}, pc = (t / {slivers}) % {blocks} * {blk.kc}, ic = t % {slivers} * {blk.mr};
     const long kc = vg_min({blk.kc}, {k} - pc), rows = vg_min({blk.mr}, {m} - ic);
@@ -281,9 +283,8 @@ static void {name}_pack_all(const float* __restrict Wt, float* __restrict ap, lo
 }}
 
 {spec.linkage} void {name}({params}{epi.params()}, int nthreads) {{
-  const long nth = nthreads > 0 ? nthreads : omp_get_max_threads();
   float* ap = {name}_abuf();
-  {name}_pack_all(Wt, ap, nth);
+  {name}_pack_all(Wt, ap);
   {name}_gemm(X, Wt, Y, ap{epi.names()}, nthreads);
 }}
 """
