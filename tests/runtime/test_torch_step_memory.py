@@ -17,19 +17,20 @@ from vfuse.schedule import TorchStep
 def test_conv_weight_gradient_reads_the_arena_without_a_copy() -> None:
     """Conv -> train BN -> ReLU (odd sizes): the backward's BN gradient is a kernel's arena value
     that the bias gradient's sum and the torch weight-gradient conv (through a reshape) read; no copy of it is made (the
-    reshape-then-permute copies the conv needs stay), gradients equal eager's."""
+    reshape-then-permute copies the conv needs stay), gradients equal eager's. Two groups: a
+    one-group weight gradient is the folded template (codegen/cpp/gemm/conv_wgrad.py), no torch step."""
     torch._dynamo.reset()
     torch.manual_seed(0)
-    model = nn.Sequential(nn.Conv2d(7, 11, 3, padding=1), nn.BatchNorm2d(11), nn.ReLU()).train()
+    model = nn.Sequential(nn.Conv2d(8, 12, 3, padding=1, groups=2), nn.BatchNorm2d(12), nn.ReLU()).train()
     ref = [p.detach().clone().requires_grad_() for p in model.parameters()]
-    x = torch.randn(3, 7, 23, 29)
+    x = torch.randn(3, 8, 23, 29)
     backend = vfuse.backend(strict=True)
     fwd = torch.compile(model, backend=backend)
     out = fwd(x)
     grad = torch.randn_like(out)
     out.backward(grad)
     got = [p.grad.clone() for p in model.parameters()]
-    y = torch.nn.functional.conv2d(x, ref[0], ref[1], padding=1)
+    y = torch.nn.functional.conv2d(x, ref[0], ref[1], padding=1, groups=2)
     y = torch.nn.functional.batch_norm(y, None, None, ref[2], ref[3], training=True)
     want = torch.autograd.grad(torch.relu(y), ref, grad)
     scale = max(b.abs().max().item() for b in want)  # the conv bias's is 0 up to rounding (BN follows)
@@ -42,7 +43,7 @@ def test_conv_weight_gradient_reads_the_arena_without_a_copy() -> None:
     for p in model.parameters():
         p.grad = None
     out = fwd(x)
-    act = out.numel() * 4  # one activation: (3, 11, 23, 29) fp32
+    act = out.numel() * 4  # one activation: (3, 12, 23, 29) fp32
     # Allocated by the backward and live at once (4.14 activations): the arena (the BN gradient),
     # x and the gradient permuted for the conv, the conv's own buffers; the copy of the arena
     # view made before was one activation more (5.14).
