@@ -23,6 +23,7 @@ from vfuse.codegen.cpp.gemm.epilogue import Epilogue
 from vfuse.codegen.cpp.gemm.microkernel import PACKERS, render_microkernel
 from vfuse.codegen.cpp.gemm.prelude import render_prelude
 from vfuse.codegen.cpp.gemm.prologue import Prologue, packer_name, render_packer
+from vfuse.ir.sym import is_sym
 from vfuse.schedule.microtile import AVX512, VectorUnit
 
 # This machine's caches (per-core L1d/L2, shared L3): the default when no Target is given.
@@ -166,7 +167,10 @@ def _shared_a(spec: GemmSpec, blk: Blocking) -> bool:
     """Pack all of A once per call, in parallel, into the calling thread's A-panel scratch, when
     the driver would pack it more than once: with one row block (M <= MC) every thread packs the
     whole A block for its own column chunk (twice the A packing at two threads: ~1/8 of a
-    130x256x256 GEMM), and every column panel (N > NC) packs A again. One matrix (no batch)."""
+    130x256x256 GEMM), and every column panel (N > NC) packs A again. One matrix (no batch), fixed
+    sizes: the buffer's size must bound the driver's own slot-0 request on every call."""
+    if any(is_sym(x) for x in (spec.m, spec.n, spec.k)):
+        return False
     mc_max = -(-blk.mc // blk.mr) * blk.mr
     one_block = -(-spec.m // mc_max) == 1
     fits = _mpad(spec, blk) * spec.k <= SHARED_A_FLOATS
