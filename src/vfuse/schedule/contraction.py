@@ -371,7 +371,11 @@ def plan_contraction(graph: Graph, nodes: tuple[str, ...], outputs: tuple[str, .
         fused = None if op in NO_EPILOGUE else _fuse(graph, node, rest, outputs, prologue, dtypes is GPU_DTYPES)
     out, stmts, result, extras, stores = fused if fused else (node, [], "v", set(), ())
     colsum = column_store(graph, node, cs, out, result, stores) if fused and dtypes is not GPU_DTYPES else None
-    attrs = graph[node].attrs.replace(swapped=True) if swapped else graph[node].attrs  # read in place
+    attrs = graph[node].attrs
+    if op is Op.CONV2D and dtypes is not GPU_DTYPES and folded_conv(attrs, *ops.shapes, graph[node].tensor_type.shape):
+        attrs = attrs.replace(folded=True)  # the weight-gradient template renders it (schedule/conv_fold.py)
+    if swapped:
+        attrs = attrs.replace(swapped=True)  # read in place
     kernel = ContractionKernel(
         f"k{gid}_c", gid, label, op, node, tuple(ops.names), tuple(ops.shapes), graph[node].tensor_type.shape,
         graph[out].tensor_type.shape, out, tuple(stmts), result, tuple(sorted(extras | ops.loads)),

@@ -39,7 +39,6 @@ from vfuse.codegen.cpp.scatter import render_scatter
 from vfuse.codegen.cpp.writer import StatementWriter, pointer, pointer_line
 from vfuse.ir import DType, Op
 from vfuse.ir.sym import hint, same
-from vfuse.schedule.conv_fold import folded_conv
 from vfuse.schedule.kernel import ContractionKernel, Program
 from vfuse.schedule.microtile import VectorUnit
 
@@ -182,7 +181,7 @@ def _conv(k: ContractionKernel, program: Program) -> tuple[str, str]:
     )  # fmt: skip
     epi = Epilogue(k.op.value, _extras(k, program), tuple(_statements(k, _conv_names(k))))
     call = f"{spec.name}({_args(k)}, {_out(k)}{epi.names()}, nt);"
-    if folded_conv(a, *k.shapes, k.out_shape):  # a weight gradient: one GEMM over all images
+    if a.get("folded"):  # a weight gradient: one GEMM over all images (decided in schedule/contraction.py)
         folded = dataclasses.replace(spec, blocking=_blocking(k, *spec_mnk(spec)))
         return render_conv2d_folded(folded, epi, swapped=bool(a.get("swapped"))), call
     spec = dataclasses.replace(spec, blocking=_blocking(k, *spec.gemm_mnk))

@@ -30,7 +30,6 @@ from vfuse.codegen.cpp.gemm.driver import Driver, render_driver
 from vfuse.codegen.cpp.gemm.epilogue import Epilogue
 from vfuse.codegen.cpp.gemm.microkernel import PACKERS, render_microkernel
 from vfuse.codegen.cpp.gemm.prelude import render_prelude
-from vfuse.schedule.conv_fold import folded_mnk
 
 # Scatter pass: threads only when the output is big enough to pay for a parallel region.
 _PARALLEL_SCATTER = 1 << 15
@@ -39,7 +38,7 @@ _PARALLEL_SCATTER = 1 << 15
 def spec_mnk(spec: ConvSpec) -> tuple[int, int, int]:
     """The folded GEMM's M, N, K for `spec`."""
     oh, ow = spec.out_hw
-    return folded_mnk((spec.n, spec.c_in, spec.h, spec.w), (spec.c_out, spec.c_in, spec.kh, spec.kw), (0, 0, oh, ow))
+    return spec.c_out, spec.n * oh * ow, spec.c_in * spec.kh * spec.kw  # schedule/conv_fold.folded_mnk
 
 
 def folded_blocking(spec: ConvSpec) -> Blocking:
