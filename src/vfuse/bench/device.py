@@ -308,8 +308,9 @@ def copy_bandwidth(bench: Bench) -> dict[str, float]:
 
 def overhead(bench: Bench) -> dict[str, Any]:
     """Per-call time of a tiny graph (launch overhead dominates): eager, vfuse's launches, one
-    replay with its input copies and output clones (`vfuse_graphs`), and the replay alone
-    (`vfuse_graphs_static`: inputs are parameters, outputs static, so nothing is copied)."""
+    replay with its output clones (`vfuse_graphs`; the same input tensors each call, so since
+    2026-12-01 they are held in place, not copied), and the replay alone (`vfuse_graphs_static`:
+    inputs are parameters, outputs static, so nothing is copied)."""
     fn = MEMORY["add_mul_relu"][0]
     args = (torch.randn(1, 256, device=bench.device), torch.randn(1, 256, device=bench.device))
     out: dict[str, Any] = {}
