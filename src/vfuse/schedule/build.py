@@ -319,7 +319,9 @@ def build(plan: FusionPlan, target: object, templates: bool = True, triton: bool
         items += group_steps(graph, g, caches, templates, unit, gpu)  # type: ignore[arg-type]
     vector = int(getattr(target, "simd_lanes", 16))
     items = [
-        decide(with_streaming(with_table(k), caches[2]), vector, caches[0], caches[2]) if isinstance(k, Kernel) else k
+        decide(with_streaming(with_table(k), caches[2]), vector, caches[0], caches[2], caches[1])
+        if isinstance(k, Kernel)
+        else k
         for k in items
     ]
     extras = getattr(target, "isa_extras", frozenset())

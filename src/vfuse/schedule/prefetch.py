@@ -29,6 +29,13 @@ LOCALITY = 3  # into L1 (prefetcht0)
 MIN_ROW_BYTES = 2048  # shorter rows go through row groups (`plan_group_prefetch`)
 L1_SHARE = 2  # the rows in flight (used + prefetched) may fill 1/L1_SHARE of L1
 MIN_DISTANCE = 2  # one row ahead lost to none on Zen 4 (softmax 1.2x slower): too little lead
+# Cores with an L2 of at most 512 KiB (Zen 1-3; Intel client cores have 256 KiB) gain from rows
+# ahead where those with 1 MiB lose (Zen 4): on Zen 3 (32 KiB L1d) softmax, RMSNorm+SiLU and
+# LayerNorm+GELU over 1024-wide rows ran 1.15-1.26x faster (one thread, CPU time) with 2 rows
+# ahead filling 62-75 % of L1, which the half-of-L1 rule refused (docs/perf-log.md, 2026-12-01).
+# The L2's size separates the machines measured; it stands for their prefetchers, not a cause.
+SMALL_L2 = 512 << 10
+SMALL_L2_L1_FILL = 0.75  # of L1 for the rows in flight (used + prefetched) on such cores
 # Row groups (rows <= 256 elements): LayerNorm 8192x256 on Zen 4, both tiers, two threads: 6 or 8
 # rows (6-8 KiB) ahead 1.4-1.6x faster than none, 12 rows 1.3-1.45x (docs/perf-log.md).
 GROUP_DISTANCE_BYTES = 8 * 1024
@@ -43,12 +50,13 @@ GROUP_MIN_BYTES = 1 << 20
 GROUP_MIN_ROW_BYTES = 1024
 
 
-def plan_prefetch(k: Kernel, l1: int = 48 << 10) -> RowPrefetch | None:
+def plan_prefetch(k: Kernel, l1: int = 48 << 10, l2: int = 0) -> RowPrefetch | None:
     """What `k` prefetches, or None: a row kernel of several passes (a single streaming pass
     keeps the hardware prefetcher busy on its own) with one row loop over one contiguous
     inner loop, loads whose offset is plain loop variables (no div/mod/clamp/gather), stride
     1 along the row and moving with the row; rows of at least MIN_ROW_BYTES; at least
-    MIN_DISTANCE rows ahead fitting in `l1` bytes of L1 beside the rows in use."""
+    MIN_DISTANCE rows ahead fitting beside the rows in use in the share of `l1` bytes of L1
+    the core's `l2`-byte L2 (0: unknown) allows (`_l1_room`)."""
     loads = _row_loads(k)
     if not loads:
         return None
@@ -56,7 +64,7 @@ def plan_prefetch(k: Kernel, l1: int = 48 << 10) -> RowPrefetch | None:
     if row_bytes < MIN_ROW_BYTES:
         return None
     ahead = hint(sum(k.inner[0].size * s.dtype.itemsize for s in loads.values()))  # perf only
-    room = (l1 // L1_SHARE - _resident_bytes(k)) // ahead
+    room = (_l1_room(l1, l2) - _resident_bytes(k)) // ahead
     distance = min(MAX_DISTANCE, math.ceil(DISTANCE_BYTES / row_bytes), room)
     if distance < MIN_DISTANCE:
         return None
@@ -82,6 +90,12 @@ def plan_group_prefetch(k: Kernel, group: int, l1: int = 48 << 10) -> RowPrefetc
         return None
     planned = tuple(_shares(s, k.inner[0].size, len(k.passes)) for s in loads.values())
     return RowPrefetch(distance, planned, row_bytes, LOCALITY)
+
+
+def _l1_room(l1: int, l2: int) -> int:
+    """Bytes of L1 the rows in flight of a row walk may fill: half, SMALL_L2_L1_FILL on cores
+    with a small L2."""
+    return int(l1 * SMALL_L2_L1_FILL) if 0 < l2 <= SMALL_L2 else l1 // L1_SHARE
 
 
 def _row_loads(k: Kernel) -> dict[str, Load]:

@@ -54,9 +54,10 @@ def lanes(vector: int) -> int:
     return LANE_VECTORS * vector
 
 
-def decide(k: Kernel, vector: int, l1: int = 48 << 10, llc: int = 0) -> Kernel:
+def decide(k: Kernel, vector: int, l1: int = 48 << 10, llc: int = 0, l2: int = 0) -> Kernel:
     """`k` with every rendering decision filled in, for vectors of `vector` fp32 lanes, `l1`
-    bytes of L1 data cache per core and an `llc`-byte last-level cache (0: unknown)."""
+    bytes of L1 data cache and `l2` of L2 per core (0: unknown) and an `llc`-byte last-level
+    cache (0: unknown)."""
     # Performance choices on sizes are taken at the hints of symbolic sizes (no guard: valid at any size).
     k = dataclasses.replace(k, threaded=hint(_total(k)) >= PARALLEL_MIN, tile=column_tile(k, vector))
     k = dataclasses.replace(k, walk=_walk(k, vector))
@@ -66,7 +67,7 @@ def decide(k: Kernel, vector: int, l1: int = 48 << 10, llc: int = 0) -> Kernel:
     if k.walk is Walk.ROW_GROUPS:
         k = dataclasses.replace(k, row_group=ROW_GROUP, prefetch=plan_group_prefetch(k, ROW_GROUP, l1))
     elif k.walk is Walk.ROWS:
-        k = dataclasses.replace(k, prefetch=plan_prefetch(k, l1))
+        k = dataclasses.replace(k, prefetch=plan_prefetch(k, l1, l2))
     elif k.walk is Walk.LOOKUP_TABLE:
         k = dataclasses.replace(k, table_flat=table_flat(k))
     no_pre = clamped_loads(k)
