@@ -125,6 +125,31 @@ def _colsum_parts(d: Driver, blk: Blocking, epi: Epilogue) -> tuple[str, str, st
     return ", float* __restrict vg_cs", acc, f"      vg_acc[q] += {epi.colsum};\n", store
 
 
+def _one_k_block(d: Driver, blk: Blocking) -> bool:
+    """K fits one KC block (fixed sizes): every tile is the first and the last of its K loop, so
+    the writebacks that add a previous partial sum are dead code. Not rendering them saves g++
+    a quarter of a GEMM's optimization time (compile time, docs/perf-log.md)."""
+    return isinstance(d.k, int) and d.k <= blk.kc
+
+
+def _full_slivers(d: Driver, blk: Blocking) -> bool:
+    """Every NR-column sliver is whole (fixed N, a multiple of NR, panels of whole slivers): the
+    edge-sliver writebacks are dead code."""
+    return isinstance(d.n, int) and d.n % blk.nr == 0 and blk.nc % blk.nr == 0
+
+
+def _own_value(d: Driver, blk: Blocking) -> str:
+    """`own` (one MC block: `_own_slivers`) as C++: a literal when M is fixed, so the renderer
+    emits only the B packing path that runs. mb starts at ceil(M / MC) and only grows when it is
+    more than 1, so `mb == 1` holds exactly when M fits one MC block, for every thread count."""
+    if d.prepack:
+        return "false"
+    if not isinstance(d.m, int):
+        return "mb == 1"
+    mc_max = -(-blk.mc // blk.mr) * blk.mr
+    return "true" if -(-d.m // mc_max) == 1 else "false"
+
+
 def _panel(blk: Blocking) -> int:
     """Columns of one packed B panel (NC rounded up to whole slivers)."""
     return -(-blk.nc // blk.nr) * blk.nr
@@ -156,7 +181,7 @@ static inline void {d.name}_wb(const float* __restrict t, {epi.out_ctype}* __res
     [[maybe_unused]] const long i = i0 + r;
 {d.row_names}    {epi.out_ctype}* __restrict crow = c_b + i * {d.ldc} + j0;
 {wrow}    const float* __restrict trow = t + r * {blk.nr};
-{partial if part else ""}#pragma omp simd
+{partial if part and not _one_k_block(d, blk) else ""}#pragma omp simd
     for (int q = 0; q < ncols; ++q) {{
       [[maybe_unused]] const long j = j0 + q;
       [[maybe_unused]] const long o = co + i * {d.ldc} + j;
@@ -187,15 +212,28 @@ def _tile_loop(d: Driver, blk: Blocking, epi: Epilogue) -> str:
           for (long ir = 0; ir < mcur; ir += {blk.mr}) {{
             const int mr = static_cast<int>(vg_min({blk.mr}, mcur - ir));
             {microkernel_name(blk.mr, blk.nr, blk.lanes)}(kc, ap + ir * kc, bq + s * {blk.nr} * bstride, t);
-            if (nr == {blk.nr}) {{
-              if (first) {wb}<true, true>{call}; else {wb}<true, false>{call};
-            }} else {{
-              if (first) {wb}<false, true>{call}; else {wb}<false, false>{call};
-            }}
-          }}
+{_wb_calls(d, blk, wb + "<{full}, {first}>" + call)}          }}
         }}
       }}
 """
+
+
+def _wb_calls(d: Driver, blk: Blocking, call: str) -> str:
+    """The writeback calls after a micro-kernel: by sliver width and first K block, each variant
+    only where it can run (`_full_slivers`, `_one_k_block`)."""
+
+    def by_first(full: str) -> str:
+        if _one_k_block(d, blk):
+            return call.format(full=full, first="true") + ";"
+        return f"if (first) {call.format(full=full, first='true')}; else {call.format(full=full, first='false')};"
+
+    pad = "            "
+    if _full_slivers(d, blk):
+        return f"{pad}{by_first('true')}\n"
+    return (
+        f"{pad}if (nr == {blk.nr}) {{\n{pad}  {by_first('true')}\n{pad}}} else {{\n"
+        f"{pad}  {by_first('false')}\n{pad}}}\n"
+    )
 
 
 def _panel_step(d: Driver, blk: Blocking, epi: Epilogue) -> str:
@@ -206,6 +244,10 @@ def _panel_step(d: Driver, blk: Blocking, epi: Epilogue) -> str:
         at = f"pc * {padded_n(d.n, blk.nr)} + jc * kc"
         head = f"      const float* __restrict bq = bp + {at};\n      const long bstride = kc;\n"
         return head + _tile_loop(d, blk, epi)
+    if _own_value(d, blk) == "true":  # each thread packs its own slivers (`_own_slivers`)
+        return f"""      const long bstride = {blk.kc};
+      const float* __restrict bq = bp;
+{_tile_loop(d, blk, epi)}"""
     return f"""      const long bstride = own ? {blk.kc} : kc;
       if (!own) {{
         for (long s = tid; s < nsl; s += nth) {{
@@ -231,7 +273,7 @@ def _own_slivers(d: Driver, blk: Blocking) -> str:
     Sliver s sits at s * NR * KC whatever this block's kc, so a thread still on its last K block
     never shares bytes with another's next one; a new column panel (jc) re-deals the slivers
     between threads, so the panel loop has one barrier there (`_one`)."""
-    if d.prepack:
+    if _own_value(d, blk) == "false":
         return ""
     return f"""        if (own) {{
           for (long s = s0; s < s1; ++s) {{
@@ -283,7 +325,7 @@ static void {d.name}_one(long bi, long tid, long nth, bool coop, float* __restri
   const long rs = ({m} + {mr - 1}) / {mr};
   const long items = mb * nsplit;
   // One MC block: each thread's items are column chunks no other thread reads (_own_slivers).
-  [[maybe_unused]] const bool own = {"false" if d.prepack else "mb == 1"};
+  [[maybe_unused]] const bool own = {_own_value(d, blk)};
   for (long jc = 0; jc < {d.n}; jc += {blk.nc}) {{
     if (own && coop && jc > 0) {{
 #pragma omp barrier
