@@ -30,6 +30,7 @@ from vfuse.schedule.contraction import (
     library_choice,
     plan_contraction,
 )
+from vfuse.schedule.conv_dgrad import staged_weights
 from vfuse.schedule.expr import Lin, Var
 from vfuse.schedule.fp8dot import fp8_split, with_fp8_dot
 from vfuse.schedule.gpu import decide_contraction, decide_gpu, fp8_cores
@@ -155,7 +156,7 @@ def _contraction_steps(
         cp = plan_contraction(graph, g.nodes, g.outputs, g.id, g.label, caches, unit, dtypes)
         choice = library_choice(graph, g.cost, cp) if gpu is None else gpu_library_choice(graph, g.cost, cp, gpu)
         if choice.library:
-            raise Unsupported(choice.reason())  # torch is predicted faster: fuse around it instead
+            return _library_steps(graph, g, choice.reason(), gpu is None)  # torch is predicted faster
         kernel = decide_contraction(cp.kernel, gpu, graph, g.retile) if gpu is not None else cp.kernel
         copies: list[AnyKernel | TorchStep] = []
         for i, v in enumerate(cp.copies):
@@ -164,6 +165,17 @@ def _contraction_steps(
     except Unsupported as e:
         torch_nodes, rest = _contraction_split(graph, g)
         return [TorchStep(g.id, g.label, tuple(torch_nodes), f"contraction through torch: {e}")], rest
+
+
+def _library_steps(graph: Graph, g: Group, reason: str, native: bool) -> tuple[list[AnyKernel | TorchStep], set[str]]:
+    """A contraction through torch, the rest of its group fused; on CPU a conv weight the group
+    computes by a CAT (a data gradient's flipped taps) is stored first by a native kernel
+    (`schedule/conv_dgrad.py`), so the torch step is the conv alone."""
+    torch_nodes, rest = _contraction_split(graph, g)
+    staged, torch_nodes = staged_weights(graph, set(g.nodes), torch_nodes) if native else ([], torch_nodes)
+    copies = _pointwise_kernels(graph, g.id, g.label, set(g.nodes), f"k{g.id}_w", staged) if staged else []
+    step = TorchStep(g.id, g.label, tuple(torch_nodes), f"contraction through torch: {reason}")
+    return [*copies, step], rest
 
 
 def gpu_library_choice(graph: Graph, cost: Cost, cp: ContractionPlan, gpu: object = None) -> ContractionChoice:
