@@ -130,6 +130,10 @@ class AotCompiled:
         self._single_out = self._out_spec.is_leaf()
         self._plain_in = self._in_spec == pytree.tree_structure((tuple(users), {}))
         self._users = len(users)
+        self._updates = bool(self._state_updates or self._input_updates)
+        # Plain tensor arguments and nothing lifted: the graph's guard on the call's own argument
+        # tuple is the whole entry check (a tensor is a pytree leaf, so it also proves the structure).
+        self._direct = self._plain_in and len(self._lifted) == self._users
         compiled.input_labels = _labels(specs)
 
     @property
@@ -141,26 +145,32 @@ class AotCompiled:
         return self.compiled.stats
 
     def __call__(self, *args: Any) -> Any:
-        flat = self._flatten(args)
-        inputs = flat if len(self._lifted) == self._users else _bind(flat, self._lifted)
-        self.compiled.check_inputs(inputs)
-        if self._state_updates or self._input_updates:
+        key = self.compiled.guard(args) if self._direct else None
+        if key is not None:
+            flat = inputs = args
+        else:
+            flat = self._flatten(args)
+            inputs = flat if len(self._lifted) == self._users else _bind(flat, self._lifted)
+            key = self.compiled.check_inputs(inputs)
+        if self._updates:
             self._check_unaliased(flat)
         if torch.is_grad_enabled() and self._needs_grad(flat):
             outs = self._run_autograd(flat)
         else:
-            outs = self._variant(inputs).run_unchecked(inputs)
-        if self._state_updates or self._input_updates:
+            compiled = self._variant(inputs, key)
+            outs = compiled.run_checked(key, inputs) if compiled is self.compiled else compiled.run_unchecked(inputs)
+        if self._updates:
             self._apply_updates(outs, flat)
         if self._single_out:
             return outs[self._user_out[0]]
         return pytree.tree_unflatten([outs[i] for i in self._user_out], self._out_spec)
 
-    def _variant(self, inputs: Sequence[Any]) -> CompiledGraph:
+    def _variant(self, inputs: Sequence[Any], key: tuple[Any, ...]) -> CompiledGraph:
         """The compiled graph for these sizes: with symbolic sizes (export's `Dim`s), a program
-        whose guards admit them, compiled now if none does (entry/dynamic.py's policy)."""
+        whose guards admit them, compiled now if none does (entry/dynamic.py's policy). `key`:
+        the sizes `check_inputs` read, where it read them (else `()`)."""
         ex = self.compiled.executor
-        if not isinstance(ex, SymbolicExecutor) or ex.serves(ex.values(inputs)):
+        if not isinstance(ex, SymbolicExecutor) or ex.serves(key or ex.values(inputs)):
             return self.compiled
         for other in self.variants:
             if other.executor.serves(other.executor.values(inputs)):

@@ -17,6 +17,7 @@ from vfuse import interp
 from vfuse.errors import VfuseInputError
 from vfuse.ir import Graph, Op
 from vfuse.ir.sym import is_sym, pretty
+from vfuse.runtime.inputguard import Guard, input_guard
 
 
 @dataclass
@@ -81,6 +82,13 @@ class CompiledGraph:
         self._arity = max((i + 1 for i, _ in self._expected), default=0)
         # Executors that run CUDA tensors too (Triton) say so; the others read CPU memory only.
         self._cuda = "cuda" in getattr(executor, "devices", ())
+        # The checks below written out as one function (runtime/inputguard.py): a call that
+        # passes it is checked; one that fails it runs the loop, which names what is wrong.
+        bindings = getattr(executor, "bindings", None) if self._symbolic else ()
+        sizes = [(b.name, b.index, b.dim) for b in bindings or ()]
+        self._guard: Guard = _never if bindings is None else input_guard(self._checks, self._arity, self._cuda, sizes)
+        # A symbolic executor is run at the sizes the guard read (`run_checked`), not read again.
+        self._by_key = bool(sizes) and hasattr(executor, "run")
         # How errors name each input; the AOT path relabels lifted parameters and user inputs.
         self.input_labels = [f"input {i}" for i in range(len(self._expected))]
         self.compile_s = 0.0
@@ -116,8 +124,22 @@ class CompiledGraph:
             k for k, o in enumerate(outs) if g[o].op is Op.INPUT and g[o].attrs["index"] in except_inputs
         )
 
-    def check_inputs(self, inputs: Sequence[object]) -> None:
-        """Raise VfuseInputError naming the first input that differs from what was compiled for."""
+    @property
+    def guard(self) -> Guard:
+        """`guard(inputs) -> key | None`: the checks of `check_inputs` as one generated function;
+        the key is the symbolic sizes read (`()` without symbols), None where a check fails."""
+        return self._guard
+
+    def check_inputs(self, inputs: Sequence[object]) -> tuple[Any, ...]:
+        """Raise VfuseInputError naming the first input that differs from what was compiled for;
+        return the call's key (`guard`) for `run_checked`."""
+        key = self._guard(inputs)
+        if key is not None:
+            return key
+        self._check_each(inputs)
+        return tuple(self.executor.values(inputs)) if self._by_key else ()  # type: ignore[attr-defined]
+
+    def _check_each(self, inputs: Sequence[object]) -> None:
         if len(inputs) != self._arity:
             raise VfuseInputError(f"{self.name}: expected {self._arity} inputs, got {len(inputs)}")
         for index, shape, dtype in self._checks:
@@ -142,7 +164,13 @@ class CompiledGraph:
             raise VfuseInputError(f"{self.name}: inputs on several devices ({', '.join(devices)})")
 
     def __call__(self, *inputs: torch.Tensor) -> list[torch.Tensor]:
-        self.check_inputs(inputs)
+        return self.run_checked(self.check_inputs(inputs), inputs)
+
+    def run_checked(self, key: tuple[Any, ...], inputs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+        """Run inputs `check_inputs` admitted with this `key`: a symbolic program runs at the
+        sizes it read (one lookup, no second read); anything else as `run_unchecked`."""
+        if self._by_key and not (self._may_alias or self._copied):
+            return self.executor.run(key, inputs)  # type: ignore[attr-defined]
         return self.run_unchecked(inputs)
 
     def run_unchecked(self, inputs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
@@ -170,6 +198,10 @@ class CompiledGraph:
         """`run_unchecked` as the shortest callable: the executor itself when no output can
         alias (executors only index their input sequence, so a tuple or list will do)."""
         return self.run_unchecked if self._may_alias or self._copied else self.executor
+
+
+def _never(inputs: Sequence[object]) -> None:
+    return None  # symbolic sizes read by an executor that does not say where: the full checks
 
 
 def _shape_fits(got: torch.Size, shape: tuple) -> bool:
