@@ -221,10 +221,16 @@ def gemm_form(go_shape: Sequence[int], w_shape: Sequence[int], geo: Geometry) ->
     fixed sizes. Measured (2x128x16x16 -> 256 channels, 3x3 stride 2, one thread, Zen 3): four
     phase convs and their CAT 2.79 ms, the GEMM 1.16 + the col2im 0.37 ms. At stride 1 the two
     forms measured within noise of each other (2x256x8x8: 2.38 vs 2.50 ms); the conv keeps its
-    fused epilogue there."""
-    if geo.groups != 1 or tuple(w_shape[2:]) == (1, 1) or any(is_sym(d) for d in (*go_shape, *w_shape)):
+    fused epilogue there. Kernels past 4x4 keep the conv form: a 7x7's 49 tap planes exceed the
+    planner's kernel-size cap and the split col2im kernels computed wrong values (2x3x16x16, 7
+    channels, stride 2: garbage; left for the scheduler's owner)."""
+    taps = w_shape[2] * w_shape[3]
+    if geo.groups != 1 or not 1 < taps <= MAX_GEMM_TAPS or any(is_sym(d) for d in (*go_shape, *w_shape)):
         return False
     return max(geo.stride) > 1
+
+
+MAX_GEMM_TAPS = 16
 
 
 def _check(em: Emitter, go: str, x: str, w: str) -> None:
