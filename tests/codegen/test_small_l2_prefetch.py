@@ -1,7 +1,9 @@
 """Row prefetch on cores with a small L2 (schedule/prefetch.py `SMALL_L2`): 1024-wide rows of
 softmax, RMSNorm and LayerNorm prefetch rows ahead in 3/4 of a 32 KiB L1 where a 1 MiB L2's core
-keeps the half-of-L1 rule (none); the kernels match eager at every tier this CPU runs, at row
-lengths that are primes, a multiple of the vector plus a tail, and fewer rows than the distance."""
+keeps the half-of-L1 rule (none); prefetched row walks whose storing pass is cheap stream their
+stores once loads and stores move 2 LLCs (`strategy.stream_prefetched_rows`). The kernels match
+eager at every tier this CPU runs, at row lengths that are primes, a multiple of the vector plus a
+tail, and fewer rows than the distance."""
 
 from __future__ import annotations
 
@@ -48,10 +50,22 @@ def test_small_l2_prefetches_rows_in_three_quarters_of_l1() -> None:
     assert _kernel("softmax", 4096, 2048, ZEN3).prefetch is None
 
 
+def test_prefetched_rows_with_a_cheap_storing_pass_stream_from_two_llcs() -> None:
+    # softmax 8192x1024 reads 32 MiB and writes 32 MiB: 2 LLCs of 32 MiB; its last pass multiplies
+    # by 1/sum. 4096 rows move 1 LLC; LayerNorm's last pass has a GELU; unprefetched rows (1 MiB
+    # L2) keep their stores cached.
+    sm = _kernel("softmax", 8192, 1024, ZEN3)
+    assert sm.stream and [p.streamed for p in sm.passes] == [False, False, True]
+    assert not _kernel("softmax", 4096, 1024, ZEN3).stream
+    assert not _kernel("layernorm", 8192, 1024, ZEN3).stream
+    assert not _kernel("softmax", 8192, 1024, dataclasses.replace(ZEN3, l2_bytes=1 << 20)).stream
+
+
 @pytest.fixture
 def _small_l2(monkeypatch: pytest.MonkeyPatch, request: pytest.FixtureRequest) -> None:
     tier: Isa = request.param
-    cpu = dataclasses.replace(get_target("cpu", isa=tier), l1_bytes=32 << 10, l2_bytes=512 << 10)
+    # An LLC of 4 KiB: these small rows stream where the rule lets them.
+    cpu = dataclasses.replace(get_target("cpu", isa=tier), l1_bytes=32 << 10, l2_bytes=512 << 10, l3_bytes=4 << 10)
     monkeypatch.setattr(native_helpers, "target", lambda: cpu)
 
 
@@ -68,4 +82,6 @@ def test_prefetched_rows_match_eager(_small_l2: None, kind: str, n: int, d: int)
     ex = check(graph, xs, hand_plan(graph, [[x.name for x in graph.compute_nodes]]))
     (k,) = [k for k in ex.program.kernels if isinstance(k, Kernel)]
     assert (k.prefetch is not None and "__builtin_prefetch" in ex.source) == (n > 1)
+    if kind != "layernorm":  # (LayerNorm's stores stream by nest.with_streaming's rule at this LLC)
+        assert ("vf_stream(&" in ex.source) == (n > 1)
     torch.testing.assert_close(ex(xs)[0], eager(*xs), rtol=1e-5, atol=1e-5)

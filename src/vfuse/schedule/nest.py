@@ -222,14 +222,8 @@ def with_streaming(k: Kernel, llc_bytes: int) -> Kernel:
     of the traffic of `out = a + b`). Only where every such store is contiguous along the SIMD
     loop and made in a pass without reductions or row-buffer writes, which
     codegen/cpp/streaming.py writes through an L1 chunk buffer."""
-    if not llc_bytes or not k.inner or (not k.outer and k.after):
-        return k
-    store_passes = [p for p in k.passes if any(isinstance(s, Store) for s in p.body)]
-    if not store_passes or any(p.reduces or p.buffered for p in store_passes):
-        return k
-    stores = [s for p in store_passes for s in p.body if isinstance(s, Store)]
-    vec = Var(k.inner[-1].var)
-    if not all(_contiguous_along(s.index, vec) for s in stores):
+    stores = streamable_stores(k)
+    if not llc_bytes or not stores:
         return k
     total = 1
     for lp in (*k.outer, *k.inner):
@@ -237,6 +231,19 @@ def with_streaming(k: Kernel, llc_bytes: int) -> Kernel:
     if hint(total) * sum(s.dtype.itemsize for s in stores) < STREAM_MIN_LLCS * llc_bytes:  # perf only: at the hint
         return k
     return dataclasses.replace(k, stream=True)
+
+
+def streamable_stores(k: Kernel) -> list[Store]:
+    """The per-element stores of `k` if codegen/cpp/streaming.py can stream them (each contiguous
+    along the SIMD loop, made in passes without reductions or row-buffer writes), else []."""
+    if not k.inner or (not k.outer and k.after):
+        return []
+    store_passes = [p for p in k.passes if any(isinstance(s, Store) for s in p.body)]
+    if not store_passes or any(p.reduces or p.buffered for p in store_passes):
+        return []
+    stores = [s for p in store_passes for s in p.body if isinstance(s, Store)]
+    vec = Var(k.inner[-1].var)
+    return stores if all(_contiguous_along(s.index, vec) for s in stores) else []
 
 
 def _contiguous_along(e: Lin, v: Var) -> bool:

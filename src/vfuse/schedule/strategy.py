@@ -18,10 +18,11 @@ from vfuse.ir import DType, Op, opdef
 from vfuse.ir.sym import hint, is_sym
 from vfuse.schedule.expr import Clamp, Lin, Var, walk
 from vfuse.schedule.kernel import Accumulate, Compute, Kernel, Load, Loop, Pass, RandKey, Reduction, Store, Walk
+from vfuse.schedule.nest import streamable_stores
 from vfuse.schedule.peel import interior, threaded_selects
 from vfuse.schedule.prefetch import plan_group_prefetch, plan_prefetch
 from vfuse.schedule.rowfacts import below_row_max, pass_invariant_divisors
-from vfuse.schedule.transpose import plan_transpose, stream_tiles
+from vfuse.schedule.transpose import STREAM_MIN_LLCS, plan_transpose, stream_tiles
 
 BLOCK = 1024  # elements per partial sum: bounds the float rounding error of long sums
 # Below this many elements a kernel runs on one thread (fork/join costs more than it saves).
@@ -68,11 +69,38 @@ def decide(k: Kernel, vector: int, l1: int = 48 << 10, llc: int = 0, l2: int = 0
         k = dataclasses.replace(k, row_group=ROW_GROUP, prefetch=plan_group_prefetch(k, ROW_GROUP, l1))
     elif k.walk is Walk.ROWS:
         k = dataclasses.replace(k, prefetch=plan_prefetch(k, l1, l2))
+        k = dataclasses.replace(k, stream=k.stream or stream_prefetched_rows(k, llc))
     elif k.walk is Walk.LOOKUP_TABLE:
         k = dataclasses.replace(k, table_flat=table_flat(k))
     no_pre = clamped_loads(k)
     k = dataclasses.replace(k, no_pre=no_pre, no_jump_threading=threaded_selects(k), narrow_simd=no_pre and vector > 8)
     return dataclasses.replace(k, passes=tuple(_pass(k, i, vector) for i in range(len(k.passes))))
+
+
+def stream_prefetched_rows(k: Kernel, llc: int) -> bool:
+    """Whether a row walk with prefetched rows streams its stores although they are under
+    `nest.with_streaming`'s STREAM_MIN_LLCS: where its loads and stores together move that many
+    LLCs (as tiled transposes, `transpose.stream_tiles`) and the storing pass is CHEAP (softmax's
+    normalization: bound by memory, not by the chunk copy streaming adds). Zen 3, softmax
+    8192x1024 (32 MiB in, 32 MiB out): 1.19x faster; LayerNorm+GELU 1.18x slower, RMSNorm+SiLU
+    the same; on Zen 4 softmax streamed lost without row prefetch, won with it (docs/perf-log.md)."""
+    stores = streamable_stores(k) if k.prefetch is not None and llc else []
+    storing = [i for i, p in enumerate(k.passes) if any(isinstance(s, Store) for s in p.body)]
+    if not stores or not all(_cheap_body(k, i) for i in storing):
+        return False
+    rows = [Var(lp.var) for lp in k.outer]
+    moving = (s for p in k.passes for s in p.body if isinstance(s, Load) and any(s.index.coef(r) for r in rows))
+    loads = {s.buf: s.dtype.itemsize for s in moving}  # not the weights every row reads again
+    moved = hint(_total(k)) * (sum(loads.values()) + sum(s.dtype.itemsize for s in stores))  # perf only
+    return moved >= STREAM_MIN_LLCS * llc
+
+
+def _cheap_body(k: Kernel, i: int) -> bool:
+    """Pass `i` computes only CHEAP ops per element, a division by a row scalar counting as the
+    multiply it becomes (`Pass.recips`)."""
+    recips = pass_invariant_divisors(k, i)
+    ops = (s for s in k.passes[i].body if isinstance(s, Compute))
+    return all(s.op in CHEAP or (s.op is Op.DIV and s.args[1] in recips) for s in ops)
 
 
 def clamped_loads(k: Kernel) -> bool:
