@@ -44,7 +44,7 @@ def _check(n: int, cache: Path) -> None:
 def _pch(cache: Path, monkeypatch: pytest.MonkeyPatch) -> pch.Pch:
     monkeypatch.setenv("VFUSE_PCH", "1")
     tc = find_toolchain()
-    made = pch.prelude_pch(pch.PRELUDE, cache, cache_key(pch.KEY_TEXT, tc), tc, seen=0)
+    made = tc.pch.prelude_pch(pch.PRELUDE, cache, cache_key(pch.KEY_TEXT, tc), tc, seen=0)
     assert made is not None, "g++ should take its own precompiled header"
     return made
 
@@ -97,7 +97,8 @@ def test_not_built_for_a_fresh_directory_by_default(tmp_path: Path, monkeypatch:
     _check(3, tmp_path)
     assert not list(tmp_path.glob("vf_pch_*"))
     monkeypatch.setenv("VFUSE_PCH", "0")
-    assert pch.prelude_pch(pch.PRELUDE, tmp_path, "k", find_toolchain(), seen=100) is None
+    tc = find_toolchain()
+    assert tc.pch.prelude_pch(pch.PRELUDE, tmp_path, "k", tc, seen=100) is None
 
 
 def _copy(shared: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> pch.Pch:
@@ -152,7 +153,7 @@ def test_rejected_header_is_not_used_and_old_ones_are_evicted(tmp_path: Path, mo
         for suffix in (".ok", ".h", ".h.gch"):
             (tmp_path / f"vf_pch_{stem}{suffix}").write_text("x")
             os.utime(tmp_path / f"vf_pch_{stem}{suffix}", (time.time() - age,) * 2)
-    assert pch.prelude_pch(pch.PRELUDE, tmp_path, "k1", tc, seen=0) is None
+    assert tc.pch.prelude_pch(pch.PRELUDE, tmp_path, "k1", tc, seen=0) is None
     assert "verdict rejected" in (tmp_path / "vf_pch_k1.ok").read_text()
     assert sorted(p.name for p in tmp_path.glob("vf_pch_[oy]*")) == [
         "vf_pch_young.h",
@@ -160,7 +161,7 @@ def test_rejected_header_is_not_used_and_old_ones_are_evicted(tmp_path: Path, mo
         "vf_pch_young.ok",
     ]
     monkeypatch.setattr(pch, "_build", lambda *a: pytest.fail("a rejected header is not built again"))
-    assert pch.prelude_pch(pch.PRELUDE, tmp_path, "k1", tc, seen=0) is None
+    assert tc.pch.prelude_pch(pch.PRELUDE, tmp_path, "k1", tc, seen=0) is None
 
 
 def test_concurrent_builders_build_it_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -171,7 +172,7 @@ def test_concurrent_builders_build_it_once(tmp_path: Path, monkeypatch: pytest.M
     tc = find_toolchain()
     got: list[pch.Pch | None] = []
     threads = [
-        threading.Thread(target=lambda: got.append(pch.prelude_pch(pch.PRELUDE, tmp_path, "k2", tc, seen=0)))
+        threading.Thread(target=lambda: got.append(tc.pch.prelude_pch(pch.PRELUDE, tmp_path, "k2", tc, seen=0)))
         for _ in range(3)
     ]
     for t in threads:
@@ -206,8 +207,20 @@ def test_process_ending_during_the_build_leaves_the_cache_usable(
     built again by the next process that wants it."""
     code = (
         "import sys\nfrom pathlib import Path\nfrom vfuse.codegen.cpp import pch, toolchain\n"
-        f"toolchain.prepare(Path({str(tmp_path)!r}))\nsys.exit(0 if pch._started else 3)\n"
+        f"toolchain.prepare(Path({str(tmp_path)!r}))\nsys.exit(0 if toolchain.find_toolchain().pch.started else 3)\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
     assert not list(tmp_path.glob("vf_pch_*.ok"))
     _pch(tmp_path, monkeypatch)
+
+
+def test_builds_belong_to_the_compiler_not_the_module(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """One PchBuilds per compiler (prepare's thread is the one a compile joins), none shared with
+    a Toolchain made by hand, and no part of a toolchain's identity."""
+    one, two = find_toolchain(), find_toolchain()
+    assert one.pch is two.pch and one == two
+    own = toolchain.Toolchain(one.cxx, one.version, one.flags)
+    assert own.pch is not one.pch and own == one
+    monkeypatch.setenv("VFUSE_PCH", "1")
+    assert own.pch.prelude_pch(pch.PRELUDE, tmp_path, "k3", own, seen=0) is not None
+    assert own.pch.built(tmp_path) == 0 and not own.pch.started

@@ -23,6 +23,7 @@ text without it (`toolchain._compile`). VFUSE_PCH=0 turns it off, =1 builds it o
 from __future__ import annotations
 
 import atexit
+import collections
 import fcntl
 import hashlib
 import os
@@ -31,6 +32,7 @@ import subprocess
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
@@ -45,10 +47,6 @@ BUILD_AFTER = 4  # libraries a directory has seen before a header is built for i
 _UNSAFE = ("__FILE__", "__COUNTER__", "__DATE__", "__TIME__", "__BASE_FILE__", "__INCLUDE_LEVEL__")
 _OPEN_FLAGS = os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC
 EVICT_AFTER_S = 3600.0  # a header is rebuilt in ~1.4 s of CPU; one per prelude edit piles up otherwise
-_started: dict[str, threading.Thread] = {}  # marker -> this process's `start` thread
-_running: set[subprocess.Popen[bytes]] = set()  # header builds under way
-_failed: set[str] = set()  # markers whose build failed in this process: not tried again
-_checked: dict[str, tuple[tuple[tuple[int, ...], ...], str]] = {}  # marker -> (identities it matched, verdict)
 
 
 class Compiler(Protocol):
@@ -90,75 +88,162 @@ def files(cache_dir: Path, key: str) -> tuple[Path, Path, Path]:
     return header, cache_dir / f"vf_pch_{key}.h.gch", cache_dir / f"vf_pch_{key}.ok"
 
 
-def start(cache_dir: Path, key: str, tc: Compiler) -> bool:
-    """Check, and build when missing, the header of `cache_dir` in a thread of its own (once per
-    process): the caller traces and schedules meanwhile, on one core, and its first compile finds
-    the header ready (`prelude_pch` waits for the thread). Only on two cores or more; whether a
-    thread was started."""
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    header, gch, marker = files(cache_dir, key)
-    if mode() == "0" or not eligible(PRELUDE) or cores < 2 or str(marker) in _started or str(marker) in _failed:
-        return False
-    thread = threading.Thread(target=_background, args=(header, gch, marker, key, tc), name="vfuse-pch", daemon=True)
-    _started[str(marker)] = thread
-    thread.start()
-    return True
+class PchBuilds:
+    """What one process knows of its compiler's precompiled preludes: the background builds it
+    started (marker -> thread), the markers whose build failed here (not tried again), the
+    marker checks already done (files' identities -> verdict), the compilers running, and the
+    libraries it built per directory (`seen`). Owned by the toolchain (`toolchain.find_toolchain`
+    gives every Toolchain of one compiler the same), so `prepare`'s thread is the one the first
+    compile joins. The maps are under a lock (graphs compile from several threads); the files
+    are guarded by each key's flock, so this is a memo: losing it costs time, never a library."""
 
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._started: dict[str, threading.Thread] = {}
+        self._failed: set[str] = set()
+        self._checked: dict[str, tuple[tuple[tuple[int, ...], ...], str]] = {}
+        self._running: set[subprocess.Popen[bytes]] = set()
+        self._built: collections.Counter[str] = collections.Counter()
+        self._atexit = False
 
-def _background(header: Path, gch: Path, marker: Path, key: str, tc: Compiler) -> None:
-    if _verdict(header, gch, marker, key) is None and _build_locked(header, gch, marker, key, tc) is None:
-        _failed.add(str(marker))
+    @property
+    def started(self) -> bool:
+        """Whether a background build was started in this process."""
+        with self._lock:
+            return bool(self._started)
 
+    def built(self, cache_dir: Path) -> int:
+        """Libraries built in `cache_dir` by this process."""
+        with self._lock:
+            return self._built[str(cache_dir)]
 
-def prelude_pch(source: str, cache_dir: Path, key: str, tc: Compiler, seen: int, wait: bool = True) -> Pch | None:
-    """The precompiled prelude for `source` in `cache_dir` (which has seen `seen` libraries), built
-    now when due, or by `start`'s thread: waited for if `wait` (a large source: the build is
-    well under way, or pays anyway), else not taken while unfinished. None when the source does
-    not start with the prelude, it is off, not due or not ready, or g++ rejects it."""
-    want = mode()
-    if want == "0" or not eligible(source):
-        return None
-    header, gch, marker = files(cache_dir, key)
-    thread = _started.get(str(marker))
-    if thread is not None:
-        if not wait and thread.is_alive():
+    def note_built(self, cache_dir: Path) -> None:
+        with self._lock:
+            self._built[str(cache_dir)] += 1
+
+    def start(self, cache_dir: Path, key: str, tc: Compiler) -> bool:
+        """Check, and build when missing, the header of `cache_dir` in a thread of its own (once
+        per process): the caller traces and schedules meanwhile, on one core, and its first
+        compile finds the header ready (`prelude_pch` waits for the thread). Only on two cores
+        or more; whether a thread was started."""
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+        header, gch, marker = files(cache_dir, key)
+        if mode() == "0" or not eligible(PRELUDE) or cores < 2:
+            return False
+        args = (header, gch, marker, key, tc)
+        with self._lock:
+            if str(marker) in self._started or str(marker) in self._failed:
+                return False
+            thread = threading.Thread(target=self._background, args=args, name="vfuse-pch", daemon=True)
+            self._started[str(marker)] = thread
+        thread.start()
+        return True
+
+    def _background(self, header: Path, gch: Path, marker: Path, key: str, tc: Compiler) -> None:
+        if self._verdict(header, gch, marker, key) is None and self._build_locked(header, gch, marker, key, tc) is None:
+            self._fail(marker)
+
+    def _fail(self, marker: Path) -> None:
+        with self._lock:
+            self._failed.add(str(marker))
+
+    def prelude_pch(
+        self, source: str, cache_dir: Path, key: str, tc: Compiler, seen: int, wait: bool = True
+    ) -> Pch | None:
+        """The precompiled prelude for `source` in `cache_dir` (which has seen `seen` libraries),
+        built now when due, or by `start`'s thread: waited for if `wait` (a large source: the
+        build is well under way, or pays anyway), else not taken while unfinished. None when the
+        source does not start with the prelude, it is off, not due or not ready, or g++ rejects it."""
+        want = mode()
+        if want == "0" or not eligible(source):
             return None
-        thread.join()
-    verdict = _verdict(header, gch, marker, key)
-    if verdict is None and (want == "1" or seen >= BUILD_AFTER) and str(marker) not in _failed:
-        verdict = _build_locked(header, gch, marker, key, tc)
-        if verdict is None:
-            _failed.add(str(marker))
-    if verdict != "used":
-        return None
-    return Pch(header, len(PRELUDE), PRELUDE.count("\n"))
+        header, gch, marker = files(cache_dir, key)
+        with self._lock:
+            thread = self._started.get(str(marker))
+        if thread is not None:
+            if not wait and thread.is_alive():
+                return None
+            thread.join()
+        verdict = self._verdict(header, gch, marker, key)
+        with self._lock:
+            due = (want == "1" or seen >= BUILD_AFTER) and str(marker) not in self._failed
+        if verdict is None and due:
+            verdict = self._build_locked(header, gch, marker, key, tc)
+            if verdict is None:
+                self._fail(marker)
+        if verdict != "used":
+            return None
+        return Pch(header, len(PRELUDE), PRELUDE.count("\n"))
+
+    def _build_locked(self, header: Path, gch: Path, marker: Path, key: str, tc: Compiler) -> str | None:
+        """Build under the key's lock unless another process did meanwhile; the verdict, None
+        when the build failed (the unit then compiles its full text)."""
+        lock = open_lock(header.with_name(f"vf_pch_{key}.lock"))
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            verdict = self._verdict(header, gch, marker, key)
+            if verdict is None:
+                verdict = _build(header, gch, marker, key, tc, self._run)
+        except (OSError, subprocess.SubprocessError):
+            return None
+        finally:
+            os.close(lock)
+        return verdict
+
+    def _run(self, cmd: list[str]) -> None:
+        """Run the compiler, killed at exit should this process end first (a `start` thread's)."""
+        with self._lock:
+            if not self._atexit:
+                atexit.register(self.kill_running)
+                self._atexit = True
+        with subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL) as proc:
+            with self._lock:
+                self._running.add(proc)
+            try:
+                if proc.wait(timeout=600) != 0:
+                    raise subprocess.CalledProcessError(proc.returncode, cmd)
+            finally:
+                if proc.poll() is None:
+                    proc.kill()
+                with self._lock:
+                    self._running.discard(proc)
+
+    def kill_running(self) -> None:
+        with self._lock:
+            running = list(self._running)
+        for proc in running:
+            proc.kill()
+
+    def _verdict(self, header: Path, gch: Path, marker: Path, key: str) -> str | None:
+        """The marker's verdict when it matches both files, else None (build again). The files
+        are hashed again only when one of the three changed identity since they last matched."""
+        ids = _identities(header, gch, marker)
+        if ids is None:
+            return None
+        with self._lock:
+            known = self._checked.get(str(marker))
+        if known is not None and known[0] == ids:
+            return known[1]
+        text, lines = _read(marker), _digest_lines(header, gch)
+        if text is None or lines is None or _identities(header, gch, marker) != ids:
+            return None
+        verdict = next((v for v in ("used", "rejected") if text == _marker_text(key, lines, v)), None)
+        if verdict is not None:
+            with self._lock:
+                self._checked[str(marker)] = (ids, verdict)
+        return verdict
 
 
-def _build_locked(header: Path, gch: Path, marker: Path, key: str, tc: Compiler) -> str | None:
-    """Build under the key's lock unless another process did meanwhile; the verdict, None when
-    the build failed (the unit then compiles its full text)."""
-    lock = open_lock(header.with_name(f"vf_pch_{key}.lock"))
-    try:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        verdict = _verdict(header, gch, marker, key)
-        if verdict is None:
-            verdict = _build(header, gch, marker, key, tc)
-    except (OSError, subprocess.SubprocessError):
-        return None
-    finally:
-        os.close(lock)
-    return verdict
-
-
-def _build(header: Path, gch: Path, marker: Path, key: str, tc: Compiler) -> str | None:
+def _build(
+    header: Path, gch: Path, marker: Path, key: str, tc: Compiler, run: Callable[[list[str]], None]
+) -> str | None:
     _evict(header.parent, marker)
     atomic_write(header, PRELUDE)
     fd, tmp = tempfile.mkstemp(dir=header.parent, prefix=gch.name, suffix=".tmp")
     os.close(fd)
     try:
         flags = [f for f in tc.flags if f != "-shared"]
-        cmd = [tc.cxx, *flags, "-x", "c++-header", str(header), "-o", tmp]
-        _run(cmd)
+        run([tc.cxx, *flags, "-x", "c++-header", str(header), "-o", tmp])
         with open(tmp, "rb") as f:
             os.fsync(f.fileno())
         os.replace(tmp, gch)
@@ -171,25 +256,6 @@ def _build(header: Path, gch: Path, marker: Path, key: str, tc: Compiler) -> str
         return None  # replaced meanwhile: not ours to vouch for
     atomic_write(marker, _marker_text(key, lines, verdict))
     return verdict
-
-
-def _run(cmd: list[str]) -> None:
-    """Run the compiler, killed at exit should this process end first (a `start` thread's)."""
-    with subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL) as proc:
-        _running.add(proc)
-        try:
-            if proc.wait(timeout=600) != 0:
-                raise subprocess.CalledProcessError(proc.returncode, cmd)
-        finally:
-            if proc.poll() is None:
-                proc.kill()
-            _running.discard(proc)
-
-
-@atexit.register
-def _kill_running() -> None:
-    for proc in list(_running):
-        proc.kill()
 
 
 def _evict(cache_dir: Path, keep: Path) -> None:
@@ -214,24 +280,6 @@ def _taken(header: Path, gch: Path, tc: Compiler) -> bool:
     cmd = [tc.cxx, *flags, "-H", "-fsyntax-only", "-include", str(header), "-x", "c++", "/dev/null"]
     res = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
     return res.returncode == 0 and f"! {gch}" in res.stderr.splitlines()
-
-
-def _verdict(header: Path, gch: Path, marker: Path, key: str) -> str | None:
-    """The marker's verdict when it matches both files, else None (build again). The files are
-    hashed again only when one of the three changed identity since they last matched."""
-    ids = _identities(header, gch, marker)
-    if ids is None:
-        return None
-    known = _checked.get(str(marker))
-    if known is not None and known[0] == ids:
-        return known[1]
-    text, lines = _read(marker), _digest_lines(header, gch)
-    if text is None or lines is None or _identities(header, gch, marker) != ids:
-        return None
-    verdict = next((v for v in ("used", "rejected") if text == _marker_text(key, lines, v)), None)
-    if verdict is not None:
-        _checked[str(marker)] = (ids, verdict)
-    return verdict
 
 
 def _marker_text(key: str, lines: str, verdict: str) -> str:

@@ -17,7 +17,6 @@ the prelude from a precompiled header of the cache where there is one (`pch.py`)
 
 from __future__ import annotations
 
-import collections
 import contextlib
 import ctypes
 import fcntl
@@ -27,12 +26,12 @@ import os
 import shutil
 import subprocess
 import tempfile
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from vfuse.cachedir import dir_problem, make_private_dir, private_dir, usable_dir, warn_unused
 from vfuse.codegen.cpp.cache import atomic_write, entry, open_lock, publish, sweep_once, validated
-from vfuse.codegen.cpp.pch import KEY_TEXT, Pch, prelude_pch, start
+from vfuse.codegen.cpp.pch import KEY_TEXT, Pch, PchBuilds
 from vfuse.codegen.cpp.units import split
 from vfuse.errors import VfuseCompileError, VfuseError
 from vfuse.targets.cpu import isa_fingerprint, isa_for
@@ -55,9 +54,6 @@ LIBS = ("-lmvec", "-lm")
 # ~100 KB a unit (GPT-2's 250 KB: 2.0 s of g++ as one unit, 1.4 s as two on two idle cores).
 MAX_UNITS = 4
 UNIT_BYTES = 100_000
-# Libraries this process built per directory: with those its first sweep found, what `pch.py`
-# weighs a precompiled prelude's cost against.
-_built: collections.Counter[str] = collections.Counter()
 
 
 class CompilerNotFound(VfuseError, RuntimeError):
@@ -70,10 +66,15 @@ class CompileError(VfuseCompileError):
 
 @dataclass(frozen=True)
 class Toolchain:
+    """A compiler with its flags; `pch`: what this process knows of its precompiled preludes and
+    the libraries it built (`pch.PchBuilds`), shared by every Toolchain `find_toolchain` gives
+    for the same compiler, and no part of the toolchain's identity."""
+
     cxx: str
     version: str
     flags: tuple[str, ...] = FLAGS
     libs: tuple[str, ...] = LIBS
+    pch: PchBuilds = field(default_factory=PchBuilds, compare=False, repr=False)
 
 
 def flags_for(isa: CpuIsa) -> tuple[str, ...]:
@@ -95,7 +96,15 @@ def find_toolchain(cxx: str | None = None, isa: Isa | None = None) -> Toolchain:
         version = _version(path, (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns))
     except (OSError, subprocess.SubprocessError) as e:
         raise CompilerNotFound(f"C++ compiler '{path}' does not run: {e}") from e
-    return Toolchain(path, version, flags)
+    return Toolchain(path, version, flags, pch=_builds(path, (st.st_dev, st.st_ino)))
+
+
+@functools.lru_cache(maxsize=16)
+def _builds(path: str, identity: tuple[int, int]) -> PchBuilds:
+    """The precompiled-prelude builds of the compiler at `path`: one per compiler per process,
+    so the thread `prepare` starts is the one its graphs' compiles join."""
+    del identity  # only part of the memo key
+    return PchBuilds()
 
 
 @functools.lru_cache(maxsize=16)
@@ -124,7 +133,7 @@ def _compile(source: str, so: Path, tc: Toolchain, seen: int) -> Path:
     atomic_write(cpp, source)
     pieces = split(source, unit_count(len(source))) or [source]
     # A small source does not wait for a header still being built: its prelude costs less.
-    pch = prelude_pch(source, so.parent, cache_key(KEY_TEXT, tc), tc, seen, wait=len(source) >= UNIT_BYTES)
+    pch = tc.pch.prelude_pch(source, so.parent, cache_key(KEY_TEXT, tc), tc, seen, wait=len(source) >= UNIT_BYTES)
     for first in (pch, None) if pch is not None else (None,):
         if first is not None or len(pieces) > 1:
             with contextlib.suppress(CompileError):
@@ -214,13 +223,13 @@ def _run_all(cmds: list[list[str]], tc: Toolchain) -> None:
 
 def _build_locked(source: str, cache_dir: Path, key: str, tc: Toolchain) -> Path:
     so, marker = entry(cache_dir, key)
-    seen = sweep_once(str(cache_dir)) + _built[str(cache_dir)]
+    seen = sweep_once(str(cache_dir)) + tc.pch.built(cache_dir)
     lock = open_lock(cache_dir / f"vf_{key}.lock")
     try:
         fcntl.flock(lock, fcntl.LOCK_EX)
         if not validated(so, marker, key):  # another process may have built it meanwhile
             publish(_compile(source, so, tc, seen), so, marker, key)
-            _built[str(cache_dir)] += 1
+            tc.pch.note_built(cache_dir)
     finally:
         os.close(lock)
     return so
@@ -234,7 +243,7 @@ def prepare(cache_dir: Path, isa: str = "auto") -> None:
         make_private_dir(cache_dir)
         if dir_problem(cache_dir) is None:
             tc = find_toolchain(isa=None if isa == "auto" else Isa(isa))
-            start(cache_dir, cache_key(KEY_TEXT, tc), tc)
+            tc.pch.start(cache_dir, cache_key(KEY_TEXT, tc), tc)
     except (OSError, ValueError, VfuseError):
         return
 
