@@ -1,7 +1,7 @@
 """Row prefetch on cores with a small L2 (schedule/prefetch.py `SMALL_L2`): 1024-wide rows of
 softmax, RMSNorm and LayerNorm prefetch rows ahead in 3/4 of a 32 KiB L1 where a 1 MiB L2's core
-keeps the half-of-L1 rule (none); prefetched row walks whose storing pass is cheap stream their
-stores once loads and stores move 2 LLCs (`strategy.stream_prefetched_rows`). The kernels match
+keeps the half-of-L1 rule (none); there, prefetched row walks whose storing pass is cheap stream
+their stores once loads and stores move 2 LLCs (`strategy.stream_prefetched_rows`). The kernels match
 eager at every tier this CPU runs, at row lengths that are primes, a multiple of the vector plus a
 tail, and fewer rows than the distance."""
 
@@ -59,6 +59,9 @@ def test_prefetched_rows_with_a_cheap_storing_pass_stream_from_two_llcs() -> Non
     assert not _kernel("softmax", 4096, 1024, ZEN3).stream
     assert not _kernel("layernorm", 8192, 1024, ZEN3).stream
     assert not _kernel("softmax", 8192, 1024, dataclasses.replace(ZEN3, l2_bytes=1 << 20)).stream
+    # Prefetched rows on a core with a larger L2 (48 KiB L1, 1 MiB L2: Zen 5) keep their stores cached.
+    zen5 = _kernel("softmax", 8192, 1024, dataclasses.replace(ZEN3, l1_bytes=48 << 10, l2_bytes=1 << 20))
+    assert zen5.prefetch is not None and not zen5.stream
 
 
 @pytest.fixture

@@ -20,7 +20,7 @@ from vfuse.schedule.expr import Clamp, Lin, Var, walk
 from vfuse.schedule.kernel import Accumulate, Compute, Kernel, Load, Loop, Pass, RandKey, Reduction, Store, Walk
 from vfuse.schedule.nest import streamable_stores
 from vfuse.schedule.peel import interior, threaded_selects
-from vfuse.schedule.prefetch import plan_group_prefetch, plan_prefetch
+from vfuse.schedule.prefetch import SMALL_L2, plan_group_prefetch, plan_prefetch
 from vfuse.schedule.rowfacts import below_row_max, pass_invariant_divisors
 from vfuse.schedule.transpose import STREAM_MIN_LLCS, plan_transpose, stream_tiles
 
@@ -69,7 +69,7 @@ def decide(k: Kernel, vector: int, l1: int = 48 << 10, llc: int = 0, l2: int = 0
         k = dataclasses.replace(k, row_group=ROW_GROUP, prefetch=plan_group_prefetch(k, ROW_GROUP, l1))
     elif k.walk is Walk.ROWS:
         k = dataclasses.replace(k, prefetch=plan_prefetch(k, l1, l2))
-        k = dataclasses.replace(k, stream=k.stream or stream_prefetched_rows(k, llc))
+        k = dataclasses.replace(k, stream=k.stream or stream_prefetched_rows(k, llc, l2))
     elif k.walk is Walk.LOOKUP_TABLE:
         k = dataclasses.replace(k, table_flat=table_flat(k))
     no_pre = clamped_loads(k)
@@ -77,14 +77,16 @@ def decide(k: Kernel, vector: int, l1: int = 48 << 10, llc: int = 0, l2: int = 0
     return dataclasses.replace(k, passes=tuple(_pass(k, i, vector) for i in range(len(k.passes))))
 
 
-def stream_prefetched_rows(k: Kernel, llc: int) -> bool:
+def stream_prefetched_rows(k: Kernel, llc: int, l2: int) -> bool:
     """Whether a row walk with prefetched rows streams its stores although they are under
-    `nest.with_streaming`'s STREAM_MIN_LLCS: where its loads and stores together move that many
-    LLCs (as tiled transposes, `transpose.stream_tiles`) and the storing pass is CHEAP (softmax's
-    normalization: bound by memory, not by the chunk copy streaming adds). Zen 3, softmax
-    8192x1024 (32 MiB in, 32 MiB out): 1.19x faster; LayerNorm+GELU 1.18x slower, RMSNorm+SiLU
-    the same; on Zen 4 softmax streamed lost without row prefetch, won with it (docs/perf-log.md)."""
-    stores = streamable_stores(k) if k.prefetch is not None and llc else []
+    `nest.with_streaming`'s STREAM_MIN_LLCS: on cores with a small L2 (`prefetch.SMALL_L2`, where
+    it was measured), where its loads and stores together move that many LLCs (as tiled
+    transposes, `transpose.stream_tiles`) and the storing pass is CHEAP (softmax's normalization:
+    bound by memory, not by the chunk copy streaming adds). Zen 3, softmax 8192x1024 (32 MiB in,
+    32 MiB out): 1.19x faster; LayerNorm+GELU 1.18x slower, RMSNorm+SiLU the same. Zen 5's
+    streamed softmax had lost 10-30 % (nest.py), Zen 4's won with row prefetch (docs/perf-log.md)."""
+    small_l2 = 0 < l2 <= SMALL_L2
+    stores = streamable_stores(k) if k.prefetch is not None and llc and small_l2 else []
     storing = [i for i, p in enumerate(k.passes) if any(isinstance(s, Store) for s in p.body)]
     if not stores or not all(_cheap_body(k, i) for i in storing):
         return False
