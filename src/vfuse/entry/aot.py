@@ -134,6 +134,7 @@ class AotCompiled:
         # Plain tensor arguments and nothing lifted: the graph's guard on the call's own argument
         # tuple is the whole entry check (a tensor is a pytree leaf, so it also proves the structure).
         self._direct = self._plain_in and len(self._lifted) == self._users
+        self._symbolic = isinstance(compiled.executor, SymbolicExecutor)
         compiled.input_labels = _labels(specs)
 
     @property
@@ -169,8 +170,10 @@ class AotCompiled:
         """The compiled graph for these sizes: with symbolic sizes (export's `Dim`s), a program
         whose guards admit them, compiled now if none does (entry/dynamic.py's policy). `key`:
         the sizes `check_inputs` read, where it read them (else `()`)."""
+        if not self._symbolic:
+            return self.compiled
         ex = self.compiled.executor
-        if not isinstance(ex, SymbolicExecutor) or ex.serves(key or ex.values(inputs)):
+        if ex.serves(key or ex.values(inputs)):
             return self.compiled
         for other in self.variants:
             if other.executor.serves(other.executor.values(inputs)):
@@ -198,7 +201,14 @@ class AotCompiled:
         return flat
 
     def _needs_grad(self, flat: Sequence[Any]) -> bool:
-        return any(isinstance(t, torch.Tensor) and t.requires_grad for t in (*flat, *self._state))
+        # Loops, not any() over a tuple of both: asked on every call in grad mode.
+        for t in flat:
+            if isinstance(t, torch.Tensor) and t.requires_grad:
+                return True
+        for t in self._state:
+            if t.requires_grad:
+                return True
+        return False
 
     def _run_autograd(self, flat: Sequence[Any]) -> list[Any]:
         """Forward through AOTAutograd (built on first use): outputs carry the graph's autograd

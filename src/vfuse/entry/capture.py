@@ -267,6 +267,7 @@ def _calling_convention(
 
     call._boxed_call = True  # type: ignore[attr-defined]  # what make_boxed_func marks
     call.compiled = compiled  # type: ignore[attr-defined]  # keeps it in vfuse.compiled_graphs() while Dynamo holds this
+    call.run_list = run  # type: ignore[attr-defined]  # for entry/direct.unboxed: no frame of ours in between
     return call
 
 

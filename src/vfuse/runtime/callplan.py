@@ -30,6 +30,7 @@ class CallPlan:
     output_slots: tuple[int, ...]
     results: tuple[int, ...]  # for each graph output, its position in `outputs`
     draws_seeds: bool
+    in_order: bool = False  # `results` is 0, 1, ...: the outputs are returned as the pool gives them
 
 
 def make_call_plan(program: Program, graph: Graph) -> CallPlan | None:
@@ -42,10 +43,12 @@ def make_call_plan(program: Program, graph: Graph) -> CallPlan | None:
         return None
     # Inputs no kernel reads have no slot: they need no binding.
     bound = [n for n in graph.inputs if n.name in bufs]
+    results = tuple(written.index(v) for v in graph.outputs)
     return CallPlan(
         inputs=tuple((bufs[n.name].slot, int(n.attrs["index"])) for n in bound),
         outputs=tuple((v, bufs[v].type.shape, bufs[v].type.dtype.torch) for v in written),
         output_slots=tuple(bufs[v].slot for v in written),
-        results=tuple(written.index(v) for v in graph.outputs),
+        results=results,
         draws_seeds=any(n.op is Op.RNG_SEED for n in graph.nodes),
+        in_order=results == tuple(range(len(written))),
     )

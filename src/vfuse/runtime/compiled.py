@@ -164,14 +164,18 @@ class CompiledGraph:
             raise VfuseInputError(f"{self.name}: inputs on several devices ({', '.join(devices)})")
 
     def __call__(self, *inputs: torch.Tensor) -> list[torch.Tensor]:
-        return self.run_checked(self.check_inputs(inputs), inputs)
+        key = self._guard(inputs)
+        return self.run_checked(self.check_inputs(inputs) if key is None else key, inputs)
 
     def run_checked(self, key: tuple[Any, ...], inputs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
         """Run inputs `check_inputs` admitted with this `key`: a symbolic program runs at the
-        sizes it read (one lookup, no second read); anything else as `run_unchecked`."""
-        if self._by_key and not (self._may_alias or self._copied):
+        sizes it read (one lookup, no second read); where no output can alias an input, the
+        executor is called on the sequence as it is; anything else as `run_unchecked`."""
+        if self._may_alias or self._copied:
+            return self.run_unchecked(inputs)
+        if self._by_key:
             return self.executor.run(key, inputs)  # type: ignore[attr-defined]
-        return self.run_unchecked(inputs)
+        return self.executor(inputs)  # type: ignore[arg-type]
 
     def run_unchecked(self, inputs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
         """Run without input checks, for callers whose own guards already ensure the types

@@ -290,16 +290,14 @@ class NativeExecutor(StepRunner):
                 t = t.contiguous()
                 held.append(t)
             ptrs[slot] = t.data_ptr()
-        outs = self._pool.take(plan.outputs, self._static)
-        for slot, t in zip(plan.output_slots, outs):
-            ptrs[slot] = t.data_ptr()
+        outs = self._pool.take(plan.outputs, self._static, ptrs, plan.output_slots)
         if plan.draws_seeds:
             self._draw_seeds({})
         self._threads_arg.value = torch.get_num_threads()
         for entry in self._raw_entries:
             if entry(ptrs, self._arena_arg, self._seeds_arg, self._threads_arg):
                 raise self._fault()
-        return [outs[k] for k in plan.results]
+        return outs if plan.in_order else [outs[k] for k in plan.results]
 
     def _fault(self) -> Exception:
         """The exception eager torch raises for the fault a kernel recorded, naming its node."""

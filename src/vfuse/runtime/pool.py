@@ -91,11 +91,19 @@ class OutputPool:
     def get(self, key: str, shape: tuple[int, ...], dtype: torch.dtype, static: bool = False) -> torch.Tensor:
         return self.take([(key, shape, dtype)], static)[0]
 
-    def take(self, wanted: Sequence[tuple[str, tuple[int, ...], torch.dtype]], static: bool) -> list[torch.Tensor]:
+    def take(
+        self,
+        wanted: Sequence[tuple[str, tuple[int, ...], torch.dtype]],
+        static: bool,
+        ptrs: Any = None,
+        bind: Sequence[int] = (),
+    ) -> list[torch.Tensor]:
         """A fresh tensor for each (key, shape, dtype). The checks are written inline, not as
-        helper calls: on the lean call path each extra frame per output is a measurable cost."""
+        helper calls: on the lean call path each extra frame per output is a measurable cost.
+        With `ptrs` (a ctypes pointer table), output n's data pointer is stored at `bind[n]`
+        too (the slot knows it: no `data_ptr()` call and no second loop per call)."""
         slots, out = self._slots, []
-        for key, shape, dtype in wanted:
+        for n, (key, shape, dtype) in enumerate(wanted):
             ring = slots.get(key)
             if ring is None:
                 ring = slots[key] = []
@@ -123,4 +131,6 @@ class OutputPool:
             # `.data`: a new tensor on the template's storage with its sizes, strides, own
             # version counter and no autograd history (cheaper than `detach()`).
             out.append(template.data)
+            if ptrs is not None:
+                ptrs[bind[n]] = slot[3]  # a view template starts where its slot's storage does
         return out
