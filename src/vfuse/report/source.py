@@ -33,13 +33,24 @@ def owner(function: str, kernels: Sequence[str]) -> str | None:
     return max(mine, key=len) if mine else None
 
 
+# A GEMM instance several kernels share (codegen/cpp/gemm/gemm.py): its functions are named after it.
+_SHARED = re.compile(r"\bvg_gemm_[0-9a-f]{20}\b")
+
+
 def kernel_sources(source: str, kernels: Sequence[str]) -> dict[str, str]:
-    """Each kernel's functions, helpers first (as in the source); kernels without any are left out."""
+    """Each kernel's functions, helpers first (as in the source), with the shared GEMM instance
+    its functions call; kernels without any are left out."""
     parts: dict[str, list[str]] = {}
+    shared: dict[str, list[str]] = {}
     for name, text in functions(source):
         k = owner(name, kernels)
         if k is not None:
             parts.setdefault(k, []).append(text)
+        elif (m := _SHARED.match(name)) is not None and text not in shared.get(m.group(), []):
+            shared.setdefault(m.group(), []).append(text)
+    for texts in parts.values():
+        used = dict.fromkeys(u for t in texts for u in _SHARED.findall(t))
+        texts[:0] = [t for u in used for t in shared.get(u, [])]
     return {k: "\n".join(texts) for k, texts in parts.items()}
 
 

@@ -128,7 +128,8 @@ def test_packers_and_int8_writeback_vectorize(tmp_path) -> None:
     report = subprocess.run(cmd, capture_output=True, text=True, check=True, cwd=tmp_path).stderr
     done = {int(m) for m in re.findall(r"k\.cpp:(\d+):\d+: optimized: loop vectorized", report)}
     lines = src.splitlines()
-    start = next(i for i, line in enumerate(lines) if "q_linear_pack_a(" in line)  # packers, then the driver
+    # The kernel's packers, then the driver (in the GEMM instance named by its hash: gemm.py).
+    start = next(i for i, line in enumerate(lines) if "_pack_a(long b," in line)
     simd = [i + 1 for i, line in enumerate(lines) if i > start and line.strip() == "#pragma omp simd"]
     assert len(simd) >= 4  # two packers, the partial-sum and the final writeback loops
     # g++ reports a loop at its `for` line or at a statement early in its body (before the next loop).

@@ -14,7 +14,10 @@ loops. nthreads <= 0 means omp_get_max_threads().
 
 from __future__ import annotations
 
+import dataclasses
+import hashlib
 import math
+import re
 from dataclasses import dataclass, field
 
 from vfuse.codegen.cpp.gemm.blocking import Blocking, choose_blocking
@@ -224,8 +227,8 @@ def _shared_a_entry(spec: GemmSpec, blk: Blocking, epi: Epilogue, params: str) -
 """
 
 
-def render_gemm(spec: GemmSpec, epilogue: Epilogue) -> str:
-    """The kernel's C++ source: guarded prelude, micro-kernel and packers, then the function."""
+def _instance(spec: GemmSpec, epilogue: Epilogue) -> str:
+    """Packers, driver and entry function `spec.name` of one GEMM (no prelude)."""
     lda, _, ldc = spec.lead
     blk = spec.tiles()
     packers, pack_a, pack_b = _packers(spec, blk, epilogue)
@@ -250,13 +253,53 @@ def render_gemm(spec: GemmSpec, epilogue: Epilogue) -> str:
         pack_a=pack_a,
         prepack=spec.prepack,
     )
-    header = f"// vfuse gemm {spec.name}: {spec.m}x{spec.k} @ {spec.k}x{spec.n}, epilogue {epilogue.name}, {blk}\n"
     return (
-        render_prelude()
-        + PACKERS
-        + render_microkernel(blk.mr, blk.nr, blk.lanes)
-        + header
-        + packers
+        packers
         + render_driver(driver, blk, epilogue)
         + (_pack_all_a(spec, blk, epilogue) + _shared_a_entry(spec, blk, epilogue, params) if shared else "")
     )
+
+
+# Identical GEMMs (every layer's Q/K/V projection: the same shapes and epilogue on other
+# buffers) are rendered once per translation unit: each instance is named and include-guarded
+# by the hash of its text with the epilogue's arguments renamed to vg_e0, vg_e1, ..., and the
+# kernel's function only calls it. g++ then optimizes one copy per unit instead of one per layer
+# (~0.2-0.3 s of CPU each: docs/perf-log.md). `seeds` keeps its name: the symbolic sizes'
+# macros (`vf_s0`, render.py) read it; the prelude's names (vg_/vs_/vf_) are never arguments.
+_INSTANCE = "vg_gemm_INSTANCE"
+_KEPT = re.compile(r"seeds|v[gsf]_\w*")
+
+
+def _renamed(text: str, epilogue: Epilogue) -> str | None:
+    """`text` with the epilogue's arguments renamed canonically (a whole-token rename of each:
+    the same C++), or None where a canonical name is taken already."""
+    if re.search(r"\bvg_e\d+\b", text):
+        return None
+    for i, arg in enumerate(epilogue.args):
+        if not _KEPT.fullmatch(arg.name):
+            text = re.sub(rf"\b{re.escape(arg.name)}\b", f"vg_e{i}", text)
+    return text
+
+
+def render_gemm(spec: GemmSpec, epilogue: Epilogue) -> str:
+    """The kernel's C++ source: guarded prelude, micro-kernel and packers, the shared instance
+    (guarded: once per unit) and the kernel's function `spec.name` calling it."""
+    blk = spec.tiles()
+    # noinline: each caller is a one-line forward, not a copy of the driver to optimize again
+    # (on a line of its own: report/source.py finds functions by their `static` lines).
+    canonical = dataclasses.replace(spec, name=_INSTANCE, linkage="__attribute__((noinline))\nstatic")
+    body = _renamed(_instance(canonical, epilogue), epilogue)
+    header = f"// vfuse gemm {spec.name}: {spec.m}x{spec.k} @ {spec.k}x{spec.n}, epilogue {epilogue.name}, {blk}\n"
+    common = render_prelude() + PACKERS + render_microkernel(blk.mr, blk.nr, blk.lanes) + header
+    if body is None:
+        return common + _instance(spec, epilogue)
+    digest = hashlib.sha256(body.encode()).hexdigest()[:20]
+    name = f"vg_gemm_{digest}"
+    guarded = f"#ifndef VG_GEMM_{digest}\n#define VG_GEMM_{digest}\n{body.replace(_INSTANCE, name)}#endif\n"
+    pre, pre_arg = (", char* __restrict vg_pre", ", vg_pre") if spec.prepack else ("", "")
+    params = f"const float* __restrict A, const float* __restrict B, {epilogue.out_ctype}* __restrict C"
+    forward = (
+        f"{spec.linkage} void {spec.name}({params}{epilogue.params()}{pre}, int nthreads) {{\n"
+        f"  {name}(A, B, C{epilogue.names()}{pre_arg}, nthreads);\n}}\n"
+    )
+    return common + guarded + forward
