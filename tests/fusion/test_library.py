@@ -14,6 +14,7 @@ from vfuse.fusion.library import LIBRARY_CALL_S, choose, choose_gpu, tile_waste
 from vfuse.fusion.plan import Cost
 from vfuse.fusion.rules import Rule
 from vfuse.report.rows import RunKind
+from vfuse.targets import get_target
 
 
 def _cost(compute_s: float, memory_s: float = 1e-6, nbytes: int = 1 << 20) -> Cost:
@@ -86,6 +87,8 @@ def test_narrow_linear_runs_in_torch_with_its_epilogue_fused(
 def test_small_plane_stride1_conv_goes_to_torch(hw: int, stride: int, library: bool) -> None:
     # Stride-1 3x3 convs compute padded-width columns: an 8x8 plane is 72 columns, two 64-wide
     # tiles for 64 outputs. Stride 2 to 8x8 (implicit GEMM, 64 columns) and a 32x32 plane (1056) waste little.
+    # At 8 lanes or fewer the 8x8 plane takes compact columns (64, no waste: microtile.compact_conv_columns).
+    library = library and get_target("cpu").simd_lanes > 8
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Conv2d(128, 128, 3, stride, 1), torch.nn.ReLU()).eval()
     x = torch.randn(2, 128, hw, hw)
@@ -123,9 +126,10 @@ def test_gpu_attention_goes_to_torchs_sdpa_where_the_template_is_measured_slower
     assert [Rule.LIBRARY_CONTRACTION.value in r.note for r in rows] == ([True] if library else [])
 
 
-def test_small_plane_conv_goes_to_torch_at_avx2_tiles() -> None:
-    """AVX2's direct-conv tile 4x24 fits the 8x8 plane's 72 padded-width columns exactly, but the weights
-    are re-read per sliver (unpriced): the verdict keeps the GEMM-order tile's waste, so torch still runs it."""
+def test_small_plane_conv_stays_a_template_at_avx2() -> None:
+    """At AVX2 the direct conv computes an 8x8 plane as 64 compact columns (no garbage column, whole
+    6x16 tiles) and reads its weight from L2 per M block: no waste, so the template runs it (measured
+    on Zen 3, one thread: 128 -> 128 channels a tie with torch's conv, 256 -> 256 within +-6 %)."""
     from vfuse.targets.cpu import machine_flags
 
     if not {"avx2", "fma"} <= set(machine_flags()):
@@ -134,4 +138,7 @@ def test_small_plane_conv_goes_to_torch_at_avx2_tiles() -> None:
     model = torch.nn.Sequential(torch.nn.Conv2d(128, 128, 3, 1, 1), torch.nn.ReLU()).eval()
     x = torch.randn(2, 128, 8, 8)
     rows = [k for k in vfuse.explain(model, x, freeze=True, isa="avx2").kernels if k.runs is RunKind.TORCH]
-    assert [Rule.LIBRARY_CONTRACTION.value in k.note for k in rows] == [True]
+    assert rows == []
+    with torch.no_grad():
+        compiled = vfuse.compile(model, (x,), freeze=True, strict=True, isa="avx2")
+        torch.testing.assert_close(compiled(x), model(x), rtol=1e-4, atol=1e-5)

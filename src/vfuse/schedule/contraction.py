@@ -49,6 +49,7 @@ from vfuse.schedule.microtile import (
     VectorUnit,
     attention_blocks,
     attention_tile,
+    compact_conv_columns,
     gemm_order_tiles,
     pick_micro_tile,
 )
@@ -187,13 +188,17 @@ def _inner_dim(graph: Graph, stmts: list[Stmt], rank: int) -> int:
     return -2 if votes[-2] > votes[-1] else -1
 
 
-def _constant_b(graph: Graph, ops: _Operands) -> bool:
-    """B is the same matrix on every call: a constant buffer (frozen weight), or computed by its
-    prologue from constants only, and one matrix for all batch entries (packed once, reused)."""
+def _packed_once(graph: Graph, op: Op, attrs: Mapping[str, Any], ops: _Operands) -> bool:
+    """Operand 1 is the same on every call, packed once (`ContractionKernel.prepacked_b`): a GEMM's B
+    that is a constant buffer (frozen weight) or computed by its prologue from constants only, one
+    matrix for all batch entries; a conv's constant weight, read as is (codegen/cpp/gemm/conv_prepack.py)."""
     buf, shape, pro = ops.names[1], ops.shapes[1], ops.prologues[1]
+    if op is Op.CONV2D:
+        return not attrs.get("folded") and pro is None and graph[buf].op is Op.CONSTANT
     sources = pro.loads if pro is not None else (buf,)
     drawn = pro is not None and any(isinstance(s, Rand | RandKey) for s in pro.stmts)
-    return math.prod(shape[:-2]) == 1 and not drawn and all(graph[v].op is Op.CONSTANT for v in sources)
+    one = op is Op.MATMUL and math.prod(shape[:-2]) == 1 and not drawn
+    return one and all(graph[v].op is Op.CONSTANT for v in sources)
 
 
 FP32_ONLY = frozenset({DType.F32})
@@ -382,7 +387,7 @@ def plan_contraction(graph: Graph, nodes: tuple[str, ...], outputs: tuple[str, .
         attrs, trans_b, caches, tuple(ops.prologues), unit.lanes, *_register_tile(graph, node, unit),
         # Not for symbolic sizes: the persistent region sits past the arena's intermediates, so
         # it would move with the size (ir/sym.py; the runtime shares one arena across sizes).
-        prepacked_b=op is Op.MATMUL and dtypes is not GPU_DTYPES and _constant_b(graph, ops)
+        prepacked_b=dtypes is not GPU_DTYPES and _packed_once(graph, op, attrs, ops)
         and not any(is_sym(d) for s in ops.shapes for d in s),
         blocks=_attention_blocks(graph, node, unit, caches) if op in ATTENTION else (64, 64),
         scatter=scatter_walk(ops.shapes[0], graph[node].tensor_type.shape, graph[node].attrs["taps"])
@@ -458,7 +463,8 @@ def library_choice(graph: Graph, cost: Cost, cp: ContractionPlan) -> Contraction
         epilogue = bool(k.epilogue) or bool(cp.rest)
         return choose(cost, tile_waste(m, n, k.mr, k.nr), hint(graph[k.node].type.nbytes), epilogue)
     if k.op is Op.CONV2D:
-        m, n = shape[1] // k.attrs["groups"], conv_columns(k.attrs, k.shapes[0], k.shapes[1], k.out_shape)
+        m = shape[1] // k.attrs["groups"]
+        n = conv_columns(k.attrs, k.shapes[0], k.shapes[1], k.out_shape, k.vector, k.nr)
     else:
         m, n = shape[-2], shape[-1]
     m, n = hint(m), hint(n)  # a cost figure: at a symbolic size's hint
@@ -474,15 +480,17 @@ def library_choice(graph: Graph, cost: Cost, cp: ContractionPlan) -> Contraction
     return choose(cost, waste, hint(graph[k.node].type.nbytes), epilogue)
 
 
-def conv_columns(attrs: Mapping[str, Any], x_shape: Shape, w_shape: Shape, out_shape: Shape) -> int:
-    """Output columns per image the conv template computes: OH x OW, or for a stride-1 conv that
-    is not 1x1 (the direct path, `codegen/cpp/gemm/conv_direct.py`) OH x (W + gap), garbage
-    columns across the row ends included (8x8 planes: 72 columns for 64 outputs)."""
+def conv_columns(
+    attrs: Mapping[str, Any], x_shape: Shape, w_shape: Shape, out_shape: Shape, lanes: int = 16, nr: int = 16
+) -> int:
+    """Output columns per image the conv template computes: OH x OW, or for a stride-1 conv that is not
+    1x1 (the direct path, `codegen/cpp/gemm/conv_direct.py`) OH x (W + gap), garbage columns included
+    (8x8 planes: 72 for 64 outputs), unless it takes compact ones (`microtile.compact_conv_columns`)."""
     (oh, ow), (_, pw), kw = out_shape[2:], attrs["padding"], w_shape[3]
     if not _direct_conv(attrs, w_shape):
         return oh * ow
-    gap = max(pw, 2 * pw - attrs["dilation"][1] * (kw - 1))
-    return oh * (x_shape[3] + gap)
+    wp = x_shape[3] + max(pw, 2 * pw - attrs["dilation"][1] * (kw - 1))
+    return oh * ow if compact_conv_columns(hint(oh), hint(ow), hint(wp), nr, lanes) else oh * wp
 
 
 def _direct_conv(attrs: Mapping[str, Any], w_shape: Shape) -> bool:

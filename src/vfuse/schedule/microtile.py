@@ -58,6 +58,21 @@ _DIRECT_CONV_TILES: dict[tuple[int, int], tuple[Tile, ...]] = {(8, 16): ((4, 3),
 DIRECT_TILES_MIN_COLUMNS = 1024
 
 
+# The direct conv's compact columns (codegen/cpp/gemm/conv_direct.py: each vector of a sliver is `lanes`
+# outputs of one row, loaded from its own offset, so no garbage column is computed): where OW % lanes
+# == 0 and it saves at least this share of the padded-width columns (8x8 planes at NR 16: 64 for 80;
+# 16x16: 256 for 272). Measured on AVX2 (Zen 3, one thread) only, hence lanes <= 8; at 56x56 (1.8 %
+# saved) the compact kernel measured 4 % slower on conv_bn_relu, so it keeps the padded width.
+COMPACT_MIN_SAVING = 0.03
+
+
+def compact_conv_columns(oh: int, ow: int, wp: int, nr: int, lanes: int) -> bool:
+    """Whether the direct conv computes OH x OW compact columns instead of OH x Wp padded-width ones."""
+    if lanes > 8 or ow % lanes or wp <= ow:
+        return False
+    return _round_up(oh * ow, nr) <= _round_up(oh * wp, nr) * (1 - COMPACT_MIN_SAVING)
+
+
 def gemm_order_tiles(m: int, n: int, lanes: int) -> list[Tile]:
     """For units of `lanes` lanes whose direct conv has its own order: the tile the GEMM order picks
     for an m x n output (the cost model's conservative figure, schedule/contraction.library_choice)."""

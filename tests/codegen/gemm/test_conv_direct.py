@@ -107,6 +107,10 @@ def test_direct_conv_matches_torch(lib, call, name: str) -> None:
     torch.testing.assert_close(again, out, rtol=0, atol=0)
 
 
+def _avx2(mr: int, nr: int) -> Blocking:
+    return Blocking(mr, nr, mr, 64, nr, 8)
+
+
 # AVX2's tiles (8-lane vectors) compiled for x86-64-v3: the masked 8-lane copy into Y, and channel
 # counts that leave a tail block of OCg % mr rows (its own micro-kernel) or none.
 AVX2_CASES = {
@@ -122,6 +126,23 @@ AVX2_CASES = {
     "avx2_4x24_exact": Case(
         _spec("avx2_4x24_exact", 3, 3, 5, 23, 8, (3, 3), blocking=Blocking(4, 24, 4, 64, 24, 8)), E.bias("c")
     ),
+    # Compact columns (OW % 8 == 0: each vector one row's outputs, no garbage columns): a 16x16 plane
+    # with a residual read at every output; a 9x8 plane whose last sliver is partial (a clamped
+    # vector) on 3 threads (all images padded first); padding 0 (OW 16 of W 18); dilation.
+    "avx2_compact_16": Case(
+        _spec("avx2_compact_16", 2, 5, 16, 16, 13, (3, 3), padding=(1, 1), blocking=Blocking(6, 16, 6, 64, 16, 8)),
+        E.residual_add(),
+    ),
+    "avx2_compact_8x8": Case(
+        _spec("avx2_compact_8x8", 1, 7, 9, 8, 11, (3, 3), padding=(1, 1), blocking=_avx2(6, 16)), E.bias_relu("c"), 3
+    ),
+    "avx2_compact_pad0": Case(
+        _spec("avx2_compact_pad0", 3, 4, 10, 18, 9, (3, 3), blocking=Blocking(6, 16, 6, 64, 16, 8)), E.bias("c"), 1
+    ),
+    "avx2_compact_dilated": Case(
+        _spec("avx2_compact_dilated", 2, 3, 9, 16, 7, (3, 3), padding=(2, 2), dilation=(2, 2), blocking=_avx2(4, 24)),
+        E.residual_add(),
+    ),
 }
 
 
@@ -135,6 +156,7 @@ def test_direct_conv_avx2_tiles(build, call, name: str) -> None:
     s = case.spec
     src = render_conv2d(s, case.epi)
     assert "(direct, padded width" in src and ("_ukrt<" in src) == (s.c_out % s.tiles().mr != 0)
+    assert ("const long o0 = vo[0];" in src) == ("compact" in name)
     lib = build(src, ("-march=x86-64-v3",))
     torch.manual_seed(len(name))
     x = torch.randn(s.n, s.c_in, s.h, s.w)

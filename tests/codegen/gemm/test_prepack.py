@@ -119,8 +119,9 @@ def test_schedule_marks_only_constant_b() -> None:
     # x @ y with both operands inputs: nothing constant to pack.
     xy = vfuse.compile(lambda x, y: x @ y, (torch.randn(5, 7), torch.randn(7, 9)), backend="cpp")
     assert not _kernel(xy).prepacked_b
-    conv = nn.Conv2d(3, 8, 3).eval()  # the conv template's weight is its A operand: not prepacked
-    assert not _kernel(_compile(conv, (1, 3, 9, 9), "auto")).prepacked_b
+    conv = nn.Conv2d(3, 8, 3).eval()  # a conv's frozen weight (operand 1) is packed once too
+    assert _kernel(_compile(conv, (1, 3, 9, 9), "auto")).prepacked_b
+    assert not _kernel(_compile(conv, (1, 3, 9, 9), "auto", freeze=False)).prepacked_b
 
 
 def test_same_architecture_other_weights_keep_their_own_packing() -> None:

@@ -177,14 +177,16 @@ def _conv(k: ContractionKernel, program: Program) -> tuple[str, str]:
     a = k.attrs
     spec = ConvSpec(
         f"{k.name}_conv", n, c, h, w, o, kh, kw, tuple(a["stride"]), tuple(a["padding"]), tuple(a["dilation"]),
-        a["groups"], linkage="static", caches=k.caches,
+        a["groups"], linkage="static", caches=k.caches, prepack=k.prepacked_b,
     )  # fmt: skip
     epi = Epilogue(k.op.value, _extras(k, program), tuple(_statements(k, _conv_names(k))))
-    call = f"{spec.name}({_args(k)}, {_out(k)}{epi.names()}, nt);"
+    call = f"{spec.name}({_args(k)}, {_out(k)}{epi.names()}{_pre(k, program)}, nt);"
     if a.get("folded"):  # a weight gradient: one GEMM over all images (decided in schedule/contraction.py)
         folded = dataclasses.replace(spec, blocking=_blocking(k, *spec_mnk(spec)))
         return render_conv2d_folded(folded, epi, swapped=bool(a.get("swapped"))), call
     spec = dataclasses.replace(spec, blocking=_blocking(k, *spec.gemm_mnk))
+    if k.prepacked_b and spec.tiles().mr != k.mr:  # prepack_bytes sized the weight's slot for k.mr
+        raise ValueError(f"{k.name}: blocking mr {spec.tiles().mr} is not the kernel's {k.mr}")
     return render_conv2d(spec, epi), call
 
 

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from vfuse.codegen.cpp.gemm.blocking import Blocking, choose_blocking
 from vfuse.codegen.cpp.gemm.conv_direct import direct_fits, render_conv2d_direct
 from vfuse.codegen.cpp.gemm.conv_phases import phase_copy, phased, phased_im2col
+from vfuse.codegen.cpp.gemm.conv_prepack import PREPACK_ONCE, prepack_param, weight_once
 from vfuse.codegen.cpp.gemm.driver import Driver, render_driver
 from vfuse.codegen.cpp.gemm.epilogue import Epilogue
 from vfuse.codegen.cpp.gemm.gemm import DEFAULT_CACHES, check_kernel_name
@@ -52,6 +53,9 @@ class ConvSpec:
     caches: tuple[int, int, int] = DEFAULT_CACHES
     blocking: Blocking | None = field(default=None)
     unit: VectorUnit = AVX512
+    # The weight is a constant (a frozen parameter, `ContractionKernel.prepacked_b`): packed once, on
+    # the first call, into the arena slot the entry takes as `char* vg_pre` (gemm/prepack.py).
+    prepack: bool = False
 
     def __post_init__(self) -> None:
         check_kernel_name(self.name)
@@ -204,7 +208,8 @@ def render_conv2d_gemm(spec: ConvSpec, epilogue: Epilogue) -> str:
         pack = f"{spec.name}_im2col(x_b, pc, kc, j, nr, bps);"
         gather = phase_copy(spec) + phased_im2col(spec, blk.nr) if phased(spec) else _im2col(spec, blk.nr)
     params = "const float* __restrict X, const float* __restrict Wt, float* __restrict Y"
-    shared_a = spec.n > 1  # images share the weight: pack it once per call (_packed_weight)
+    # Images share the weight: pack it once per call, or once ever when it is constant (_packed_weight).
+    shared_a = spec.n > 1 or spec.prepack
     driver = Driver(
         name=f"{spec.name}_gemm" if shared_a else spec.name,
         linkage="static" if shared_a else spec.linkage,
@@ -250,19 +255,13 @@ def _packed_weight(spec: ConvSpec, blk: Blocking, params: str, epi: Epilogue) ->
     parallel region, into a buffer of its own that every thread reads: a parallel pack would add a
     fork and join per call, which costs a time slice when a thread has lost its core (conv_direct.py
     packs its weight the same way); the images' threads packed concurrently before, so with one
-    image per thread the wall time of a (now 1.8x faster) pack is what it was at most."""
+    image per thread the wall time of a (now 1.8x faster) pack is what it was at most. A constant
+    weight (`spec.prepack`) is packed on the first call only, into the arena (conv_prepack.py)."""
     m, _, k = spec.gemm_mnk
     mpad, slivers = _mpad(spec, blk), _mpad(spec, blk) // blk.mr
     blocks = -(-k // blk.kc)
     name, total = spec.name, spec.groups * k * mpad
-    return f"""
-static float* {name}_abuf() {{
-  struct Buf {{ float* p = nullptr; ~Buf() {{ std::free(p); }} }};
-  static thread_local Buf b;
-  if (!b.p) b.p = static_cast<float*>(std::aligned_alloc(64, {-(-total * 4 // 64) * 64}));
-  return b.p;
-}}
-
+    return f"""{_abuf(name, total) if not spec.prepack else PREPACK_ONCE}
 static void {name}_pack_all(const float* __restrict Wt, float* __restrict ap) {{
   for (long t = 0; t < {spec.groups * blocks * slivers}; ++t) {{
     const long g = t / {blocks * slivers}, pc = (t / {slivers}) % {blocks} * {blk.kc}, ic = t % {slivers} * {blk.mr};
@@ -282,9 +281,26 @@ static void {name}_pack_all(const float* __restrict Wt, float* __restrict ap) {{
   }}
 }}
 
-{spec.linkage} void {name}({params}{epi.params()}, int nthreads) {{
-  float* ap = {name}_abuf();
-  {name}_pack_all(Wt, ap);
-  {name}_gemm(X, Wt, Y, ap{epi.names()}, nthreads);
+{spec.linkage} void {name}({params}{epi.params()}{prepack_param(spec.prepack)}, int nthreads) {{
+{_weight(spec)}  {name}_gemm(X, Wt, Y, ap{epi.names()}, nthreads);
 }}
 """
+
+
+def _abuf(name: str, total: int) -> str:
+    """NAME_abuf: the calling thread's buffer for the weight packed per call."""
+    return f"""
+static float* {name}_abuf() {{
+  struct Buf {{ float* p = nullptr; ~Buf() {{ std::free(p); }} }};
+  static thread_local Buf b;
+  if (!b.p) b.p = static_cast<float*>(std::aligned_alloc(64, {-(-total * 4 // 64) * 64}));
+  return b.p;
+}}
+"""
+
+
+def _weight(spec: ConvSpec) -> str:
+    """C++: `ap`, the packed weight: packed now into this thread's buffer, or once ever (prepack)."""
+    if spec.prepack:
+        return weight_once(f"{spec.name}_pack_all(Wt, ap);")
+    return f"  float* ap = {spec.name}_abuf();\n  {spec.name}_pack_all(Wt, ap);\n"

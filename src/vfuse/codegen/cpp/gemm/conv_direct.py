@@ -22,10 +22,12 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from vfuse.codegen.cpp.gemm.conv_prepack import PREPACK_ONCE, prepack_param, weight_once
 from vfuse.codegen.cpp.gemm.epilogue import Epilogue
 from vfuse.codegen.cpp.gemm.microkernel import check_tile, fma_step
 from vfuse.codegen.cpp.gemm.prelude import render_prelude
 from vfuse.codegen.cpp.simd import vtype
+from vfuse.schedule.microtile import compact_conv_columns
 
 if TYPE_CHECKING:
     from vfuse.codegen.cpp.gemm.conv import ConvSpec
@@ -55,7 +57,10 @@ class _Geom:
         self.taps = spec.kh * spec.kw
         self.k = self.cg * self.taps
         self.offs = [kh * dh * self.wp + kw * dw for kh in range(spec.kh) for kw in range(spec.kw)]
-        self.ncols = self.oh * self.wp  # padded-width output columns per (image, group)
+        # Compact columns (no garbage column computed) where the schedule's rule says they pay.
+        self.compact = compact_conv_columns(self.oh, self.ow, self.wp, nr, lanes)
+        # Output columns per (image, group): p = oh * OW + ow (compact), or padded-width q = oh * Wp + ow.
+        self.ncols = self.oh * (self.ow if self.compact else self.wp)
         self.nsl = -(-self.ncols // nr)
         self.mpad = _round_up(self.ocg, mr)
         # Reads past the last plane: the last sliver's tail plus the largest tap offset.
@@ -63,6 +68,11 @@ class _Geom:
         # Input channels per K block: the A sliver in half of L1. B rows stream from L2 fine (the
         # loads are few per FMA); K blocks of 34 channels measured 1-2% slower than all 64.
         self.icb = icb or max(1, min(self.cg, (spec.caches[0] // 2) // (4 * mr * self.taps)))
+        # Output channels per M block: the block's packed weight in half of L2, so that the slivers
+        # after the first read it from L2. Why: with the whole weight past L2 (128 -> 128 channels
+        # 3x3: 590 KB; Zen 3's L2: 512 KB) every sliver streams it from the shared L3 again;
+        # measured 2-4 % faster on 16x16 and 8x8 planes (AVX2, Zen 3, one thread, loaded machine).
+        self.mb = min(self.mpad, max(mr, (spec.caches[1] // 2) // (4 * self.k) // mr * mr))
 
 
 def _ukr(name: str, g: _Geom, rows: int) -> str:
@@ -78,15 +88,17 @@ def _ukr(name: str, g: _Geom, rows: int) -> str:
     for tap, off in enumerate(g.offs):
         # vs_keep: else g++ folds each B load into its mr FMAs as a memory operand (4x24 on AVX2:
         # 16 loads per 12 FMAs, 2x slower); one load per vector, held in a register.
-        body += "".join(f"    b{v} = vs_loadu<{vt}>(x + {off + w * v});\n    vs_keep(b{v});\n" for v in range(nv))
+        at = [f"o{v} + {off}" if g.compact else str(off + w * v) for v in range(nv)]
+        body += "".join(f"    b{v} = vs_loadu<{vt}>(x + {at[v]});\n    vs_keep(b{v});\n" for v in range(nv))
         body += fma_step(rows, nv, w, tap * g.mr)
     stores = "".join(f"  *reinterpret_cast<{vt}*>(t + {r * g.nr + w * v}) = c{r}_{v};\n" for r, v in acc)
     decl = ", ".join(f"b{v}" for v in range(nv))
+    offsets = "".join(f"  const long o{v} = vo[{v}];\n" for v in range(nv)) if g.compact else ""
     return f"""template <bool FIRST>
 static inline void {name}_ukr{"" if rows == g.mr else "t"}(long nic, const float* __restrict a,
-                                 const float* __restrict x,
+                                 const float* __restrict x,{" const long* __restrict vo," if g.compact else ""}
                                  float* __restrict t) {{
-{init}  [[maybe_unused]] {vt} av;
+{init}{offsets}  [[maybe_unused]] {vt} av;
   {vt} {decl};
   for (long ic = 0; ic < nic; ++ic, a += {g.mr * g.taps}, x += {g.plane}) {{
 {body}  }}
@@ -97,7 +109,7 @@ static inline void {name}_ukr{"" if rows == g.mr else "t"}(long nic, const float
 def _ukr_calls(name: str, g: _Geom) -> str:
     """C++: the micro-kernel call for the MR block at `ir`. Why a tail kernel: OCg rounded up to mr
     wastes FMAs on zero rows (AVX2's 6x16 at 64 channels: 3 %); the last block computes OCg % mr rows."""
-    args = f"(nic, a, xb, t + ir * {g.nr});"
+    args = f"(nic, a, xb,{' rs.vo,' if g.compact else ''} t + ir * {g.nr});"
     full = f"if (ic0 == 0) {name}_ukr<true>{args} else {name}_ukr<false>{args}"
     if not g.ocg % g.mr:
         return full
@@ -142,13 +154,35 @@ static inline void {name}_pad(const float* __restrict x, float* __restrict xp, l
 def _runs(spec: ConvSpec, g: _Geom) -> str:
     """NAME_runs: the sliver's valid (ow < OW) column runs, and for every column a safe output index
     (garbage columns get a clamped one, so an epilogue reading e.g. residual[o] stays in bounds)."""
-    return f"""
+    runs = g.nr // g.wp + 2
+    vo = f"  long vo[{g.nr // g.lanes}];\n" if g.compact else ""
+    struct = f"""
 struct {spec.name}_Runs {{
   int n;
-  long t[{g.nr // g.wp + 2}], p[{g.nr // g.wp + 2}], len[{g.nr // g.wp + 2}];
-  alignas(64) int pidx[{g.nr}];
+  long t[{runs}], p[{runs}], len[{runs}];
+{vo}  alignas(64) int pidx[{g.nr}];
 }};
+"""
+    return struct + (_compact_runs(spec, g) if g.compact else _padded_runs(spec, g))
 
+
+def _compact_runs(spec: ConvSpec, g: _Geom) -> str:
+    """Compact columns (`_Geom.compact`): one run, and each vector's offset in the padded plane
+    (vectors past the last output repeat the last one: computed, never stored)."""
+    return f"""
+static inline void {spec.name}_runs(long p0, {spec.name}_Runs& rs) {{
+  rs.n = 1; rs.t[0] = 0; rs.p[0] = p0; rs.len[0] = vg_min({g.nr}, {g.ncols} - p0);
+  for (int v = 0; v < {g.nr // g.lanes}; ++v) {{
+    const long p = vg_min(p0 + v * {g.lanes}, {g.ncols - g.lanes});
+    rs.vo[v] = p / {g.ow} * {g.wp} + p % {g.ow};
+  }}
+  for (int e = 0; e < {g.nr}; ++e) rs.pidx[e] = static_cast<int>(vg_min(p0 + e, {g.ncols - 1}));
+}}
+"""
+
+
+def _padded_runs(spec: ConvSpec, g: _Geom) -> str:
+    return f"""
 static inline void {spec.name}_runs(long q0, {spec.name}_Runs& rs) {{
   rs.n = 0;
   for (long col = 0; col < {g.nr};) {{
@@ -240,42 +274,52 @@ def _sliver(spec: ConvSpec, g: _Geom, epi: Epilogue) -> str:
     base = f"{_out_base(spec, g)} * {g.oh * g.ow}"
     return f"""
 static inline void {name}_sliver(const float* __restrict ap, const float* __restrict xp, float* __restrict t,
-                                 float* __restrict Y, long bi, long q0{epi.params()}) {{
+                                 float* __restrict Y, long bi, long q0, long ir0, long ir1{epi.params()}) {{
   {name}_Runs rs;
   {name}_runs(q0, rs);
   // Why prefetch: Y is written once, row by row 12 KB apart, so its stores miss; asking for the
   // next sliver's output lines while the FMAs run takes that wait off the critical path.
-  const long qn = vg_min(q0 + {g.nr}, {g.ncols - 1});
-  const long pn = vg_min(qn / {g.wp}, {g.oh - 1}) * {g.ow} + vg_min(qn % {g.wp}, {g.ow - 1});
-  char* yn = reinterpret_cast<char*>(Y + {base} + pn);
+{_next_output(g)}  char* yn = reinterpret_cast<char*>(Y + {base} + pn);
   for (long ic0 = 0; ic0 < {g.cg}; ic0 += {g.icb}) {{
     const long nic = vg_min({g.icb}, {g.cg} - ic0);
     const bool last = ic0 + nic == {g.cg};
-    const float* __restrict xb = xp + ic0 * {g.plane} + q0;
-    for (long ir = 0; ir < {g.mpad}; ir += {g.mr}) {{
+    const float* __restrict xb = xp + ic0 * {g.plane}{"" if g.compact else " + q0"};
+    for (long ir = ir0; ir < ir1; ir += {g.mr}) {{
       const float* __restrict a = ap + ir * {g.k} + ic0 * {g.taps * g.mr};
       for (long r = ir; ic0 == 0 && r < {rows}; ++r)
         for (long l = 0; l < {g.nr * 4 + 64}; l += 64) __builtin_prefetch(yn + r * {g.oh * g.ow * 4} + l, 1, 3);
       {_ukr_calls(name, g)}
       if (!last || ir >= {g.ocg}) continue;
       {name}_epi(t, bi, rs, ir, {rows}{epi.names()});
-      if (ir > 0) {name}_copy(t, Y, bi, rs, ir - {g.mr}, ir);
+      if (ir > ir0) {name}_copy(t, Y, bi, rs, ir - {g.mr}, ir);
     }}
   }}
-  const long lastrow = ({g.ocg} - 1) / {g.mr} * {g.mr};
-  {name}_copy(t, Y, bi, rs, lastrow, {g.ocg});
+  const long end = vg_min(ir1, {g.ocg}), lastrow = (end - 1) / {g.mr} * {g.mr};
+  if (end > ir0) {name}_copy(t, Y, bi, rs, lastrow, end);
 }}
 """
 
 
+def _next_output(g: _Geom) -> str:
+    """C++: `pn`, the output index of the next sliver's first column (q0: this sliver's first)."""
+    if g.compact:
+        return f"  const long pn = vg_min(q0 + {g.nr}, {g.ncols - 1});\n"
+    return f"""  const long qn = vg_min(q0 + {g.nr}, {g.ncols - 1});
+  const long pn = vg_min(qn / {g.wp}, {g.oh - 1}) * {g.ow} + vg_min(qn % {g.wp}, {g.ow - 1});
+"""
+
+
 def _span(spec: ConvSpec, g: _Geom, epi: Epilogue) -> str:
-    """NAME_span: slivers [s0, s1) of one (image, group) entry whose padded planes start at xb."""
+    """NAME_span: slivers [s0, s1) of one (image, group) entry whose padded planes start at xb, one
+    M block of output channels (`_Geom.mb`) at a time."""
     return f"""
 static void {spec.name}_span(const float* __restrict ap, const float* __restrict xb, float* __restrict Y, long bi,
                              long s0, long s1{epi.params()}) {{
   alignas(64) float t[{g.mpad * g.nr}];
   const float* __restrict ab = ap + (bi % {spec.groups}) * {g.mpad * g.k};
-  for (long s = s0; s < s1; ++s) {spec.name}_sliver(ab, xb, t, Y, bi, s * {g.nr}{epi.names()});
+  for (long ir0 = 0; ir0 < {g.mpad}; ir0 += {g.mb})
+    for (long s = s0; s < s1; ++s)
+      {spec.name}_sliver(ab, xb, t, Y, bi, s * {g.nr}, ir0, vg_min(ir0 + {g.mb}, {g.mpad}){epi.names()});
 }}
 """
 
@@ -283,6 +327,7 @@ static void {spec.name}_span(const float* __restrict ap, const float* __restrict
 def _entry(spec: ConvSpec, g: _Geom, epi: Epilogue) -> str:
     batch, hw, entry = spec.n * spec.groups, spec.h * spec.w, g.cg * g.plane
     span, params = f"{spec.name}_span", f"float* __restrict Y{epi.params()}"
+    pre = prepack_param(spec.prepack)
     # Dynamic schedules: a thread that loses its core for a while (a busy machine) does not hold
     # the others up at the end. `whole`: whole entries per thread, each padded into the thread's
     # own scratch right before use (still in L2 when the micro-kernel reads it; buffer reused).
@@ -290,17 +335,13 @@ def _entry(spec: ConvSpec, g: _Geom, epi: Epilogue) -> str:
     # padding the next entry into a second buffer during this one (2%: both no longer fit L2).
     # Else (few entries): pad them all, then ~16 (entry, run of slivers) items per thread.
     return f"""
-{spec.linkage} void {spec.name}(const float* __restrict X, const float* __restrict Wt, {params}, int nthreads) {{
+{spec.linkage} void {spec.name}(const float* __restrict X, const float* __restrict Wt, {params}{pre}, int nthreads) {{
   const long nth = nthreads > 0 ? nthreads : omp_get_max_threads();
   const bool whole = {batch} % nth == 0 || {batch} >= 4 * nth;
-  float* ap = vg_scratch(0, {spec.groups * g.mpad * g.k});
-  float* xp = whole ? nullptr : vg_scratch(1, {batch * entry + g.slack});
+{_weight(spec, g)}  float* xp = whole ? nullptr : vg_scratch(1, {batch * entry + g.slack});
   if (!whole) std::memset(xp + {batch * entry}, 0, sizeof(float) * {g.slack});
   const long chunks = whole ? 1 : vg_min({g.nsl}, (16 * nth + {batch - 1}) / {batch});
   const long per = ({g.nsl} + chunks - 1) / chunks;
-  // Packing is ~0.1% of the time; in the parallel region it would need a barrier, which costs
-  // a whole time slice when the other thread has lost its core.
-  for (long blk = 0; blk < {spec.groups * g.mpad // g.mr}; ++blk) {spec.name}_pack_w(Wt, ap, blk);
 #pragma omp parallel num_threads(nth)
   {{
     if (whole) {{
@@ -323,6 +364,16 @@ def _entry(spec: ConvSpec, g: _Geom, epi: Epilogue) -> str:
   }}
 }}
 """
+
+
+def _weight(spec: ConvSpec, g: _Geom) -> str:
+    """C++: `ap`, the packed weight, by the calling thread: into scratch on every call, or once ever
+    into the arena when it is constant (conv_prepack.py). Why not in the parallel region: it would
+    need a barrier, which costs a whole time slice when the other thread has lost its core."""
+    pack = f"for (long blk = 0; blk < {spec.groups * g.mpad // g.mr}; ++blk) {spec.name}_pack_w(Wt, ap, blk);"
+    if spec.prepack:
+        return weight_once(pack)
+    return f"  float* ap = vg_scratch(0, {spec.groups * g.mpad * g.k});\n  {pack}\n"
 
 
 # Why limits: the per-thread OCg x NR tile lives on the stack, and the padded copy of the whole
@@ -352,6 +403,7 @@ def render_conv2d_direct(
     header = f"// vfuse conv2d (direct, padded width {g.wp}) {spec.name}: {spec}, epilogue {epilogue.name}\n"
     return (
         render_prelude()
+        + (PREPACK_ONCE if spec.prepack else "")
         + header
         + _ukr(spec.name, g, g.mr)
         + (_ukr(spec.name, g, g.ocg % g.mr) if g.ocg % g.mr else "")

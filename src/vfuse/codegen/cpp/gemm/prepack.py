@@ -14,6 +14,7 @@ driver's per-call panel layout for every (jc, pc) at once.
 from __future__ import annotations
 
 from vfuse.codegen.cpp.faults import FAULT_BYTES, fault_offset
+from vfuse.ir import Op
 from vfuse.schedule.kernel import ContractionKernel, Program
 
 HEADER = 64
@@ -28,8 +29,13 @@ def padded_n(n: int, nr: int) -> int:
 
 
 def prepack_bytes(k: ContractionKernel) -> int:
-    """Header plus K x NPAD floats of one kernel's packed B; the int8 dot product (`int8.py`):
+    """Header plus K x NPAD floats of one kernel's packed B (a conv: its weight, OCg rounded up to MR
+    rows of K per group); the int8 dot product (`int8.py`):
     header, NPAD x ceil(K / 4) x 4 bytes of W (to 64) and NPAD int32 column sums."""
+    if k.op is Op.CONV2D:  # the weight as the conv templates pack it (gemm/conv_prepack.py)
+        o, cg, kh, kw = k.shapes[1]
+        groups = k.attrs["groups"]
+        return _align(HEADER + 4 * groups * padded_n(o // groups, k.mr) * cg * kh * kw)
     kk, n = k.shapes[0][-1], k.out_shape[-1]
     if k.int8 is not None:
         npad = padded_n(n, k.int8.nr)
