@@ -102,3 +102,35 @@ def test_grad_mode_calls_still_run_through_autograd() -> None:
     torch.testing.assert_close(w.grad, 2 * torch.cos(w.detach()))
     with torch.no_grad():
         assert not c(w).requires_grad
+
+
+def test_grad_mode_inference_graphs_skip_the_wrappers_and_stay_inference() -> None:
+    """Grad mode on, no input requiring grad: AOTAutograd compiles for inference and Dynamo
+    guards on requires_grad, so the executor is handed over directly; a torch step (cumsum,
+    a fallback) records no history; an input that requires grad gets a training graph."""
+    torch._dynamo.reset()
+    backend = vfuse.backend()
+    handed: list[Any] = []
+
+    def recording(gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Any:
+        fn = backend(gm, example_inputs)
+        handed.append(fn)
+        return fn
+
+    def f(x: torch.Tensor) -> torch.Tensor:
+        return torch.cumsum(torch.relu(x), dim=1) * 2 + x
+
+    g = torch.compile(f, backend=recording)
+    x = torch.randn(3, 5)
+    assert torch.is_grad_enabled()
+    out = g(x)
+    torch.testing.assert_close(out, f(x))
+    assert not out.requires_grad and out.grad_fn is None
+    assert hasattr(handed[0], "boxed")  # entry/direct.unboxed: no AOTAutograd wrappers
+    w = x.clone().requires_grad_()
+    y = g(w)
+    assert y.requires_grad and len(handed) == 2
+    y.sum().backward()
+    w2 = x.clone().requires_grad_()
+    f(w2).sum().backward()
+    torch.testing.assert_close(w.grad, w2.grad)

@@ -6,9 +6,11 @@ inference graph that mutates nothing, returns no alias and takes exactly Dynamo'
 all of that does nothing but costs about a microsecond a call, which is measurable on small
 graphs. `VfuseBackend` then returns the compiled forward to Dynamo directly.
 
-Only when grad mode is off while compiling: Dynamo guards on grad mode, so the graph is
-only ever called with it off, and AOTAutograd's own inference wrapper would merely have
-turned it off again.
+Only for graphs AOTAutograd compiles for inference: grad mode off, or on with no input that
+requires grad. Dynamo guards on grad mode and on each input's requires_grad, so the graph is
+only ever called that way; AOTAutograd's inference wrapper would merely have turned grad mode
+off around it, and with no input requiring grad nothing the graph computes (kernels, torch
+steps) records autograd history either way.
 """
 
 from __future__ import annotations
@@ -26,8 +28,11 @@ _SIZES = (torch.SymInt, int)  # size arguments of a graph with symbolic sizes (i
 def may_skip_wrappers(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> bool:
     """What can be told before AOTAutograd runs: inference, plain tensor inputs, no
     parameters AOTAutograd would prepend, no autocast for it to turn off."""
+    inference = not torch.is_grad_enabled() or not any(
+        isinstance(x, torch.Tensor) and x.requires_grad for x in example_inputs
+    )
     return (
-        not torch.is_grad_enabled()
+        inference
         and not torch._C._is_any_autocast_enabled()
         and all(type(x) in _PLAIN or type(x) in _SIZES for x in example_inputs)
         and next(iter(gm.parameters()), None) is None
