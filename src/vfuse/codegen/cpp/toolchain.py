@@ -23,6 +23,7 @@ import fcntl
 import functools
 import hashlib
 import os
+import re
 import shutil
 import subprocess
 import tempfile
@@ -35,7 +36,7 @@ from vfuse.codegen.cpp.pch import KEY_TEXT, Pch, PchBuilds
 from vfuse.codegen.cpp.units import split
 from vfuse.errors import VfuseCompileError, VfuseError
 from vfuse.targets.cpu import isa_fingerprint, isa_for
-from vfuse.targets.isa import CpuIsa, Isa
+from vfuse.targets.isa import X86, CpuIsa, Isa
 
 FLAGS = (
     "-O3",
@@ -86,7 +87,7 @@ def find_toolchain(cxx: str | None = None, isa: Isa | None = None) -> Toolchain:
     """The compiler named by `cxx`, else $VFUSE_CXX, else $CXX, else g++, with the flags of the
     instruction-set tier `isa` (None: this CPU's own); raise CompilerNotFound, or VfuseOptionError
     for a tier this CPU lacks."""
-    flags = flags_for(isa_for(isa))
+    tier = isa_for(isa)
     name = cxx or os.environ.get("VFUSE_CXX") or os.environ.get("CXX") or "g++"
     path = shutil.which(name)
     if path is None:
@@ -96,7 +97,25 @@ def find_toolchain(cxx: str | None = None, isa: Isa | None = None) -> Toolchain:
         version = _version(path, (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns))
     except (OSError, subprocess.SubprocessError) as e:
         raise CompilerNotFound(f"C++ compiler '{path}' does not run: {e}") from e
+    flags = (*flags_for(tier), *gcc_workarounds(version, tier))
     return Toolchain(path, version, flags, pch=_builds(path, (st.st_dev, st.st_ino)))
+
+
+# g++ 12 vectorizes some clamped-index loads (a concatenation's rows under `#pragma omp simd`) into
+# AVX2 gathers it then miscompiles: with -mtune=znver3 or haswell a 7x7 conv data gradient's shifted
+# tap planes read zeros (tests/codegen/test_gcc_gathers.py). Explicit loads instead of gathers: AVX2
+# gathers are microcoded on Zen and slowed by Intel's GDS mitigation anyway (docs/perf-log.md).
+NO_GATHERS = "-mtune-ctrl=^use_gather_2parts,^use_gather_4parts,^use_gather"
+
+
+def gcc_workarounds(version: str, isa: CpuIsa) -> tuple[str, ...]:
+    """Flags that steer g++ (12 and later: the tune names exist from 12 on) around its known wrong
+    code on x86; none for clang, other compilers or other architectures."""
+    match = re.search(r"\b(\d+)\.\d+\.\d+", version)  # "g++ (Debian 12.2.0-14) 12.2.0", "g++ (GCC) 14.1.1 2024..."
+    gcc = "clang" not in version.lower() and ("g++" in version or "GCC" in version or "gcc" in version)
+    if isa.arch != X86 or not gcc or match is None or int(match.group(1)) < 12:
+        return ()
+    return (NO_GATHERS,)
 
 
 @functools.lru_cache(maxsize=16)
