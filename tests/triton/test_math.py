@@ -69,6 +69,10 @@ def test_math_matches_eager_on_specials_and_a_sweep() -> None:
             continue
         # erf-based tails: 1 + erf(x) near -3.4 loses its digits in fp32 (absolute error 1e-6)
         torch.testing.assert_close(g, w, rtol=2e-6, atol=2e-6, equal_nan=True, msg=lambda m, n=name: f"{n}: {m}")
+        if name == "gelu":
+            # eager's own sign of gelu's underflow depends on its kernel: x * 0.5 * (1 + erf) = -0 from
+            # the scalar path, +0 from torch 2.13's AVX2 vector path (a Zen 3: -12.0 alone -> -0, 8 of them -> +0)
+            continue
         zeros = (g == 0) & (w == 0)
         assert torch.equal(torch.signbit(g[zeros]), torch.signbit(w[zeros])), f"{name}: sign of zero"
 
