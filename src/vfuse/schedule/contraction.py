@@ -35,10 +35,11 @@ from vfuse.fusion.library import ContractionChoice, choose, tile_waste
 from vfuse.fusion.plan import Cost
 from vfuse.ir import DType, Graph, Kind, Op
 from vfuse.ir.defs.contraction import sdpa_dropout, sdpa_has_mask
-from vfuse.ir.shapes import Shape, numel
+from vfuse.ir.shapes import numel
 from vfuse.ir.sym import hint, is_sym, same
 from vfuse.schedule import expr
 from vfuse.schedule.colsum import column_store, split_column_sum
+from vfuse.schedule.conv_columns import compact_columns, conv_columns, direct_conv
 from vfuse.schedule.conv_fold import folded_conv, folded_mnk, swapped_base
 from vfuse.schedule.expr import Lin, Var
 from vfuse.schedule.kernel import ContractionKernel, Load, OperandPrologue, Rand, RandKey, ScatterWalk, Stmt, Store
@@ -49,7 +50,6 @@ from vfuse.schedule.microtile import (
     VectorUnit,
     attention_blocks,
     attention_tile,
-    compact_conv_columns,
     gemm_order_tiles,
     pick_micro_tile,
 )
@@ -341,7 +341,7 @@ def _register_tile(graph: Graph, node: str, unit: VectorUnit) -> Tile:
     if n.op is Op.CONV2D:
         # At OH x OW columns, not the direct conv's padded width: a tile that fits the padded width of a
         # small plane exactly would hide the weight re-reads the cost model does not price (library_choice).
-        direct = _direct_conv(n.attrs, graph[n.inputs[1]].tensor_type.shape)
+        direct = direct_conv(n.attrs, graph[n.inputs[1]].tensor_type.shape)
         return pick_micro_tile(shape[1] // n.attrs["groups"], shape[2] * shape[3], unit, direct_conv=direct)
     return pick_micro_tile(shape[-2], shape[-1], unit)
 
@@ -376,15 +376,12 @@ def plan_contraction(graph: Graph, nodes: tuple[str, ...], outputs: tuple[str, .
         fused = None if op in NO_EPILOGUE else _fuse(graph, node, rest, outputs, prologue, dtypes is GPU_DTYPES)
     out, stmts, result, extras, stores = fused if fused else (node, [], "v", set(), ())
     colsum = column_store(graph, node, cs, out, result, stores) if fused and dtypes is not GPU_DTYPES else None
-    attrs = graph[node].attrs
-    if op is Op.CONV2D and dtypes is not GPU_DTYPES and folded_conv(attrs, *ops.shapes, graph[node].tensor_type.shape):
-        attrs = attrs.replace(folded=True)  # the weight-gradient template renders it (schedule/conv_fold.py)
-    if swapped:
-        attrs = attrs.replace(swapped=True)  # read in place
+    tile = _register_tile(graph, node, unit)
+    attrs = _template_attrs(graph, node, ops, unit, tile, cpu=dtypes is not GPU_DTYPES, swapped=swapped)
     kernel = ContractionKernel(
         f"k{gid}_c", gid, label, op, node, tuple(ops.names), tuple(ops.shapes), graph[node].tensor_type.shape,
         graph[out].tensor_type.shape, out, tuple(stmts), result, tuple(sorted(extras | ops.loads)),
-        attrs, trans_b, caches, tuple(ops.prologues), unit.lanes, *_register_tile(graph, node, unit),
+        attrs, trans_b, caches, tuple(ops.prologues), unit.lanes, *tile,
         # Not for symbolic sizes: the persistent region sits past the arena's intermediates, so
         # it would move with the size (ir/sym.py; the runtime shares one arena across sizes).
         prepacked_b=dtypes is not GPU_DTYPES and _packed_once(graph, op, attrs, ops)
@@ -480,21 +477,15 @@ def library_choice(graph: Graph, cost: Cost, cp: ContractionPlan) -> Contraction
     return choose(cost, waste, hint(graph[k.node].type.nbytes), epilogue)
 
 
-def conv_columns(
-    attrs: Mapping[str, Any], x_shape: Shape, w_shape: Shape, out_shape: Shape, lanes: int = 16, nr: int = 16
-) -> int:
-    """Output columns per image the conv template computes: OH x OW, or for a stride-1 conv that is not
-    1x1 (the direct path, `codegen/cpp/gemm/conv_direct.py`) OH x (W + gap), garbage columns included
-    (8x8 planes: 72 for 64 outputs), unless it takes compact ones (`microtile.compact_conv_columns`)."""
-    (oh, ow), (_, pw), kw = out_shape[2:], attrs["padding"], w_shape[3]
-    if not _direct_conv(attrs, w_shape):
-        return oh * ow
-    wp = x_shape[3] + max(pw, 2 * pw - attrs["dilation"][1] * (kw - 1))
-    return oh * ow if compact_conv_columns(hint(oh), hint(ow), hint(wp), nr, lanes) else oh * wp
-
-
-def _direct_conv(attrs: Mapping[str, Any], w_shape: Shape) -> bool:
-    """Whether the conv template takes its direct path (codegen/cpp/gemm/conv.py: stride 1 and not the
-    pointwise 1x1 without padding), whose register tiles and columns differ (microtile.py)."""
-    pointwise = tuple(w_shape[2:]) == (1, 1) and tuple(attrs["padding"]) == (0, 0)
-    return tuple(attrs["stride"]) == (1, 1) and not pointwise
+def _template_attrs(
+    graph: Graph, node: str, ops: _Operands, unit: VectorUnit, tile: Tile, cpu: bool, swapped: bool
+) -> Any:
+    """The node's attrs with the schedule's template choices the renderer reads: a folded weight
+    gradient, operands read in place, a direct conv's compact columns."""
+    attrs, out_shape = graph[node].attrs, graph[node].tensor_type.shape
+    conv = graph[node].op is Op.CONV2D and cpu
+    if conv and folded_conv(attrs, *ops.shapes, out_shape):
+        attrs = attrs.replace(folded=True)  # the weight-gradient template renders it (schedule/conv_fold.py)
+    elif conv and compact_columns(attrs, *ops.shapes[:2], out_shape, unit.lanes, tile[1]):
+        attrs = attrs.replace(compact=True)  # the direct conv computes no garbage columns (conv_direct.py)
+    return attrs.replace(swapped=True) if swapped else attrs  # swapped: read in place

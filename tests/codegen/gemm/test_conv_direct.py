@@ -8,6 +8,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+import vfuse
 from vfuse.codegen.cpp.gemm import Blocking, ConvSpec, Epilogue, render_conv2d
 from vfuse.codegen.cpp.gemm import epilogues as E
 from vfuse.codegen.cpp.gemm.conv_direct import direct_fits, render_conv2d_direct
@@ -25,7 +26,8 @@ def _tile(mr: int, nr: int) -> Blocking:
 
 
 def _spec(name: str, n: int, c: int, h: int, w: int, o: int, k: tuple[int, int], **kw: object) -> ConvSpec:
-    return ConvSpec(name, n, c, h, w, o, *k, **kw)
+    # Compact columns are the schedule's choice (ConvSpec.compact); the cases named so take them.
+    return ConvSpec(name, n, c, h, w, o, *k, compact="compact" in name, **kw)
 
 
 # Every case takes the direct path (checked below). Names say what each one exercises.
@@ -165,3 +167,33 @@ def test_direct_conv_avx2_tiles(build, call, name: str) -> None:
     extras = _extras(case.epi, s.c_out, tuple(out.shape))
     call(lib, s.name, x, w, out, *extras, nthreads=case.nthreads)
     torch.testing.assert_close(out, _reference(case, x, w, extras), rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize(("hw", "lanes", "compact"), [(16, 8, True), (8, 8, True), (56, 8, False), (16, 16, False)])
+def test_schedule_chooses_compact_columns(hw: int, lanes: int, compact: bool) -> None:
+    """The schedule decides compact columns (kernel attrs), the renderer reads them: at 8 lanes where a
+    row is whole vectors and the padded width wastes >= 3 % (16x16: 272 columns for 256); not at 56x56
+    (1.8 %) nor at 16 lanes."""
+    from vfuse.schedule.conv_columns import compact_columns
+
+    attrs = {"stride": (1, 1), "padding": (1, 1), "dilation": (1, 1), "groups": 1}
+    x, w, out = (2, 16, hw, hw), (16, 16, 3, 3), (2, 16, hw, hw)
+    assert compact_columns(attrs, x, w, out, lanes, 16) is compact
+
+
+def test_compact_columns_chosen_end_to_end_at_avx2() -> None:
+    """A 16x16 3x3 conv compiled for AVX2: the schedule marks compact columns and the result matches."""
+    from vfuse.schedule.kernel import ContractionKernel
+    from vfuse.targets.cpu import machine_flags
+
+    if not {"avx2", "fma"} <= set(machine_flags()):
+        pytest.skip("needs an AVX2 CPU")
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Conv2d(16, 16, 3, 1, 1), torch.nn.ReLU()).eval()
+    x = torch.randn(2, 16, 16, 16)
+    with torch.no_grad():
+        g = vfuse.compile(model, (x,), freeze=True, isa="avx2", strict=True)
+        torch.testing.assert_close(g(x), model(x), rtol=1e-4, atol=1e-5)
+    kernels = [k for s in g.compiled.executor.program.steps for k in getattr(s, "kernels", ())]
+    convs = [k for k in kernels if isinstance(k, ContractionKernel)]
+    assert [bool(k.attrs.get("compact")) for k in convs] == [True]

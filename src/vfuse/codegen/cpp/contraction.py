@@ -177,7 +177,7 @@ def _conv(k: ContractionKernel, program: Program) -> tuple[str, str]:
     a = k.attrs
     spec = ConvSpec(
         f"{k.name}_conv", n, c, h, w, o, kh, kw, tuple(a["stride"]), tuple(a["padding"]), tuple(a["dilation"]),
-        a["groups"], linkage="static", caches=k.caches, prepack=k.prepacked_b,
+        a["groups"], linkage="static", caches=k.caches, prepack=k.prepacked_b, compact=bool(a.get("compact")),
     )  # fmt: skip
     epi = Epilogue(k.op.value, _extras(k, program), tuple(_statements(k, _conv_names(k))))
     call = f"{spec.name}({_args(k)}, {_out(k)}{epi.names()}{_pre(k, program)}, nt);"

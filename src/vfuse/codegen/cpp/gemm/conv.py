@@ -56,6 +56,9 @@ class ConvSpec:
     # The weight is a constant (a frozen parameter, `ContractionKernel.prepacked_b`): packed once, on
     # the first call, into the arena slot the entry takes as `char* vg_pre` (gemm/prepack.py).
     prepack: bool = False
+    # The direct path computes OH x OW compact columns, no garbage ones: decided by the schedule
+    # (`ContractionKernel.attrs["compact"]`, schedule/contraction.py, rule microtile.compact_conv_columns).
+    compact: bool = False
 
     def __post_init__(self) -> None:
         check_kernel_name(self.name)
@@ -191,7 +194,7 @@ def render_conv2d(spec: ConvSpec, epilogue: Epilogue) -> str:
     # The direct path stores fp32 `v`; an epilogue with another output (getattr: those fields
     # are new to Epilogue) keeps the driver's path.
     fp32_out = getattr(epilogue, "out_ctype", "float") == "float" and getattr(epilogue, "store", "v") == "v"
-    if fp32_out and not spec.is_pointwise and direct_fits(spec, blk.mr, blk.nr):
+    if fp32_out and not spec.is_pointwise and direct_fits(spec, blk.mr, blk.nr, blk.lanes):
         return render_conv2d_direct(spec, epilogue, blk.mr, blk.nr, lanes=blk.lanes)
     return render_conv2d_gemm(spec, epilogue)
 

@@ -27,7 +27,6 @@ from vfuse.codegen.cpp.gemm.epilogue import Epilogue
 from vfuse.codegen.cpp.gemm.microkernel import check_tile, fma_step
 from vfuse.codegen.cpp.gemm.prelude import render_prelude
 from vfuse.codegen.cpp.simd import vtype
-from vfuse.schedule.microtile import compact_conv_columns
 
 if TYPE_CHECKING:
     from vfuse.codegen.cpp.gemm.conv import ConvSpec
@@ -57,8 +56,10 @@ class _Geom:
         self.taps = spec.kh * spec.kw
         self.k = self.cg * self.taps
         self.offs = [kh * dh * self.wp + kw * dw for kh in range(spec.kh) for kw in range(spec.kw)]
-        # Compact columns (no garbage column computed) where the schedule's rule says they pay.
-        self.compact = compact_conv_columns(self.oh, self.ow, self.wp, nr, lanes)
+        # Compact columns (no garbage column computed) where the schedule chose them (ConvSpec.compact).
+        self.compact = spec.compact and self.wp > self.ow
+        if self.compact and self.ow % lanes:
+            raise ValueError(f"{spec.name}: compact columns need whole vectors per row, OW {self.ow} at {lanes} lanes")
         # Output columns per (image, group): p = oh * OW + ow (compact), or padded-width q = oh * Wp + ow.
         self.ncols = self.oh * (self.ow if self.compact else self.wp)
         self.nsl = -(-self.ncols // nr)
@@ -382,11 +383,11 @@ _MAX_TILE_FLOATS = 16384
 _MAX_PADDED_FLOATS = 64 << 20
 
 
-def direct_fits(spec: ConvSpec, mr: int, nr: int) -> bool:
+def direct_fits(spec: ConvSpec, mr: int, nr: int, lanes: int = 16) -> bool:
     """Whether render_conv2d_direct handles this geometry (stride 1) within its buffer limits."""
     if spec.stride != (1, 1):
         return False
-    g = _Geom(spec, mr, nr, None)
+    g = _Geom(spec, mr, nr, None, lanes)
     return g.mpad * nr <= _MAX_TILE_FLOATS and spec.n * spec.c_in * g.plane + g.slack <= _MAX_PADDED_FLOATS
 
 
