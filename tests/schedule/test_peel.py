@@ -16,6 +16,7 @@ from vfuse.ir import DType
 from vfuse.schedule.expr import Clamp, Lin, Var, unclamp
 from vfuse.schedule.kernel import Kernel, Load, Loop, Pass, Store
 from vfuse.schedule.peel import interior, threaded_selects
+from vfuse.targets.isa import Isa
 
 V, W = Var(3), Var(2)
 
@@ -110,6 +111,8 @@ def test_values_only_max_pool_interior_vectorizes(tmp_path) -> None:
     source = g.compiled.executor.source
     k = next(k for k in g.compiled.executor.program.kernels if isinstance(k, Kernel))
     assert k.no_jump_threading and threaded_selects(k)
+    if g.compiled.executor.program.isa is Isa.GENERIC:
+        pytest.skip("the generic tier is scalar by design (VFUSE_ISA=generic): g++ leaves stride-2 taps unvectorized")
     cpp = tmp_path / "k.cpp"
     cpp.write_text(source)
     tc = find_toolchain()
