@@ -3,7 +3,8 @@
 Each motif is a few ordinary steps with their choices steered (a reshape that merges the dims a
 reduction then reads; a conv feeding a training BatchNorm; a norm -> linear -> residual block; a
 softmax over a permuted view; attention written out, which training graphs rewrite into the flash
-kernels). The steps are the same as the generic builders', so a failing
+kernels; planes shifted by pads on two dims and concatenated or summed, the col2im shape g++ 12's
+AVX2 gathers once miscompiled). The steps are the same as the generic builders', so a failing
 program prints like any other.
 """
 
@@ -119,10 +120,35 @@ def written_attention(g: Gen) -> int | None:
     return g.add(Step(Kind.MATMUL, None, (probs, v)), max(keys, 1) * max(g.vals[v].bound, 1.0), False)
 
 
+def shifted_planes(g: Gen) -> int | None:
+    """cat or sum of F.pad(x, (dx, -dx, dy, -dy)): copies of the last two dims shifted with zero
+    rows and columns, which lower to clamped-index loads (a conv data gradient's col2im)."""
+    x = g.pick(lambda v: v.is_float and len(v.shape) >= 2 and min(v.shape[-2:]) >= 2)
+    if x is None:
+        return None
+    v, parts = g.vals[x], []
+    for _ in range(g.draw(st.integers(2, 4))):
+        dx, dy = g.draw(st.integers(-3, 3)), g.draw(st.integers(-3, 3))
+        p = g.add(Step(Kind.VIEW, V.PAD, (x,), ((dx, -dx, dy, -dy), 0)), v.bound, v.exact)
+        if p is not None:
+            parts.append(p)
+    if len(parts) < 2:
+        return parts[0] if parts else None
+    if g.flag():
+        dim = g.draw(st.integers(0, len(v.shape) - 1))
+        return g.add(Step(Kind.CAT, None, tuple(parts), (dim,)), v.bound, v.exact)
+    acc = parts[0]
+    for i, p in enumerate(parts[1:], 2):
+        nxt = g.add(Step(Kind.BINARY, B.ADD, (acc, p)), v.bound * i, v.exact)
+        acc = acc if nxt is None else nxt
+    return acc
+
+
 MOTIFS: tuple[Callable[[Gen], int | None], ...] = (
     reshape_reduce,
     conv_norm,
     norm_block,
     permuted_softmax,
     written_attention,
+    shifted_planes,
 )
