@@ -158,3 +158,21 @@ def test_every_tier_transposes_blocks_and_edges(tier: Isa) -> None:
         compiled = vfuse.compile(fn, xs, backend="cpp", isa=tier.value)
         torch.testing.assert_close(compiled(*xs), fn(*xs))
         assert any(k.walk is Walk.TILED_TRANSPOSE for k in _kernels(compiled))
+
+
+def test_tiles_prefetch_the_next_tile_row_by_row() -> None:
+    """Each tile row prefetches its share of the tile walked next (along v, then the next band
+    of u): the plain load's and the output's row (for writing: this output stays in cache), the
+    staged load's runs, whole-edge runs with constant trip counts; partial tiles at odd sizes
+    still equal eager."""
+    x, y = _rand(131, 67), _rand(67, 131)
+    compiled = vfuse.compile(_chain, (x, y), backend="cpp")
+    torch.testing.assert_close(compiled(x, y), _chain(x, y))
+    (k,) = _kernels(compiled)
+    t = k.transpose
+    assert t is not None and t.prefetch
+    src = compiled.compiled.executor.source
+    body = src[src.index("for (int64_t i0 = ub;") :]
+    assert "un = vf_wrap ? ub + " in src and body.count("__builtin_prefetch(") == 3
+    assert f"l < {t.cols}; l += 16" in body and f"l < {t.rows}; l += 16" in body
+    assert body.count("* un + vn + r *") == 2 and ", 1, 1);" in body  # next tile's row r, not this tile's

@@ -236,7 +236,7 @@ class TransposeTiles:
     cols: int  # tile extent along v
     block: int  # register transpose block (elements of 4 bytes per vector)
     staged: tuple[str, ...]  # Load vars read through a transposed tile buffer
-    prefetch: bool = False  # into L2 at each tile's start: its rows of the other accesses, the next tile's staged rows
+    prefetch: bool = False  # into L2, spread over each tile's rows: the next tile's rows of every load
 
 
 @dataclass(frozen=True)

@@ -126,8 +126,12 @@ class TransposeWriter(KernelWriter):
 
     def origin(self, s: Load | Store) -> str:
         """The element of `s` at the tile's corner (u = ub, v = vb)."""
+        return self.corner(s, "ub", "vb")
+
+    def corner(self, s: Load | Store, u: str, v: str) -> str:
+        """The element of `s` at u = `u`, v = `v` (C expressions)."""
         names = dict(self.names)
-        self.names.update({self.t.u: "ub", self.k.inner[-1].var: "vb"})
+        self.names.update({self.t.u: u, self.k.inner[-1].var: v})
         try:
             return f"{pointer(s.buf)} + {self.idx(s.index)}"
         finally:
@@ -167,9 +171,11 @@ def _tiles(w: TransposeWriter) -> None:
     w.w(f"const int64_t ue = ub + {t.rows} < {u.size} ? ub + {t.rows} : {u.size};")
     w.w(f"const int64_t ve = vb + {t.cols} < {vec.size} ? vb + {t.cols} : {vec.size};")
     if t.prefetch:
-        _prefetch(w)
+        _next_tile(w, u.size, vec.size)
     _stage(w)
     w.open(f"for (int64_t {w.iu} = ub; {w.iu} < ue; ++{w.iu}) {{")
+    if t.prefetch:
+        _prefetch_row(w)
     if p.streamed:
         _streamed_row(w)
     else:
@@ -205,12 +211,26 @@ def _streamed_row(w: TransposeWriter) -> None:
         w.w(f"vf_stream(&{pointer(s.buf)}[{start}], sb{j}, (size_t)(ve - vb) * sizeof(sb{j}[0]));")
 
 
-def _prefetch(w: TransposeWriter) -> None:
-    """Into L2 (`Kernel.transpose.prefetch`): this tile's rows of the loads and stores contiguous
-    along v (a line every 16 fp32), and the next tile's rows of the staged loads."""
-    t, v = w.t, w.k.inner[-1]
+def _next_tile(w: TransposeWriter, u_size: int, v_size: int) -> None:
+    """The corner (un, vn) of the tile walked after this one (along v, then the next band of u)
+    and its ends (une, vne); past the last band une <= un (nothing to prefetch)."""
+    c, r = w.t.cols, w.t.rows
+    w.w(f"const bool vf_wrap = vb + {c} >= {v_size};")
+    w.w(f"const int64_t vn = vf_wrap ? 0 : vb + {c}, un = vf_wrap ? ub + {r} : ub;")
+    w.w(f"const int64_t une = un + {r} < {u_size} ? un + {r} : {u_size};")
+    w.w(f"const int64_t vne = vn + {c} < {v_size} ? vn + {c} : {v_size};")
+
+
+def _prefetch_row(w: TransposeWriter) -> None:
+    """Into L2 (`Kernel.transpose.prefetch`), in tile row r: the next tile's row r of the loads
+    (and plain stores) contiguous along v, and its share of the next tile's staged rows (runs
+    along u). Spread over the rows, one tile ahead, so the misses overlap this tile's arithmetic.
+    Each run is a whole tile edge long, even at a partial tile (prefetches never fault): with a
+    run-time trip count (vne - vn) the same prefetches ran 1.4x slower (transpose_add, g++ 12, Zen 3)."""
+    t = w.t
     (p,) = w.k.passes
     line = 64
+    w.w(f"const int64_t r = {w.iu} - ub;")
     for s in p.body:
         if not isinstance(s, Load | Store) or (isinstance(s, Load) and s.var in t.staged):
             continue
@@ -219,14 +239,15 @@ def _prefetch(w: TransposeWriter) -> None:
         step, row = line // s.dtype.itemsize, w.stride(s, t.u)
         if w.stride(s) == 1 and row:
             rw = 1 if isinstance(s, Store) else 0
-            at = f"{w.origin(s)} + r * {row} + l"
-            w.w(f"for (int64_t r = 0; r < ue - ub; ++r) for (int64_t l = 0; l < ve - vb; l += {step})")
+            at = f"{w.corner(s, 'un', 'vn')} + r * {row} + l"
+            w.w(f"if (un + r < une) for (int64_t l = 0; l < {t.cols}; l += {step})")
             w.w(f"  __builtin_prefetch({at}, {rw}, 1);")
     for s in p.body:
         if isinstance(s, Load) and s.var in t.staged:
-            step, at = line // s.dtype.itemsize, f"{w.origin(s)} + ({t.cols} + r) * {w.stride(s)} + l"
-            w.w(f"for (int64_t r = 0; r < {t.cols} && vb + {t.cols} + r < {v.size}; ++r)")
-            w.w(f"  for (int64_t l = 0; l < ue - ub; l += {step}) __builtin_prefetch({at}, 0, 1);")
+            step, at = line // s.dtype.itemsize, f"{w.corner(s, 'un', 'vn')} + j * {w.stride(s)} + l"
+            share = "(vne - vn) * {0} / (ue - ub)"
+            w.w(f"if (un < une) for (int64_t j = {share.format('r')}; j < {share.format('(r + 1)')}; ++j)")
+            w.w(f"  for (int64_t l = 0; l < {t.rows}; l += {step}) __builtin_prefetch({at}, 0, 1);")
 
 
 def _stage(w: TransposeWriter) -> None:
