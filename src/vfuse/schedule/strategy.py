@@ -221,6 +221,17 @@ def _reduction(k: Kernel, p: Pass, serial: bool, vector: int) -> Reduction:
     return Reduction(Accumulate.SIMD, BLOCK)
 
 
+# Bytes loaded or stored: a lane loop of `vector` fp32 lanes would need vectors of `vector`
+# bytes, which x86 lacks; g++ then left the whole pass scalar ("no vectype": a ReLU mask read by
+# train-mode BatchNorm's backward, 8x32x28x28 one thread 6.1 -> 0.5 ms as a plain SIMD loop).
+NARROW = frozenset({DType.BOOL, DType.I8, DType.U8})
+
+
+def narrow_access(p: Pass) -> bool:
+    """Whether pass `p` loads or stores a one-byte dtype."""
+    return any(isinstance(s, Load | Store) and s.dtype in NARROW for s in p.body)
+
+
 def use_lanes(p: Pass, vec: Loop, n: int) -> bool:
     """Lanes pay off only while g++ unrolls the lane loop completely, which keeps the `n` lanes
     in registers: rows of 2 to 4 x n elements, and up to row groups' ROW_GROUP_ELEMENTS in at most
@@ -248,6 +259,8 @@ def strip_chains(k: Kernel, p: Pass, vec: Loop, parallel: bool, vector: int) -> 
     ops = {s.op for s in p.body if isinstance(s, Compute)}
     if not ops <= INLINE or any(s.dtype is DType.F64 for s in p.body if isinstance(s, Compute)):
         return 0  # double math goes through libm
+    if narrow_access(p):
+        return 0
     if any(r.op not in (Op.SUM, Op.PROD) or r.dtype not in FLOAT_ACC for r in p.reduces):
         # Max/min track NaN in a flag: a second, independent chain that g++ splits off (not
         # vectorized: "two or more consecutive inner loops"), also when NaN rides in the value.

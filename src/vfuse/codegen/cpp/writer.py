@@ -145,6 +145,9 @@ class KernelWriter:
     # ---- statements ----
     def stmt(self, s: Stmt | Store) -> None:
         if isinstance(s, Store):
+            if s.dtype is DType.BOOL:  # as bytes: a bool store next to float math left g++ 12's loop scalar
+                self.w(f"((uint8_t*){pointer(s.buf)})[{self.idx(s.index)}] = (uint8_t)({s.arg});")
+                return
             conv = STORE_CONVERT.get(s.dtype, "{0}").format(s.arg)
             self.w(f"{pointer(s.buf)}[{self.idx(s.index)}] = {conv};")
             return
@@ -159,6 +162,8 @@ class KernelWriter:
 
     def value(self, s: Stmt) -> str:
         if isinstance(s, Load):
+            if s.dtype is DType.BOOL:  # as bytes, like bool stores: a bool load's select stayed a branch
+                return f"(((const uint8_t*){pointer(s.buf)})[{self.idx(s.index)}] != 0)"
             return LOAD_CONVERT.get(s.dtype, "{0}").format(f"{pointer(s.buf)}[{self.idx(s.index)}]")
         if isinstance(s, Const):
             return literal(s.value, s.dtype)
