@@ -114,11 +114,22 @@ def test_one_kernel_reads_an_input_both_ways() -> None:
     assert k.walk is Walk.TILED_TRANSPOSE and k.transpose is not None and len(k.transpose.staged) == 2
 
 
-@pytest.mark.parametrize(("n", "m", "dtype"), [(67, 131, DType.F32), (131, 257, DType.F32), (96, 400, DType.BF16)])
+_STREAM_CASES = [
+    (67, 144, DType.F32),
+    (131, 272, DType.F32),
+    (96, 416, DType.BF16),
+    (67, 131, DType.F32),
+    (19, 400, DType.BF16),
+]
+
+
+@pytest.mark.parametrize(("n", "m", "dtype"), _STREAM_CASES)
 def test_streamed_tiles_match_the_reference(monkeypatch: pytest.MonkeyPatch, n: int, m: int, dtype: DType) -> None:
     """A target whose LLC these kernels outgrow: the tiles' rows are stored around the caches
-    (row buffers, `vf_stream`, a fence per thread), partial tiles and lines at odd sizes, two
-    outputs, one threaded case (131 x 257); results equal the reference executor's."""
+    (row buffers, `vf_stream`, a fence per thread) where every output row starts on a cache line
+    (m x itemsize a multiple of 64: partial tiles at odd n, a partial last tile along m, two
+    outputs, one threaded case, 131 x 272), and plainly where rows start mid-line (m = 131 fp32,
+    400 bf16 at 19 rows); results equal the reference executor's."""
     import dataclasses
 
     from tests.codegen import native_helpers
@@ -133,10 +144,13 @@ def test_streamed_tiles_match_the_reference(monkeypatch: pytest.MonkeyPatch, n: 
     tol = 2e-2 if tdt is torch.bfloat16 else 1e-5  # bf16: a rounding of the fused fp32 value; misplaced: O(1)
     ex = check(graph, [_rand(m, n, dtype=tdt), _rand(n, m, dtype=tdt)], rtol=tol, atol=tol)
     (k,) = [k for k in ex.program.kernels if isinstance(k, Kernel)]
-    assert k.walk is Walk.TILED_TRANSPOSE and k.stream and k.passes[0].streamed
+    aligned = m * tdt.itemsize % 64 == 0
+    assert k.walk is Walk.TILED_TRANSPOSE and k.stream == aligned and k.passes[0].streamed == aligned
     src = ex.source[ex.source.index("static void k0") :]
-    assert src.count("vf_stream(&") == 2 and "vf_stream_fence();" in src
-    assert ", 0, 1);" in src and ", 1, 1);" not in src  # reads prefetched, the output not (for writing)
+    assert src.count("vf_stream(&") == (2 if aligned else 0) and ("vf_stream_fence();" in src) == aligned
+    assert ", 0, 1);" in src and (", 1, 1);" in src) != aligned  # streamed outputs are not prefetched for writing
+    if not aligned:  # a run of 64 elements from mid-line touches 5 lines (fp32), 3 (bf16): one more prefetched
+        assert f"l < {k.transpose.cols + 64 // tdt.itemsize}; l += {64 // tdt.itemsize})" in src
 
 
 def test_tiles_in_the_llc_store_plainly() -> None:
@@ -163,9 +177,9 @@ def test_every_tier_transposes_blocks_and_edges(tier: Isa) -> None:
 def test_tiles_prefetch_the_next_tile_row_by_row() -> None:
     """Each tile row prefetches its share of the tile walked next (along v, then the next band
     of u): the plain load's and the output's row (for writing: this output stays in cache), the
-    staged load's runs, whole-edge runs with constant trip counts; partial tiles at odd sizes
-    still equal eager."""
-    x, y = _rand(131, 67), _rand(67, 131)
+    staged load's runs, whole-edge runs with constant trip counts (rows start on a line:
+    80 x 144 fp32); partial tiles still equal eager."""
+    x, y = _rand(144, 80), _rand(80, 144)
     compiled = vfuse.compile(_chain, (x, y), backend="cpp")
     torch.testing.assert_close(compiled(x, y), _chain(x, y))
     (k,) = _kernels(compiled)

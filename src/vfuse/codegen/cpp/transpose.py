@@ -17,6 +17,7 @@ from __future__ import annotations
 from vfuse.codegen.cpp.function import kernel_function
 from vfuse.codegen.cpp.rules import LOAD_CONVERT, STORAGE_TYPE, STORE_CONVERT
 from vfuse.codegen.cpp.writer import KernelWriter, pointer
+from vfuse.ir.sym import hint
 from vfuse.schedule import expr
 from vfuse.schedule.expr import Var
 from vfuse.schedule.kernel import Kernel, Load, Program, Stmt, Store, TransposeTiles
@@ -240,14 +241,23 @@ def _prefetch_row(w: TransposeWriter) -> None:
         if w.stride(s) == 1 and row:
             rw = 1 if isinstance(s, Store) else 0
             at = f"{w.corner(s, 'un', 'vn')} + r * {row} + l"
-            w.w(f"if (un + r < une) for (int64_t l = 0; l < {t.cols}; l += {step})")
+            w.w(f"if (un + r < une) for (int64_t l = 0; l < {_run(t.cols, row, s)}; l += {step})")
             w.w(f"  __builtin_prefetch({at}, {rw}, 1);")
     for s in p.body:
         if isinstance(s, Load) and s.var in t.staged:
             step, at = line // s.dtype.itemsize, f"{w.corner(s, 'un', 'vn')} + j * {w.stride(s)} + l"
             share = "(vne - vn) * {0} / (ue - ub)"
             w.w(f"if (un < une) for (int64_t j = {share.format('r')}; j < {share.format('(r + 1)')}; ++j)")
-            w.w(f"  for (int64_t l = 0; l < {t.rows}; l += {step}) __builtin_prefetch({at}, 0, 1);")
+            run = _run(t.rows, w.stride(s), s)
+            w.w(f"  for (int64_t l = 0; l < {run}; l += {step}) __builtin_prefetch({at}, 0, 1);")
+
+
+def _run(edge: int, row: object, s: Load | Store) -> int:
+    """Elements prefetched from the start of a run of `edge` elements: one line more where rows
+    (`row` elements apart) start mid-line, as the run then touches one line more (1999 x 3001 fp32
+    on Zen 3, one thread: 7.0 -> 6.3 ms)."""
+    line = 64 // s.dtype.itemsize
+    return edge if hint(row) % line == 0 else edge + line
 
 
 def _stage(w: TransposeWriter) -> None:
