@@ -10,7 +10,16 @@ import torch
 import torch.nn.functional as F
 
 import vfuse
-from vfuse.fusion.library import LIBRARY_CALL_S, choose, choose_gpu, tile_waste
+from vfuse.fusion.library import (
+    EFFICIENCY_RANGE,
+    LIBRARY_CALL_S,
+    LIBRARY_EFFICIENCY,
+    Efficiency,
+    choose,
+    choose_gpu,
+    library_efficiency,
+    tile_waste,
+)
 from vfuse.fusion.plan import Cost
 from vfuse.fusion.rules import Rule
 from vfuse.report.rows import RunKind
@@ -142,3 +151,53 @@ def test_small_plane_conv_stays_a_template_at_avx2() -> None:
     with torch.no_grad():
         compiled = vfuse.compile(model, (x,), freeze=True, strict=True, isa="avx2")
         torch.testing.assert_close(compiled(x), model(x), rtol=1e-4, atol=1e-5)
+
+
+def test_library_efficiency_is_the_calibrated_ratio() -> None:
+    base = get_target("cpu")
+    assert library_efficiency(dataclasses.replace(base, library_f32=0.0)) == Efficiency(LIBRARY_EFFICIENCY, False)
+    eff = library_efficiency(dataclasses.replace(base, peak_f32=100e9, library_f32=97e9))
+    assert eff.calibrated and eff.ratio == pytest.approx(0.97)
+    # One disturbed measurement cannot send everything to torch (or keep 2x padding in the template).
+    assert library_efficiency(dataclasses.replace(base, peak_f32=100e9, library_f32=900e9)).ratio == EFFICIENCY_RANGE[1]
+    assert library_efficiency(dataclasses.replace(base, peak_f32=100e9, library_f32=1e9)).ratio == EFFICIENCY_RANGE[0]
+
+
+def test_the_ratio_moves_the_verdict() -> None:
+    big = _cost(compute_s=1e-3)
+    # 5 % of padding: the default ratio (the template 11 % faster on whole tiles) keeps the template; a
+    # tier calibrated at parity sends it to torch, whose library covers the edge.
+    assert not choose(big, 1.05, 0, epilogue=False).library
+    assert choose(big, 1.05, 0, epilogue=False, efficiency=Efficiency(1.0, True)).library
+    assert not choose(big, 1.05, 0, epilogue=False, efficiency=Efficiency(0.9, True)).library
+    reason = choose(big, 1.05, 0, epilogue=False, efficiency=Efficiency(1.0, True)).reason()
+    assert reason.endswith("(library at 1.00x the template's rate, calibrated)")
+
+
+def _calibrated_target(monkeypatch: pytest.MonkeyPatch, ratio: float) -> None:
+    """This machine's target as if calibrated with torch's GEMM at `ratio` of the template's rate."""
+    import vfuse.targets.cpu as cpu
+
+    real = cpu.cpu_target
+
+    def target(*a: object, **k: object) -> object:
+        t = real(*a, **k)  # type: ignore[arg-type]
+        return dataclasses.replace(t, library_f32=ratio * t.peak_f32)
+
+    monkeypatch.setattr(cpu, "cpu_target", target)
+
+
+@pytest.mark.parametrize(("ratio", "library"), [(0.9, False), (1.3, True)])
+def test_calibrated_ratio_decides_a_ragged_gemm(ratio: float, library: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A GEMM whose rows are not whole register tiles (97 rows: 1-5 % of padding) and no epilogue:
+    a tier whose library measured 1.3x the template's rate runs it in torch, one at 0.9x in the
+    template; both match eager, and the report names the ratio and where it came from."""
+    _calibrated_target(monkeypatch, ratio)
+    torch.manual_seed(0)
+    a, b = torch.randn(97, 384), torch.randn(384, 256)
+    rows = [k for k in vfuse.explain(torch.mm, a, b).kernels if k.runs is RunKind.TORCH]
+    assert [Rule.LIBRARY_CONTRACTION.value in k.note for k in rows] == ([True] if library else [])
+    if library:
+        assert f"library at {ratio:.2f}x the template's rate, calibrated" in rows[0].note
+    compiled = vfuse.compile(torch.mm, (a, b), strict=True)
+    torch.testing.assert_close(compiled(a, b), a @ b, rtol=1e-4, atol=1e-4)

@@ -43,6 +43,10 @@ def test_guard_keeps_plausible_values_and_replaces_the_rest() -> None:
     assert bad == ["dram_bw", "peak_f32", "serial_launch_s", "launch_s"]
     assert fixed.dram_bw == BASE.dram_bw / 2 and fixed.peak_f32 == BASE.peak_f32 / 2
     assert fixed.launch_s == 0.0 and fixed.l2_bw == CAL.l2_bw  # 0: keep the target's launch_s
+    # The library's GEMM rate: 0 is "not measured" (the cost model's default ratio), a wild one is dropped.
+    assert guarded(dataclasses.replace(CAL, library_f32=95e9), BASE) == (dataclasses.replace(CAL, library_f32=95e9), [])
+    fixed, bad = guarded(dataclasses.replace(CAL, library_f32=1e15), BASE)
+    assert bad == ["library_f32"] and fixed.library_f32 == 0.0
 
 
 def test_apply_scales_per_thread_rates_to_the_cores() -> None:
@@ -56,6 +60,9 @@ def test_apply_scales_per_thread_rates_to_the_cores() -> None:
     assert (one.cores, one.max_threads, one.l2_bw, one.vector_f32, one.transcendental_f32) == (1, 1, 96e9, 50e9, 18e9)
     assert one.dram_bw == CAL.dram_bw and one.launch_s == CAL.serial_launch_s
     assert at_threads(t, 2) is t
+    lib = apply(BASE, dataclasses.replace(CAL, library_f32=95e9))
+    assert lib.library_f32 == 190e9 and at_threads(lib, 1).library_f32 == 95e9  # per thread, like the peak
+    assert t.library_f32 == 0.0  # a calibration without it: unknown
 
 
 def test_cache_is_per_tier_and_per_cpu(tmp_path: Path) -> None:
@@ -66,8 +73,31 @@ def test_cache_is_per_tier_and_per_cpu(tmp_path: Path) -> None:
     assert cal_mod.read(tmp_path, "cpu-a", "avx512") == other
     assert cal_mod.read(tmp_path, "cpu-b", "avx2") is None  # another CPU's figures are not used
     assert cal_mod.read(tmp_path, "cpu-a", "generic") is None
+    cal_mod.write(tmp_path, "cpu-a", "avx512", None)  # a new calibration starts from none (other tiers kept)
+    assert cal_mod.read(tmp_path, "cpu-a", "avx512") is None and cal_mod.read(tmp_path, "cpu-a", "avx2") == CAL
     (tmp_path / cal_mod.CALIBRATION_FILE).write_text("{not json")
     assert cal_mod.read(tmp_path, "cpu-a", "avx2") is None
+
+
+def test_a_calibration_cached_before_the_library_rate_reads_as_unknown(tmp_path: Path) -> None:
+    entry = dataclasses.asdict(CAL)
+    del entry["library_f32"]
+    doc = {"version": cal_mod.CALIBRATION_VERSION, "fingerprint": "cpu-a", "tiers": {"avx2": entry}}
+    (tmp_path / cal_mod.CALIBRATION_FILE).write_text(json.dumps(doc))
+    assert cal_mod.read(tmp_path, "cpu-a", "avx2") == CAL and CAL.library_f32 == 0.0
+
+
+def test_the_measured_target_cache_has_no_calibrated_only_fields(tmp_path: Path) -> None:
+    """library_f32 comes from a calibration alone: target_cpu.json is written without it, so caches of
+    earlier versions (and earlier versions reading this one) stay valid."""
+    from vfuse.targets.cpu import CALIBRATED_ONLY
+
+    plain = get_target("cpu", tmp_path)
+    data = json.loads((tmp_path / "target_cpu.json").read_text())
+    assert CALIBRATED_ONLY and not CALIBRATED_ONLY & set(data["target"]) and plain.library_f32 == 0.0
+    mtime = (tmp_path / "target_cpu.json").stat().st_mtime_ns
+    assert get_target("cpu", tmp_path) == plain  # read back, not measured again
+    assert (tmp_path / "target_cpu.json").stat().st_mtime_ns == mtime
 
 
 def test_cpu_target_applies_the_cached_tier(tmp_path: Path) -> None:
@@ -123,11 +153,13 @@ def test_calibrating_vfuse_kernels_at_the_avx2_tier(tmp_path: Path) -> None:
     assert path == tmp_path / cal_mod.CALIBRATION_FILE
     assert set(bad) <= {"launch_s", "dram_bw", "serial_launch_s"}  # what a loaded machine can spoil
     assert cal.l2_bw > 1e9 and cal.peak_f32 > 1e9 and cal.vector_f32 > cal.transcendental_f32 > 1e8
+    assert 0.2 < cal.library_f32 / cal.peak_f32 < 5  # torch.mm timed beside the template
     assert [op for op, _ in cal.op_rates] == ["exp", "gelu"]
     assert cal_mod.read(tmp_path, detect().fingerprint(), "avx2") == cal
     assert cal_mod.read(tmp_path, detect().fingerprint(), "avx512") is None
     t = get_target("cpu", tmp_path, isa="avx2")
     assert t.simd_lanes == 8 and t.l2_bw == pytest.approx(cal.l2_bw * t.cores)
+    assert t.library_f32 == pytest.approx(cal.library_f32 * t.cores)
 
 
 def test_cli_calibrate(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:

@@ -11,7 +11,10 @@ of `reps` runs: on a shared machine the fastest run is the one least disturbed):
   op_rates                 exp, tanh, sigmoid, GELU, SiLU, log each alone
   chain_weight             the chain's time over the sum of its ops' times alone, per op past the first
   attention_task_s         attention on 8 heads of 16 x 64, less its flops at the GEMM's rate, per head
-  peak_f32                 the GEMM template at 336 x 384 x 384
+  peak_f32                 the GEMM template at 336 x 384 x 384 (LIBRARY_SHAPES[0])
+  library_f32              peak_f32 times torch.mm's speed over the template's, the median over
+                           LIBRARY_SHAPES (its ratio to peak_f32 decides whether a contraction runs in
+                           the template or in torch: fusion/library.py)
   serial_launch_s          `x + 1` on 256 elements (no threads forked)
   launch_s                 a 64K-element add on all cores, minus its data time at L2 bandwidth
 
@@ -21,6 +24,7 @@ applies a tier's calibration whenever that tier's target is read.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -98,6 +102,54 @@ def _compute_rate(row: Any, l2_bw: float) -> float:
     return row.flops / max(row.best_s - 0.5 * row.bytes / l2_bw, 0.25 * row.best_s)
 
 
+def library_gemm_s(a: torch.Tensor, b: torch.Tensor, reps: int) -> float:
+    """The fastest of `reps` torch.mm calls into a preallocated output on one thread (as the
+    template is timed: its output is an arena buffer)."""
+    out, before = torch.empty(a.shape[0], b.shape[1]), torch.get_num_threads()
+    best = float("inf")
+    try:
+        torch.set_num_threads(1)
+        torch.mm(a, b, out=out)  # warm up
+        for _ in range(reps):
+            t0 = time.perf_counter()
+            torch.mm(a, b, out=out)
+            best = min(best, time.perf_counter() - t0)
+    finally:
+        torch.set_num_threads(before)
+    return best
+
+
+def gemm_seconds(m: int, n: int, k: int, reps: int, rounds: int = 3, **options: Any) -> tuple[float, float]:
+    """(the template's, torch.mm's) fastest time for an m x k @ k x n GEMM on one thread, timed in
+    alternating rounds so that a load on the machine disturbs both alike."""
+    import vfuse
+
+    a, b = torch.randn(m, k), torch.randn(k, n)
+    g = vfuse.compile(torch.mm, (a, b), **options)
+    template = library = float("inf")
+    for _ in range(rounds):
+        rows = [r for r in g.profile(a, b, reps=reps, threads=1) if r.runs != "torch"]
+        template = min(template, rows[-1].best_s)
+        library = min(library, library_gemm_s(a, b, reps))
+    return template, library
+
+
+# (m, n, k) of the GEMMs torch.mm is timed against the template on: the peak's shape (336 rows and 384
+# columns are whole register tiles at every tier: 14x32, 6x16, 4x24, ...), a long K (a weight
+# gradient's) and a long thin M (a conv's im2col). Zen 3 AVX2 measured parity at all three (0.99-1.06,
+# one thread, alternating rounds); the median keeps one disturbed shape from deciding.
+LIBRARY_SHAPES = ((336, 384, 384), (256, 256, 1024), (2304, 128, 256))
+
+
+def gemm_rates(reps: int, **options: Any) -> tuple[float, float]:
+    """(the template's flop/s at LIBRARY_SHAPES[0], torch.mm's speed over the template's: the median
+    over LIBRARY_SHAPES)."""
+    times = [gemm_seconds(*s, reps, **options) for s in LIBRARY_SHAPES]
+    ratios = sorted(t / lib for t, lib in times)
+    m, n, k = LIBRARY_SHAPES[0]
+    return 2 * m * n * k / times[0][0], ratios[len(ratios) // 2]
+
+
 def measure_kernels(target: Target, reps: int = 30, ops: Sequence[str] = tuple(ALONE), **options: Any) -> Calibration:
     """The raw per-thread rates of vfuse's kernels at `options`' tier (no guard); `ops`: the
     transcendental ops to time alone."""
@@ -116,15 +168,12 @@ def measure_kernels(target: Target, reps: int = 30, ops: Sequence[str] = tuple(A
     chain = [(op, ir_flops(op)) for op in ("exp", "tanh", "sigmoid", "gelu", "silu")]  # _transcendental's ops
     cheap = _kernel(_cheap, (torch.randn(n),), reps, **options)
     alone = op_rates(n // 2, l2, reps, ops, **options)
-    # 336 rows and 384 columns are whole register tiles at every tier (14x32, 6x16, 4x24, ...): no
-    # padding, and the template, not torch's library, runs it (fusion/library.py).
-    m, n, k = 336, 384, 384
-    gemm = _kernel(torch.mm, (torch.randn(m, k), torch.randn(k, n)), max(reps // 3, 3), **options)
+    peak, ratio = gemm_rates(max(reps // 3, 3), **options)
     tiny = _kernel(lambda x: x + 1, (torch.randn(256),), reps, **options)
     heads, rows, dim = 8, 16, 64  # tiny tasks: their time is mostly the fixed cost
     qkv = tuple(torch.randn(1, heads, rows, dim) for _ in range(3))
     att = _kernel(F.scaled_dot_product_attention, qkv, reps, **options)
-    attention_task_s = max(att.best_s - att.flops / (2 * m * n * k / gemm.best_s), 0.0) / heads
+    attention_task_s = max(att.best_s - att.flops / peak, 0.0) / heads
     e = 65536
     par = _kernel(torch.add, (torch.ones(e), torch.ones(e)), reps, threads=target.cores, **options)
     launch = par.best_s - 12 * e / (l2 * target.cores)
@@ -135,12 +184,13 @@ def measure_kernels(target: Target, reps: int = 30, ops: Sequence[str] = tuple(A
         dram_bw=dram,
         vector_f32=_compute_rate(cheap, l2),
         transcendental_f32=_compute_rate(transcendental, l2),
-        peak_f32=2 * m * n * k / gemm.best_s,
+        peak_f32=peak,
         serial_launch_s=tiny.best_s,
         launch_s=max(launch, 0.0),
         op_rates=alone,
         chain_weight=chain_weight(chain, _compute_rate(transcendental, l2), dict(alone)),
         attention_task_s=attention_task_s,
+        library_f32=peak * ratio,
     )
 
 
@@ -159,6 +209,7 @@ def calibrate(
     cache_dir = cache_dir or DEFAULT_CACHE_DIR
     target = measured_target(cache_dir, isa=parse_isa(isa))
     assert target.isa is not None
+    write(cache_dir, detect().fingerprint(), target.isa.value, None)  # time kernels planned uncalibrated
     raw = measure_kernels(target, reps, ops, isa=target.isa.value, cache_dir=kernel_cache or cache_dir)
     cal, bad = guarded(raw, target)
     return cal, bad, write(cache_dir, detect().fingerprint(), target.isa.value, cal)

@@ -7,7 +7,8 @@ the group), so the comparison uses the target's peak and bandwidth:
 * template: the group's time, plus the flops its register tile computes past the edges of C
   (a 64-wide tile on an N = 3 output computes 64 columns) at the same peak;
 * library: the group's time for the useful flops (library GEMMs cover ragged edges with narrower
-  kernels) at `LIBRARY_EFFICIENCY` of the template's rate, plus one torch call (dispatch, an
+  kernels) at the library's rate (`library_efficiency`: as calibrated for the tier on this machine,
+  else `LIBRARY_EFFICIENCY` of the template's rate), plus one torch call (dispatch, an
   output allocation, leaving the native segment), and, when the group has an epilogue, a second
   pass over the output: the epilogue then runs as its own kernel, reading the contraction's
   output back instead of working on it in registers.
@@ -28,14 +29,39 @@ from vfuse.fusion.plan import Cost
 from vfuse.fusion.rules import Rule
 from vfuse.ir.sym import hint
 
-# The library's GEMM/conv rate relative to the template's on whole tiles. Measured (docs/perf-log.md,
-# Zen 4, AVX-512, one thread, under load): GEMMs of 256 x 256..1024 within +-5 % of each other;
-# 3x3 convs on 8x8..32x32 planes lost to oneDNN where the template's padding waste was 1.25-2x and
-# came within 1-5 % at 1.06x; 0.9 keeps a contraction in the template up to ~11 % predicted waste.
+# The library's GEMM/conv rate relative to the template's on whole tiles, where the tier has no
+# calibration. Measured (docs/perf-log.md, Zen 4, AVX-512, one thread, under load): GEMMs of
+# 256 x 256..1024 within +-5 % of each other; 3x3 convs on 8x8..32x32 planes lost to oneDNN where the
+# template's padding waste was 1.25-2x and came within 1-5 % at 1.06x; 0.9 keeps a contraction in the
+# template up to ~11 % predicted waste. A calibrated tier measures its own (`library_efficiency`).
 LIBRARY_EFFICIENCY = 0.9
+# A calibrated ratio is clamped to this range: one timed shape on a loaded machine must not send every
+# contraction to torch (or keep a 2x padded one in the template).
+EFFICIENCY_RANGE = (0.5, 1.5)
 # One torch call from a compiled graph: leaving the native segment, ATen dispatch, allocating
 # the output (the runtime's torch step, measured at 5-15 us on Zen 4 under load; docs/perf-log.md).
 LIBRARY_CALL_S = 10e-6
+
+
+@dataclass(frozen=True, slots=True)
+class Efficiency:
+    """The library's fp32 GEMM rate over the template's, and where the figure comes from."""
+
+    ratio: float = LIBRARY_EFFICIENCY
+    calibrated: bool = False
+
+    def describe(self) -> str:
+        return f"library at {self.ratio:.2f}x the template's rate, {'calibrated' if self.calibrated else 'default'}"
+
+
+def library_efficiency(target: object) -> Efficiency:
+    """The target's calibrated library-over-template GEMM rate (both timed at one shape on one
+    thread, `entry/calibrate.py`), clamped to EFFICIENCY_RANGE; the default without a calibration."""
+    lib, peak = float(getattr(target, "library_f32", 0.0)), float(getattr(target, "peak_f32", 0.0))
+    if lib <= 0 or peak <= 0:
+        return Efficiency()
+    lo, hi = EFFICIENCY_RANGE
+    return Efficiency(min(max(lib / peak, lo), hi), calibrated=True)
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,15 +70,17 @@ class ContractionChoice:
 
     template_s: float
     library_s: float
+    efficiency: Efficiency | None = None  # the CPU verdict's library rate (GPU verdicts: per family)
 
     @property
     def library(self) -> bool:
         return self.library_s < self.template_s
 
     def reason(self) -> str:
+        rate = f" ({self.efficiency.describe()})" if self.efficiency is not None else ""
         return (
             f"{Rule.LIBRARY_CONTRACTION.value}: torch predicted {self.library_s * 1e6:.1f} us, "
-            f"the template {self.template_s * 1e6:.1f} us"
+            f"the template {self.template_s * 1e6:.1f} us{rate}"
         )
 
 
@@ -64,16 +92,19 @@ def tile_waste(m: int, n: int, mr: int, nr: int) -> float:
     return (math.ceil(m / mr) * mr * math.ceil(n / nr) * nr) / (m * n)
 
 
-def choose(cost: Cost, waste: float, out_bytes: int, epilogue: bool) -> ContractionChoice:
+def choose(
+    cost: Cost, waste: float, out_bytes: int, epilogue: bool, efficiency: Efficiency = Efficiency()
+) -> ContractionChoice:
     """Template or library for a contraction group of planner cost `cost` whose template's tile
     computes `waste` times the useful flops; `out_bytes`: the contraction's output, which a split
-    epilogue reads back and writes again (`epilogue`: the group has pointwise work after it)."""
+    epilogue reads back and writes again (`epilogue`: the group has pointwise work after it);
+    `efficiency`: the library's rate over the template's (`library_efficiency`)."""
     template_s = cost.time_s + cost.compute_s * (waste - 1.0)
-    library_s = cost.time_s + cost.compute_s * (1.0 / LIBRARY_EFFICIENCY - 1.0) + LIBRARY_CALL_S
+    library_s = cost.time_s + cost.compute_s * (1.0 / efficiency.ratio - 1.0) + LIBRARY_CALL_S
     if epilogue:
         bandwidth = cost.bytes / cost.memory_s if cost.memory_s > 0 else math.inf
         library_s += cost.launch_s + 2 * out_bytes / bandwidth
-    return ContractionChoice(template_s, library_s)
+    return ContractionChoice(template_s, library_s, efficiency)
 
 
 # GPU targets: the Triton template's time over torch's library on the same contraction (cuBLAS,

@@ -12,7 +12,7 @@ from __future__ import annotations
 import dataclasses
 import math
 
-from vfuse.fusion.library import ContractionChoice, choose_gpu
+from vfuse.fusion.library import ContractionChoice, Efficiency, choose_gpu, library_efficiency
 from vfuse.fusion.plan import Cost, FusionPlan, Group
 from vfuse.ir import DType, Graph, Kind, Node, Op, TensorType
 from vfuse.ir.defs.contraction import sdpa_dropout
@@ -147,14 +147,18 @@ def _contraction_split(graph: Graph, g: Group) -> tuple[list[str], set[str]]:
 
 
 def _contraction_steps(
-    graph: Graph, g: Group, caches: Caches, unit: VectorUnit, gpu: object = None
+    graph: Graph, g: Group, caches: Caches, unit: VectorUnit, gpu: object = None, efficiency: Efficiency = Efficiency()
 ) -> tuple[list[AnyKernel | TorchStep], set[str]]:
     """The steps running the contraction of `g`, and the group nodes left for ordinary kernels
-    (`gpu`: a GPU target, whose Triton templates also take fp16 / bf16 and get their tiles here)."""
+    (`gpu`: a GPU target, whose Triton templates also take fp16 / bf16 and get their tiles here;
+    `efficiency`: a CPU target's library GEMM rate over the template's)."""
     try:
         dtypes = GPU_DTYPES if gpu is not None else FP32_ONLY
         cp = plan_contraction(graph, g.nodes, g.outputs, g.id, g.label, caches, unit, dtypes)
-        choice = library_choice(graph, g.cost, cp) if gpu is None else gpu_library_choice(graph, g.cost, cp, gpu)
+        if gpu is None:
+            choice = library_choice(graph, g.cost, cp, efficiency)
+        else:
+            choice = gpu_library_choice(graph, g.cost, cp, gpu)
         if choice.library:
             return _library_steps(graph, g, choice.reason(), gpu is None)  # torch is predicted faster
         kernel = decide_contraction(cp.kernel, gpu, graph, g.retile) if gpu is not None else cp.kernel
@@ -199,6 +203,7 @@ def group_steps(
     templates: bool = True,
     unit: VectorUnit = AVX512,
     gpu: object = None,
+    efficiency: Efficiency = Efficiency(),
 ) -> list[AnyKernel | TorchStep]:
     """The kernels and torch steps that run one group (`templates`: contractions get a generated
     kernel; without, they run through torch and the rest of their group as ordinary kernels;
@@ -211,12 +216,12 @@ def group_steps(
         return [TorchStep(g.id, g.label, g.nodes, "empty tensors")]
     if split := fp8_split(graph, g, gpu is not None, fp8_cores(gpu)):
         side, rest, why = split  # the fp8 part in torch, the rest of the group compiled after it
-        after = group_steps(graph, rest, caches, templates, unit, gpu) if rest is not None else []
+        after = group_steps(graph, rest, caches, templates, unit, gpu, efficiency) if rest is not None else []
         return [TorchStep(g.id, g.label, side, f"fallback: {why}"), *after]
     out: list[AnyKernel | TorchStep] = []
     nodes = set(g.nodes)
     if any(graph[n].kind is Kind.CONTRACTION for n in g.nodes) and templates:
-        out, nodes = _contraction_steps(graph, g, caches, unit, gpu)
+        out, nodes = _contraction_steps(graph, g, caches, unit, gpu, efficiency)
     elif any(graph[n].kind is Kind.CONTRACTION for n in g.nodes):
         torch_nodes, nodes = _contraction_split(graph, g)
         out = [TorchStep(g.id, g.label, tuple(torch_nodes), "contraction through torch: no template for this backend")]
@@ -327,8 +332,9 @@ def build(plan: FusionPlan, target: object, templates: bool = True, triton: bool
     items: list[AnyKernel | TorchStep] = []
     unit = vector_unit(int(getattr(target, "simd_lanes", 16)), int(getattr(target, "regs_per_thread", 32)))
     gpu = target if triton and getattr(target, "is_gpu", False) else None
+    efficiency = library_efficiency(target)  # the tier's calibrated template-or-library figure
     for g in plan.groups:
-        items += group_steps(graph, g, caches, templates, unit, gpu)  # type: ignore[arg-type]
+        items += group_steps(graph, g, caches, templates, unit, gpu, efficiency)  # type: ignore[arg-type]
     vector = int(getattr(target, "simd_lanes", 16))
     items = [
         decide(with_streaming(with_table(k), caches[2]), vector, caches[0], caches[2], caches[1])

@@ -31,7 +31,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from vfuse.fusion.library import ContractionChoice, choose, tile_waste
+from vfuse.fusion.library import ContractionChoice, Efficiency, choose, tile_waste
 from vfuse.fusion.plan import Cost
 from vfuse.ir import DType, Graph, Kind, Op
 from vfuse.ir.defs.contraction import sdpa_dropout, sdpa_has_mask
@@ -445,10 +445,12 @@ def _fuse(
     return outputs[0], stmts, result, extras, stores
 
 
-def library_choice(graph: Graph, cost: Cost, cp: ContractionPlan) -> ContractionChoice:
+def library_choice(
+    graph: Graph, cost: Cost, cp: ContractionPlan, efficiency: Efficiency = Efficiency()
+) -> ContractionChoice:
     """The cost model's template-or-library verdict for a planned GEMM or conv group of planner
-    cost `cost` (`fusion/library.py`). Attention always stays a template: torch's math path
-    would materialize the scores."""
+    cost `cost` (`fusion/library.py`; `efficiency`: the target's library rate over the template's).
+    Attention always stays a template: torch's math path would materialize the scores."""
     k = cp.kernel
     if k.op in ATTENTION:
         return ContractionChoice(0.0, math.inf)
@@ -458,7 +460,7 @@ def library_choice(graph: Graph, cost: Cost, cp: ContractionPlan) -> Contraction
     if k.op is Op.CONV2D and folded_conv(k.attrs, k.shapes[0], k.shapes[1], shape):
         m, n, _ = folded_mnk(k.shapes[0], k.shapes[1], shape)  # a weight gradient: images folded
         epilogue = bool(k.epilogue) or bool(cp.rest)
-        return choose(cost, tile_waste(m, n, k.mr, k.nr), hint(graph[k.node].type.nbytes), epilogue)
+        return choose(cost, tile_waste(m, n, k.mr, k.nr), hint(graph[k.node].type.nbytes), epilogue, efficiency)
     if k.op is Op.CONV2D:
         m = shape[1] // k.attrs["groups"]
         n = conv_columns(k.attrs, k.shapes[0], k.shapes[1], k.out_shape, k.vector, k.nr)
@@ -474,7 +476,7 @@ def library_choice(graph: Graph, cost: Cost, cp: ContractionPlan) -> Contraction
         cols = hint(shape[-2] * shape[-1])
         waste = max([waste] + [tile_waste(m, n, *t) * n / cols for t in gemm_order_tiles(m, cols, k.vector)])
     epilogue = bool(k.epilogue) or bool(cp.rest)
-    return choose(cost, waste, hint(graph[k.node].type.nbytes), epilogue)
+    return choose(cost, waste, hint(graph[k.node].type.nbytes), epilogue, efficiency)
 
 
 def _template_attrs(

@@ -31,7 +31,9 @@ class Calibration:
     (add, mul, abs, max) in L2; transcendental_f32: the same for exp, tanh, sigmoid, GELU, SiLU;
     op_rates: each of them (and log) alone: the IR's flop weights are instruction estimates, off by
     up to 3x against each other.
-    peak_f32: the GEMM template's flop/s. serial_launch_s: a kernel too small to fork threads.
+    peak_f32: the GEMM template's flop/s; library_f32: torch's library GEMM at the same shape (0: not
+    measured), whose ratio to peak_f32 decides template or library (`fusion/library.py`).
+    serial_launch_s: a kernel too small to fork threads.
     launch_s: a threaded kernel's fork/join on all cores (0: not measured or implausible).
     """
 
@@ -47,6 +49,7 @@ class Calibration:
     op_rates: tuple[tuple[str, float], ...] = ()  # (op name, IR flop/s) of each transcendental op alone
     chain_weight: float = 0.0  # extra time per transcendental op past the first in one kernel
     attention_task_s: float = 0.0  # fixed cost of one (batch, head) task of the attention template
+    library_f32: float = 0.0  # torch's GEMM flop/s at peak_f32's shape (0: not measured)
 
 
 def guarded(cal: Calibration, target: Target) -> tuple[Calibration, list[str]]:
@@ -65,6 +68,7 @@ def guarded(cal: Calibration, target: Target) -> tuple[Calibration, list[str]]:
         "peak_f32": (0.05 * vector, 3.0 * vector, target.peak_f32 / n),
         "serial_launch_s": (5e-9, 2e-5, target.launch_s / 4),
         "launch_s": (5e-8, 5e-5, 0.0),
+        "library_f32": (0.05 * vector, 3.0 * vector, 0.0),  # 0: unknown, the cost model's default ratio
     }
     bad, values = [], {}
     for f in fields(cal):
@@ -72,7 +76,7 @@ def guarded(cal: Calibration, target: Target) -> tuple[Calibration, list[str]]:
             continue
         lo, hi, fallback = ranges[f.name]
         got = getattr(cal, f.name)
-        ok = lo <= got <= hi or (f.name == "launch_s" and got == 0)
+        ok = lo <= got <= hi or (f.name in ("launch_s", "library_f32") and got == 0)
         values[f.name] = got if ok else fallback
         if not ok:
             bad.append(f.name)
@@ -105,6 +109,7 @@ def apply(target: Target, cal: Calibration) -> Target:
         chain_weight=cal.chain_weight,
         attention_task_s=cal.attention_task_s,
         peak_f32=f32,
+        library_f32=cal.library_f32 * n,
         serial_launch_s=cal.serial_launch_s,
         launch_s=cal.launch_s or target.launch_s,
         source=target.source + " (calibrated on vfuse kernels)",
@@ -128,6 +133,7 @@ def at_threads(target: Target, threads: int) -> Target:
         max_threads=threads,
         vector_f32=target.vector_f32 * s,
         peak_f32=target.peak_f32 * s,
+        library_f32=target.library_f32 * s,
         peak_f16=target.peak_f16 * s,
         peak_bf16=target.peak_bf16 * s,
         peak_i8=target.peak_i8 * s,
@@ -154,17 +160,28 @@ def read(cache_dir: Path, fingerprint: str, tier: str) -> Calibration | None:
         return None
 
 
-def write(cache_dir: Path, fingerprint: str, tier: str, cal: Calibration) -> Path:
-    """Add `tier`'s calibration to the cache (atomic replace; other tiers kept)."""
-    path = cache_dir / CALIBRATION_FILE
-    tiers: dict[str, object] = {}
+def _tiers(path: Path, fingerprint: str) -> dict[str, object]:
     try:
         old = json.loads(path.read_text())
         if old.get("version") == CALIBRATION_VERSION and old.get("fingerprint") == fingerprint:
-            tiers = dict(old["tiers"])
+            return dict(old["tiers"])
     except (OSError, ValueError, TypeError, KeyError, AttributeError):
         pass
-    tiers[tier] = asdict(cal)
+    return {}
+
+
+def write(cache_dir: Path, fingerprint: str, tier: str, cal: Calibration | None) -> Path:
+    """Add `tier`'s calibration to the cache (atomic replace; other tiers kept); None drops it (a new
+    calibration times kernels planned without the old one: with its library rate, the GEMMs it
+    times could be sent to torch)."""
+    path = cache_dir / CALIBRATION_FILE
+    tiers = _tiers(path, fingerprint)
+    if cal is None and tier not in tiers:
+        return path
+    if cal is None:
+        del tiers[tier]
+    else:
+        tiers[tier] = asdict(cal)
     payload = {"version": CALIBRATION_VERSION, "fingerprint": fingerprint, "tiers": tiers}
     write_json_atomic(path, payload)
     return path

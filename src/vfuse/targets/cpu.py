@@ -287,6 +287,11 @@ def at_tier(target: Target, isa: CpuIsa) -> Target:
 ESTIMATE_TTL_S = 3600.0
 
 
+# Target fields only a calibration sets (`targets/calibrate.apply`): never in the measured cache, so a
+# cache written before they existed stays valid and earlier versions still read the caches written now.
+CALIBRATED_ONLY = frozenset({"library_f32"})
+
+
 def _read_cache(path: Path, facts: CpuFacts) -> tuple[Target, float] | None:
     """(the cached Target, when to measure again: inf for a plausible measurement), or None
     when missing, corrupt, stale, or from another machine."""
@@ -294,7 +299,7 @@ def _read_cache(path: Path, facts: CpuFacts) -> tuple[Target, float] | None:
         data = json.loads(path.read_text())
         if data.get("version") != CACHE_VERSION or data.get("fingerprint") != facts.fingerprint():
             return None
-        names = {f.name for f in fields(Target)}
+        names = {f.name for f in fields(Target)} - CALIBRATED_ONLY
         if set(data["target"]) != names:
             return None
         return _from_json(data["target"]), float(data.get("remeasure_after", math.inf))
@@ -313,7 +318,7 @@ def _write_cache(path: Path, facts: CpuFacts, target: Target, estimated: list[st
 
 
 def _to_json(target: Target) -> dict[str, Any]:
-    data = asdict(target)
+    data = {k: v for k, v in asdict(target).items() if k not in CALIBRATED_ONLY}
     data["isa"] = target.isa.value if target.isa else None
     data["isa_extras"] = sorted(e.value for e in target.isa_extras)
     return data

@@ -43,6 +43,9 @@ class Target:
         Set by calibrating vfuse's own kernels (`targets/calibrate.py`).
         peak_f8: fp8 matrix flop/s (0: no fp8 matrix unit; fp8 operands are widened first and
         run at the fp16 rate on GPUs, the fp32 rate on CPUs, where torch computes them).
+        library_f32: torch's library GEMM (MKL / oneDNN / OpenBLAS) in fp32 flop/s, timed by the
+        calibration beside the template's peak_f32 at the same shape, so their ratio is the tier's
+        template-or-library figure (`fusion/library.py`); 0 when not calibrated.
     """
 
     name: str
@@ -76,6 +79,7 @@ class Target:
     chain_weight: float = 0.0
     attention_task_s: float = 0.0
     peak_f8: float = 0.0
+    library_f32: float = 0.0
 
     @property
     def is_gpu(self) -> bool:
