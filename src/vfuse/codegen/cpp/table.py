@@ -76,6 +76,9 @@ static inline void vf_table_bytes(const uint8_t* t, const uint8_t* __restrict in
   for (int h = 0; h < 16; ++h) rows[h] = _mm256_broadcastsi128_si256(_mm_load_si128((const __m128i*)d[h]));
   const __m256i sixteen = _mm256_set1_epi8(16), top = _mm256_set1_epi8((char)0x80);
   for (; i + 32 <= n; i += 32) {
+    // 45 operations per 32 bytes take about as long as copying them from memory (Zen 3): the
+    // loads are asked for 1 KiB ahead (dequant_quant 8192x4096, one thread: 6.2 -> 5.9 ms).
+    if ((i & 63) == 0) __builtin_prefetch(in + i + 1024, 0, 3);
     const __m256i x = _mm256_loadu_si256((const __m256i*)(in + i));
     __m256i ia = x, ib = _mm256_xor_si256(x, top);
     __m256i a = _mm256_shuffle_epi8(rows[0], ia), b = _mm256_shuffle_epi8(rows[8], ib);
