@@ -114,7 +114,9 @@ def test_fused_qkv_attention_backward_stores_its_gradient_once() -> None:
         torch.testing.assert_close(a, w, rtol=1e-4, atol=1e-4 * w.abs().max().item())
     program = backend.compiled[-1].executor.program
     sdpa = [n for n in backend.compiled[-1].executor.graph.nodes if n.op is Op.SDPA_BACKWARD]
-    assert len(sdpa) == 1 and sdpa[0].attrs["stacked"] and sdpa[0].tensor_type.shape == (3, 2, 3, 37, 7)
+    assert len(sdpa) == 1 and sdpa[0].attrs["stacked"]
+    # Stored in the qkv projection's [B, T, 3, H, D] order, typed as its [B*T, 3*d] view (passes/grad_layout.py).
+    assert sdpa[0].attrs["perm"] == (1, 3, 0, 2, 4) and sdpa[0].tensor_type.shape == (2 * 37, 3 * 21)
     size = sdpa[0].tensor_type.nbytes
     # Its consumers (weight-gradient GEMM, bias sum) read it in place: no arena copy of its size.
     copies = [v for v, b in program.buffers.items() if b.kind is BufKind.ARENA and b.type.nbytes >= size]

@@ -10,6 +10,7 @@ from vfuse.passes.canonicalize import canonicalize
 from vfuse.passes.cse import cse
 from vfuse.passes.dce import dce
 from vfuse.passes.fold_bn import fold_batchnorm
+from vfuse.passes.grad_layout import store_grads_permuted
 from vfuse.passes.stack_pieces import stack_pieces
 
 Pass = Callable[[Graph], Graph]
@@ -23,6 +24,7 @@ PIPELINE: tuple[tuple[str, Pass], ...] = (
     ("fold_batchnorm", fold_batchnorm),
     ("fuse_attention", fuse_attention),
     ("dce", dce),
+    ("store_grads_permuted", store_grads_permuted),  # after dce: counts the live readers only
 )
 
 
@@ -32,4 +34,14 @@ def optimize(graph: Graph) -> Graph:
     return graph
 
 
-__all__ = ["PIPELINE", "canonicalize", "cse", "dce", "fold_batchnorm", "fuse_attention", "optimize", "stack_pieces"]
+__all__ = [
+    "PIPELINE",
+    "canonicalize",
+    "cse",
+    "dce",
+    "fold_batchnorm",
+    "fuse_attention",
+    "optimize",
+    "stack_pieces",
+    "store_grads_permuted",
+]

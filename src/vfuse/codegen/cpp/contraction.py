@@ -38,6 +38,7 @@ from vfuse.codegen.cpp.rules import STORAGE_TYPE, STORE_CONVERT
 from vfuse.codegen.cpp.scatter import render_scatter
 from vfuse.codegen.cpp.writer import StatementWriter, pointer, pointer_line
 from vfuse.ir import DType, Op
+from vfuse.ir.defs.attention_grad import grad_row_strides
 from vfuse.ir.sym import hint, same
 from vfuse.schedule.kernel import ContractionKernel, Program
 from vfuse.schedule.microtile import VectorUnit
@@ -236,14 +237,20 @@ def _attention(k: ContractionKernel, program: Program) -> tuple[str, str]:
 
 
 def _attention_backward(k: ContractionKernel, program: Program) -> tuple[str, str]:
-    """SDPA_BACKWARD: dq, dk, dv written at their offsets in the one flat output."""
+    """SDPA_BACKWARD: dq, dk, dv written at their offsets in the one flat output (attr perm: their
+    rows at the permuted stack's strides, ir/defs/attention_grad.grad_row_strides)."""
     _, q, kk, v = k.shapes[:4]
     mask, mptr, strides = _mask(k, program, 6)
     spec = _attention_spec(k, q, v, mask)
     ins = ", ".join(pointer(x) for x in k.operands[:6])
     out, nq, nk = _out(k), math.prod(q), math.prod(kk)
+    rows = [0, 0, 0]  # each gradient contiguous
+    if k.attrs.get("perm") is not None:
+        nq, *rows = grad_row_strides(tuple(int(x) for x in q), tuple(k.attrs["perm"]))
+        nk = nq
     grads = f"{out}, {out} + {nq}, {out} + {nq + nk}"
-    call = f"{spec.name}({ins}, {mptr}, {grads}, {_sizes(k, q, kk)}, {', '.join(map(str, strides))}, nt);"
+    sizes = ", ".join(map(str, [*strides, *rows]))
+    call = f"{spec.name}({ins}, {mptr}, {grads}, {_sizes(k, q, kk)}, {sizes}, nt);"
     return render_flash_attention_backward(spec), call
 
 

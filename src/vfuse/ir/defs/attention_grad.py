@@ -5,7 +5,10 @@ Every IR op has one output, so both return one flat fp32 tensor that the fronten
 (`frontend/lower_attention.py`): SDPA_LSE is `out` then `lse`, SDPA_BACKWARD is `dq`, `dk`,
 `dv`, each row-major; with `stacked=True` (q, k, v of one shape) the same bytes are typed
 `[3, *q.shape]`, the stack AOTAutograd builds for a fused qkv projection's gradient, so that
-stack is the op's own output (passes/stack_pieces.py) and no copy. The backward takes
+stack is the op's own output (passes/stack_pieces.py) and no copy; a stacked output that is only read
+through a permutation keeping the head size innermost (AOTAutograd's [B, L, 3, H, D] for the qkv
+projection) is stored in that order instead (attr `perm`, and `shape` for the reshapes that follow it:
+passes/grad_layout.py), so its readers see contiguous rows. The backward takes
 `delta = rowsum(dO * out)` as an input: the frontend computes it with primitives (a row
 kernel), so the template's workspace stays independent of the sequence lengths. Both are fp32
 only: the frontend keeps other dtypes in torch.
@@ -55,6 +58,17 @@ def grad_sizes(q: tuple[int, ...], k: tuple[int, ...], v: tuple[int, ...]) -> tu
     return math.prod(q), math.prod(k), math.prod(v)
 
 
+def grad_row_strides(q: tuple[int, ...], perm: tuple[int, ...]) -> tuple[int, int, int, int]:
+    """Strides in floats of a stacked SDPA_BACKWARD output stored permuted by `perm`: (from dq to dk
+    and dk to dv, batch, head, row); the batch stride is 0 for q without a batch axis."""
+    stacked = (3, *q)
+    out = [stacked[p] for p in perm]
+    strides = [math.prod(out[i + 1 :]) for i in range(len(out))]
+    of = {axis: strides[i] for i, axis in enumerate(perm)}  # stride of each axis of [3, (B,) H, L, D]
+    batch = of[1] if len(q) == 4 else 0
+    return of[0], batch, of[len(q) - 2], of[len(q) - 1]
+
+
 def _lse_infer(ins: tuple[TensorType, ...], attrs: Attrs) -> Type:
     q, k, v = ins[:3]
     _check_qkv(q, k, v)
@@ -75,7 +89,20 @@ def _bwd_infer(ins: tuple[TensorType, ...], attrs: Attrs) -> Type:
     if attrs.get("stacked", False):
         if not q.shape == k.shape == v.shape:
             raise rules.TypeRuleError(f"stacked gradients need equal shapes, got q {q}, k {k}, v {v}")
-        return TensorType((3, *q.shape), DType.F32)
+        shape = (3, *q.shape)
+        perm = attrs.get("perm")
+        if perm is not None:
+            if sorted(perm) != list(range(len(shape))) or perm[-1] != len(shape) - 1:
+                raise rules.TypeRuleError(f"perm {perm} of stacked gradients {shape} must keep the last axis last")
+            shape = tuple(shape[p] for p in perm)
+        view = attrs.get("shape")
+        if view is not None:
+            if math.prod(view) != math.prod(shape):
+                raise rules.TypeRuleError(f"shape {view} is not a view of stacked gradients {shape}")
+            shape = tuple(view)
+        return TensorType(shape, DType.F32)
+    if attrs.get("perm") is not None:
+        raise rules.TypeRuleError("perm applies to stacked gradients only")
     return TensorType((sum(grad_sizes(q.shape, k.shape, v.shape)),), DType.F32)
 
 
@@ -132,7 +159,12 @@ def _bwd_ref(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
     dq = (ds @ kr) * scale
     dk = (ds.transpose(-1, -2) @ q) * scale
     flat = torch.cat([dq.reshape(-1), _fold_heads(dk, k).reshape(-1), _fold_heads(dv, v).reshape(-1)])
-    return flat.view(3, *q.shape) if attrs.get("stacked", False) else flat
+    if not attrs.get("stacked", False):
+        return flat
+    stacked = flat.view(3, *q.shape)
+    perm, view = attrs.get("perm"), attrs.get("shape")
+    out = stacked if perm is None else stacked.permute(*perm).contiguous()
+    return out if view is None else out.reshape(view)
 
 
 def _rows_keys(ins: tuple[TensorType, ...], q: int, k: int) -> tuple[int, int, int, int]:
@@ -176,6 +208,8 @@ register(
         attrs=_ATTRS,
         doc="inputs (grad_out, q, k, v, logsumexp, delta = rowsum(grad_out * out)[, mask]), fp32; one flat "
         "tensor: dq, dk, dv (K/V gradients summed over the query heads of a group); optional attr "
-        "stacked=True: the same bytes as [3, *q.shape] (q, k, v of one shape)",
+        "stacked=True: the same bytes as [3, *q.shape] (q, k, v of one shape); with stacked, optional attr "
+        "perm: that stack permuted (the last axis stays last), stored in that order; optional attr shape: the "
+        "output typed as that reshape of it (the same bytes)",
     )
 )

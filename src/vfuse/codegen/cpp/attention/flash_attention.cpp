@@ -30,8 +30,8 @@ typedef VF_VEC V;
 constexpr int64_t D = VF_D, DV = VF_DV, BQ = VF_BQ, BK = VF_BK, W = VF_LANES, TILE = VF_TILE;
 constexpr int64_t DVP = (DV + W - 1) / W * W;  // accumulator rows padded to whole vectors
 constexpr float NEG_INF = -std::numeric_limits<float>::infinity();
-static_assert(sizeof(V) == 4 * W && TILE % W == 0 && BQ % TILE == 0 && BK % 4 == 0,
-              "tiles: BQ a multiple of TILE, TILE of the vector width, BK of 4");
+static_assert(sizeof(V) == 4 * W && TILE % W == 0 && BQ % W == 0 && BK % 4 == 0,
+              "tiles: BQ and TILE multiples of the vector width, BK of 4");
 
 // Everything the kernel allocates, once per thread; its size does not depend on Lq or Lk.
 struct alignas(64) Work {
@@ -96,7 +96,8 @@ void attend(Work& w, const Mask& mask, const Task& t) {
     vf_attn::apply_mask<VF_MASK, VF_CAUSAL, BQ>(w.st, mask, t.b, t.h, t.q0, t.nq, k0, nk);
     softmax_tile(w, nk);
     // acc = alpha acc + P V for rows [0, nq) in blocks of 4 (a block's rows past nq are never stored)
-    vf_attn::rows_acc<V, TILE, BQ, DV, DVP, vf_attn::RESCALE>(&w.acc[0][0], w.st, t.v + k0 * DV, t.nq, nk, w.alpha);
+    vf_attn::rows_acc<V, TILE, BQ, 1, DV, DVP, vf_attn::RESCALE>(&w.acc[0][0], &w.st[0][0], t.v + k0 * DV, t.nq, nk,
+                                                              w.alpha);
   }
   if constexpr (VF_LSE)  // log of the softmax's denominator, for the backward: -inf where no key was kept
     for (int64_t i = 0; i < t.nq; ++i) t.lse[i] = w.l[i] > 0.0f ? w.m[i] + std::log(w.l[i]) : NEG_INF;

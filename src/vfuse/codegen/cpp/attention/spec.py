@@ -56,8 +56,8 @@ class AttentionSpec:
 
     @property
     def tile_cols(self) -> int:
-        """The register tile's width in the kernel: the widest whole-vector width <= tile dividing block_q."""
-        return max(c for c in range(self.lanes, self.tile + 1, self.lanes) if self.block_q % c == 0)
+        """The register tile's width in the kernel (its products take a narrower tile for the columns left)."""
+        return self.tile
 
     @property
     def dv(self) -> int:
@@ -75,11 +75,11 @@ class AttentionSpec:
         return (floats * _FLOAT + 63) // 64 * 64
 
     def backward_workspace_bytes(self) -> int:
-        """Bytes of the backward kernel's per-thread `Work` (its only allocation), 64-aligned: tiles
-        of Q and dO, two score tiles, dQ / dK / dV accumulators and two rows, independent of N."""
+        """Bytes of the backward kernel's per-thread `Work` (its only allocation), 64-aligned: the K
+        and V tiles transposed, two score tiles, dQ / dK / dV accumulators and a row, independent of N."""
         bq, bk, d, dv = self.block_q, self.block_k, self.head_dim, self.dv
         dp, dvp = ((x + self.lanes - 1) // self.lanes * self.lanes for x in (d, dv))
-        floats = d * bq + dv * bq + 2 * bk * bq + bq * dp + bk * dp + bk * dvp + 2 * bq
+        floats = d * bk + dv * bk + 2 * bk * bq + bq * dp + bk * dp + bk * dvp + bq
         return (floats * _FLOAT + 63) // 64 * 64
 
 

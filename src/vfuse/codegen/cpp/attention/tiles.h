@@ -1,12 +1,16 @@
 // Register-tiled pieces shared by the flash-attention forward and backward templates.
 //
-// Score-like tiles are kept transposed, t[key][row] (BQ query rows contiguous), so that softmax
-// statistics of W rows are one vector. Three products cover both passes:
-//   scores:   t[j][r]    = sum_d y[j][d] zt[d][r]   (S = Q K^T, dP = dO V^T; y read in place)
-//   rows_acc: acc[r][c] += sum_j t[j][r] x[j][c]   (the forward's P V, after its rescale; dQ += dS K)
-//   keys_acc: acc[j][c] += sum_r t[j][r] x[r][c]   (dV += P^T dO, dK += dS^T Q)
+// The forward keeps score-like tiles transposed, t[key][row] (BQ query rows contiguous), so that softmax
+// statistics of W rows are one vector; the backward keeps them row-major, t[row][key], so that Q and dO
+// rows are read in place and only the K / V tile is transposed, once for all its Q tiles. Element
+// (key j, row r) of t is at t[j SJ + r SR]. Three products cover both passes:
+//   scores:   t[j][r]    = sum_d y[j][d] zt[d][r]   (S = Q K^T, dP = dO V^T; y read in place; the
+//                                                    backward passes rows as j and keys as r)
+//   rows_acc: acc[r][c] += sum_j t(j, r) x[j][c]   (the forward's P V, after its rescale; dQ += dS K)
+//   keys_acc: acc[j][c] += sum_r t(j, r) x[r][c]   (dV += P^T dO, dK += dS^T Q)
 // Vectors are the simd prelude's (codegen/cpp/simd.py) at the schedule's width W; register tiles
-// are 4 rows x TILE columns. Everything is a template on the sizes: one text, any instance.
+// are 4 rows x TILE columns (then one narrower tile for the rest). Everything is a template on the sizes:
+// one text, any instance.
 #ifndef VF_ATTN_TILES_H
 #define VF_ATTN_TILES_H
 #include <algorithm>
@@ -40,46 +44,52 @@ template <class V, int64_t DD> static inline void store_cols(float* row, int64_t
   }
 }
 
-// t[j][:] = y[j] . zt for rows j in [0, nk) of y (DD floats each) in blocks of 4; a block's rows past
-// nk repeat the last row (never read). The BQ columns go by register tiles of TILE.
-template <class V, int64_t TILE, int64_t BQ, int64_t DD>
-void scores(float (*t)[BQ], const float (*zt)[BQ], const float* y, int64_t nk) {
+// t[j][c0 : c0 + W NC] = y[j] . zt[:][c0 : ...] for rows j in [0, nk) of y (DD floats each) in blocks of 4; a
+// block's rows past nk repeat the last row (never read).
+template <class V, int NC, int64_t BQ, int64_t DD>
+void scores_chunk(float (*t)[BQ], const float (*zt)[BQ], const float* y, int64_t nk, int64_t c0) {
   constexpr int64_t W = sizeof(V) / sizeof(float);
-  constexpr int NT = TILE / W;
   for (int64_t j = 0; j < nk; j += 4) {
     const float* yr[4];
     for (int r = 0; r < 4; ++r) yr[r] = y + std::min(j + r, nk - 1) * DD;
-    for (int64_t c0 = 0; c0 < BQ; c0 += TILE) {
-      V acc[4][NT] = {};
-      for (int64_t d = 0; d < DD; ++d) {
-        V zv[NT];
+    V acc[4][NC] = {};
+    for (int64_t d = 0; d < DD; ++d) {
+      V zv[NC];
 #pragma GCC unroll 16
-        for (int c = 0; c < NT; ++c) {
-          zv[c] = at<V>(&zt[d][c0 + W * c]);
-          vs_keep(zv[c]);
-        }
-#pragma GCC unroll 4
-        for (int r = 0; r < 4; ++r) {
-          const V yb = vs_splat<V>(yr[r][d]);
-#pragma GCC unroll 16
-          for (int c = 0; c < NT; ++c) acc[r][c] += yb * zv[c];
-        }
+      for (int c = 0; c < NC; ++c) {
+        zv[c] = at<V>(&zt[d][c0 + W * c]);
+        vs_keep(zv[c]);
       }
-      for (int r = 0; r < 4; ++r)
-        for (int c = 0; c < NT; ++c) at<V>(&t[j + r][c0 + W * c]) = acc[r][c];
+#pragma GCC unroll 4
+      for (int r = 0; r < 4; ++r) {
+        const V yb = vs_splat<V>(yr[r][d]);
+#pragma GCC unroll 16
+        for (int c = 0; c < NC; ++c) acc[r][c] += yb * zv[c];
+      }
     }
+    for (int r = 0; r < 4; ++r)
+      for (int c = 0; c < NC; ++c) at<V>(&t[j + r][c0 + W * c]) = acc[r][c];
   }
+}
+
+// t[j][:] = y[j] . zt for rows j in [0, nk): the BQ columns (whole vectors) by register tiles of TILE,
+// then the remaining vectors.
+template <class V, int64_t TILE, int64_t BQ, int64_t DD>
+void scores(float (*t)[BQ], const float (*zt)[BQ], const float* y, int64_t nk) {
+  constexpr int64_t W = sizeof(V) / sizeof(float), FULL = BQ / TILE, TAIL = (BQ % TILE) / W;
+  static_assert(BQ % W == 0, "score columns are whole vectors");
+  for (int64_t c = 0; c < FULL; ++c) scores_chunk<V, TILE / W, BQ, DD>(t, zt, y, nk, TILE * c);
+  if constexpr (TAIL > 0) scores_chunk<V, TAIL, BQ, DD>(t, zt, y, nk, TILE * FULL);
 }
 
 // How rows_acc starts a row: from acc, from 0, or from acc times the row's factor (the forward's
 // online-softmax rescale).
 enum Init { ADD = 0, ZERO = 1, RESCALE = 2 };
 
-// acc[r][c0 : c0 + W NC] = init + sum_{j < nk} t[j][r] x[j][...] for rows [0, nr) in blocks of 4
+// acc[r][c0 : c0 + W NC] = init + sum_{j < nk} t(j, r) x[j][...] for rows [0, nr) in blocks of 4
 // (acc and `scale` have whole blocks).
-template <class V, int NC, int64_t BQ, int64_t DD, int64_t STRIDE, Init INIT>
-void rows_chunk(float* acc, const float (*t)[BQ], const float* x, int64_t nr, int64_t nk, int64_t c0,
-                const float* scale) {
+template <class V, int NC, int64_t SJ, int64_t SR, int64_t DD, int64_t STRIDE, Init INIT>
+void rows_chunk(float* acc, const float* t, const float* x, int64_t nr, int64_t nk, int64_t c0, const float* scale) {
   constexpr int64_t W = sizeof(V) / sizeof(float);
   for (int64_t i = 0; i < nr; i += 4) {
     V a[4][NC];
@@ -106,7 +116,7 @@ void rows_chunk(float* acc, const float (*t)[BQ], const float* x, int64_t nr, in
       }
 #pragma GCC unroll 4
       for (int r = 0; r < 4; ++r) {
-        const V p = vs_splat<V>(t[j][i + r]);
+        const V p = vs_splat<V>(t[j * SJ + (i + r) * SR]);
 #pragma GCC unroll 16
         for (int c = 0; c < NC; ++c) a[r][c] += p * xv[c];
       }
@@ -116,9 +126,9 @@ void rows_chunk(float* acc, const float (*t)[BQ], const float* x, int64_t nr, in
   }
 }
 
-// acc[j][c0 : c0 + W NC] += sum_{r < nr} t[j][r] x[r][...] for rows j in [0, nk) in blocks of 4.
-template <class V, int NC, int64_t BQ, int64_t DD, int64_t STRIDE>
-void keys_chunk(float* acc, const float (*t)[BQ], const float* x, int64_t nk, int64_t nr, int64_t c0) {
+// acc[j][c0 : c0 + W NC] += sum_{r < nr} t(j, r) x[r][...] for rows j in [0, nk) in blocks of 4.
+template <class V, int NC, int64_t SJ, int64_t SR, int64_t DD, int64_t STRIDE>
+void keys_chunk(float* acc, const float* t, const float* x, int64_t nk, int64_t nr, int64_t c0) {
   constexpr int64_t W = sizeof(V) / sizeof(float);
   for (int64_t j = 0; j < nk; j += 4) {
     V a[4][NC];
@@ -135,7 +145,7 @@ void keys_chunk(float* acc, const float (*t)[BQ], const float* x, int64_t nk, in
       }
 #pragma GCC unroll 4
       for (int r = 0; r < 4; ++r) {
-        const V p = vs_splat<V>(t[j + r][i]);
+        const V p = vs_splat<V>(t[(j + r) * SJ + i * SR]);
 #pragma GCC unroll 16
         for (int c = 0; c < NC; ++c) a[r][c] += p * xv[c];
       }
@@ -146,22 +156,21 @@ void keys_chunk(float* acc, const float (*t)[BQ], const float* x, int64_t nk, in
 }
 
 // The column chunks of DD (padded to whole vectors) by TILE, then the remaining vectors.
-template <class V, int64_t TILE, int64_t BQ, int64_t DD, int64_t STRIDE, Init INIT>
-void rows_acc(float* acc, const float (*t)[BQ], const float* x, int64_t nr, int64_t nk,
-              const float* scale = nullptr) {
+template <class V, int64_t TILE, int64_t SJ, int64_t SR, int64_t DD, int64_t STRIDE, Init INIT>
+void rows_acc(float* acc, const float* t, const float* x, int64_t nr, int64_t nk, const float* scale = nullptr) {
   constexpr int64_t W = sizeof(V) / sizeof(float), DDP = (DD + W - 1) / W * W;
   constexpr int64_t FULL = DDP / TILE, TAIL = (DDP % TILE) / W;
   for (int64_t c = 0; c < FULL; ++c)
-    rows_chunk<V, TILE / W, BQ, DD, STRIDE, INIT>(acc, t, x, nr, nk, TILE * c, scale);
-  if constexpr (TAIL > 0) rows_chunk<V, TAIL, BQ, DD, STRIDE, INIT>(acc, t, x, nr, nk, TILE * FULL, scale);
+    rows_chunk<V, TILE / W, SJ, SR, DD, STRIDE, INIT>(acc, t, x, nr, nk, TILE * c, scale);
+  if constexpr (TAIL > 0) rows_chunk<V, TAIL, SJ, SR, DD, STRIDE, INIT>(acc, t, x, nr, nk, TILE * FULL, scale);
 }
 
-template <class V, int64_t TILE, int64_t BQ, int64_t DD, int64_t STRIDE>
-void keys_acc(float* acc, const float (*t)[BQ], const float* x, int64_t nk, int64_t nr) {
+template <class V, int64_t TILE, int64_t SJ, int64_t SR, int64_t DD, int64_t STRIDE>
+void keys_acc(float* acc, const float* t, const float* x, int64_t nk, int64_t nr) {
   constexpr int64_t W = sizeof(V) / sizeof(float), DDP = (DD + W - 1) / W * W;
   constexpr int64_t FULL = DDP / TILE, TAIL = (DDP % TILE) / W;
-  for (int64_t c = 0; c < FULL; ++c) keys_chunk<V, TILE / W, BQ, DD, STRIDE>(acc, t, x, nk, nr, TILE * c);
-  if constexpr (TAIL > 0) keys_chunk<V, TAIL, BQ, DD, STRIDE>(acc, t, x, nk, nr, TILE * FULL);
+  for (int64_t c = 0; c < FULL; ++c) keys_chunk<V, TILE / W, SJ, SR, DD, STRIDE>(acc, t, x, nk, nr, TILE * c);
+  if constexpr (TAIL > 0) keys_chunk<V, TAIL, SJ, SR, DD, STRIDE>(acc, t, x, nk, nr, TILE * FULL);
 }
 
 struct Mask {  // element (b, h, i, j) at p + b*sb + h*sh + i*sq + j*sk; strides 0 broadcast
@@ -186,6 +195,26 @@ void apply_mask(float (*t)[BQ], const Mask& m, int64_t b, int64_t h, int64_t q0,
     }
     if constexpr (CAUSAL)
       for (int64_t i = 0; i < std::min(nq, k0 + j - q0); ++i) s[i] = NEG_INF;
+  }
+}
+
+// The same on row-major scores s[row][key] (the backward's): rows [0, nq), keys [0, nk).
+template <int KIND, bool CAUSAL, int64_t BK>
+void apply_mask_rows(float (*s)[BK], const Mask& m, int64_t b, int64_t h, int64_t q0, int64_t nq, int64_t k0,
+                     int64_t nk) {
+  constexpr float NEG_INF = -std::numeric_limits<float>::infinity();
+  for (int64_t i = 0; i < nq; ++i) {
+    float* row = s[i];
+    const int64_t off = b * m.sb + h * m.sh + (q0 + i) * m.sq + k0 * m.sk;
+    if constexpr (KIND == 1) {
+      const float* p = static_cast<const float*>(m.p) + off;
+      for (int64_t j = 0; j < nk; ++j) row[j] += p[j * m.sk];
+    } else if constexpr (KIND == 2) {
+      const uint8_t* p = static_cast<const uint8_t*>(m.p) + off;
+      for (int64_t j = 0; j < nk; ++j) row[j] = p[j * m.sk] ? row[j] : NEG_INF;
+    }
+    if constexpr (CAUSAL)
+      for (int64_t j = std::max<int64_t>(0, q0 + i - k0 + 1); j < nk; ++j) row[j] = NEG_INF;
   }
 }
 
