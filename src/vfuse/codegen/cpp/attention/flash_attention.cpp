@@ -80,8 +80,7 @@ void softmax_tile(Work& w, int64_t nk) {
 }
 
 void load_q(Work& w, const Task& t) {
-  for (int64_t d = 0; d < D; ++d)
-    for (int64_t i = 0; i < BQ; ++i) w.qt[d][i] = i < t.nq ? t.q[i * D + d] * t.scale : 0.0f;
+  vf_attn::transpose_rows<D, BQ, BQ>(&w.qt[0][0], t.q, D, t.nq, t.scale);
   std::fill(&w.acc[0][0], &w.acc[0][0] + BQ * DVP, 0.0f);
   std::fill(w.m, w.m + BQ, NEG_INF);
   std::fill(w.l, w.l + BQ, 0.0f);

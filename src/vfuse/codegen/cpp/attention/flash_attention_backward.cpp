@@ -65,10 +65,8 @@ struct Args {
 
 // The K tile (nk rows from k, times the scale) and V tile transposed, zeros past nk; dK and dV zeroed.
 void load_keys(Work& w, const float* k, const float* v, int64_t nk, float scale) {
-  for (int64_t d = 0; d < D; ++d)
-    for (int64_t j = 0; j < BK; ++j) w.kt[d][j] = j < nk ? k[j * D + d] * scale : 0.0f;
-  for (int64_t c = 0; c < DV; ++c)
-    for (int64_t j = 0; j < BK; ++j) w.vt[c][j] = j < nk ? v[j * DV + c] : 0.0f;
+  vf_attn::transpose_rows<D, BK, BK>(&w.kt[0][0], k, D, nk, scale);
+  vf_attn::transpose_rows<DV, BK, BK>(&w.vt[0][0], v, DV, nk, 1.0f);
   std::fill(&w.dk[0][0], &w.dk[0][0] + BK * DP, 0.0f);
   std::fill(&w.dv[0][0], &w.dv[0][0] + BK * DVP, 0.0f);
 }

@@ -82,6 +82,42 @@ void scores(float (*t)[BQ], const float (*zt)[BQ], const float* y, int64_t nk) {
   if constexpr (TAIL > 0) scores_chunk<V, TAIL, BQ, DD>(t, zt, y, nk, TILE * FULL);
 }
 
+// dst[c][r] = src[r][c] * scale for r < n rows of src (SS floats apart), c < DD, and 0 for rows [n, NR):
+// a tile transposed into DS-float rows. 8 x 8 blocks go through registers on AVX (unpack, shuffle,
+// permute of 128-bit halves); the rest, and every other tier, element by element (g++ would gather).
+template <int64_t DD, int64_t NR, int64_t DS>
+void transpose_rows(float* dst, const float* src, int64_t ss, int64_t n, float scale) {
+  int64_t r0 = 0, c0 = 0;
+#if defined(__AVX__)
+  const __m256 f = _mm256_set1_ps(scale);
+  for (; r0 + 8 <= n; r0 += 8) {
+    for (c0 = 0; c0 + 8 <= DD; c0 += 8) {
+      __m256 x[8], y[8];
+      for (int r = 0; r < 8; ++r) x[r] = _mm256_mul_ps(_mm256_loadu_ps(src + (r0 + r) * ss + c0), f);
+      for (int r = 0; r < 8; r += 2) {
+        y[r] = _mm256_unpacklo_ps(x[r], x[r + 1]);
+        y[r + 1] = _mm256_unpackhi_ps(x[r], x[r + 1]);
+      }
+      for (int r = 0; r < 8; r += 4) {
+        x[r] = _mm256_shuffle_ps(y[r], y[r + 2], 0x44);
+        x[r + 1] = _mm256_shuffle_ps(y[r], y[r + 2], 0xEE);
+        x[r + 2] = _mm256_shuffle_ps(y[r + 1], y[r + 3], 0x44);
+        x[r + 3] = _mm256_shuffle_ps(y[r + 1], y[r + 3], 0xEE);
+      }
+      // x[0..3]: columns 0, 1, 2, 3 of rows 0-3 (low half) and 4-7 of rows 0-3 (high); x[4..7]: rows 4-7.
+      for (int c = 0; c < 4; ++c) {
+        _mm256_storeu_ps(dst + (c0 + c) * DS + r0, _mm256_permute2f128_ps(x[c], x[c + 4], 0x20));
+        _mm256_storeu_ps(dst + (c0 + c + 4) * DS + r0, _mm256_permute2f128_ps(x[c], x[c + 4], 0x31));
+      }
+    }
+    for (int64_t c = c0; c < DD; ++c)
+      for (int64_t r = r0; r < r0 + 8; ++r) dst[c * DS + r] = src[r * ss + c] * scale;
+  }
+#endif
+  for (int64_t c = 0; c < DD; ++c)
+    for (int64_t r = r0; r < NR; ++r) dst[c * DS + r] = r < n ? src[r * ss + c] * scale : 0.0f;
+}
+
 // How rows_acc starts a row: from acc, from 0, or from acc times the row's factor (the forward's
 // online-softmax rescale).
 enum Init { ADD = 0, ZERO = 1, RESCALE = 2 };
