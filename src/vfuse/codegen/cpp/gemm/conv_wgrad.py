@@ -118,8 +118,9 @@ def _transpose(spec: ConvSpec, swapped: bool) -> str:
 
 def _block(spec: ConvSpec) -> int:
     """The register block of the transposes: the tier's 8x8 shuffles, 4x4 below 8 lanes (as the
-    schedule's tiled transposes take them, schedule/transpose.py)."""
-    return 8 if spec.unit.lanes >= 8 else 4
+    schedule's tiled transposes take them, schedule/transpose.py). The blocking's lanes are the
+    tier's (the schedule's); the spec's `unit` may be left at its default."""
+    return 8 if folded_blocking(spec).lanes >= 8 else 4
 
 
 def _pack_a_swapped(spec: ConvSpec, mr: int) -> str:
