@@ -10,7 +10,8 @@ import torch
 from tests.codegen.native_helpers import executor, inputs, target
 
 from vfuse.codegen.cpp import render, toolchain
-from vfuse.codegen.cpp.units import ENTRIES, HIDDEN, PART, split
+from vfuse.codegen.cpp.function import SIGNATURE
+from vfuse.codegen.cpp.units import ENTRIES, HIDDEN, PART, _blocks, split
 from vfuse.fusion import plan_fusion
 from vfuse.ir import DType, Graph, GraphBuilder, Op
 from vfuse.schedule import build
@@ -85,3 +86,47 @@ def test_a_failed_split_falls_back_to_one_unit(tmp_path: Path, monkeypatch: pyte
     h = (-(x @ w)).exp() + y
     torch.testing.assert_close(out, h / h.sum(1, keepdim=True))
     assert not [p.name for p in tmp_path.iterdir() if p.name.endswith(".tmp")]
+
+
+def _part(name: str, block: str, size: int) -> str:
+    """A kernel's part: a guarded helper block of `size` bytes (nested #if inside), then its function."""
+    body = f"#if 1\nint {block.lower()}_x;\n#endif\n" + "/" * size + "\n"
+    return f"{PART}{name}\n#ifndef {block}\n#define {block}\n{body}#endif\nstatic void {name}{SIGNATURE} {{}}\n"
+
+
+def test_blocks_are_the_outermost_guards_with_their_nested_ifs() -> None:
+    text = _part("k0", "VG_GEMM_A", 500).split("\n", 1)[1] + "#ifndef VG_B\n#define VG_B\n#ifdef X\n#endif\n#endif\n"
+    part = _blocks(text)
+    assert set(part.blocks) == {"VG_GEMM_A", "VG_B"}
+    assert part.own == len(f"static void k0{SIGNATURE} {{}}\n")
+    assert part.blocks["VG_B"] == len("#ifndef VG_B\n#define VG_B\n#ifdef X\n#endif\n#endif\n")
+
+
+def test_kernels_sharing_a_guarded_block_share_a_unit() -> None:
+    """Two GEMM instances, each called by two kernels: each instance is compiled in one unit,
+    and each unit holds one (an even split of the bytes that count)."""
+    kernels = [("k0", "VG_GEMM_A"), ("k1", "VG_GEMM_A"), ("k2", "VG_GEMM_B"), ("k3", "VG_GEMM_B")]
+    source = "head\n" + "".join(_part(k, b, 5000) for k, b in kernels) + f"{PART}{ENTRIES}\nentries\n"
+    units = split(source, 2)
+    assert units is not None and len(units) == 2
+    for block in ("VG_GEMM_A", "VG_GEMM_B"):
+        assert sum(f"#ifndef {block}\n" in u for u in units) == 1, block
+    together = [{k for k, _ in kernels if f"{HIDDEN}{k}{SIGNATURE} {{}}" in u} for u in units]
+    assert sorted(map(sorted, together)) == [["k0", "k1"], ["k2", "k3"]]
+    assert sum(u.count("entries") for u in units) == 1
+
+
+def test_one_shared_block_is_not_compiled_twice_for_balance() -> None:
+    """Two kernels around one large instance: one unit (both would compile the instance)."""
+    source = "head\n" + _part("k0", "VG_GEMM_A", 9000) + _part("k1", "VG_GEMM_A", 9000) + f"{PART}{ENTRIES}\ne\n"
+    units = split(source, 2)
+    assert units is not None and len(units) == 1
+    assert units[0].count(HIDDEN) == 2 + 2  # both definitions and their declarations for the entries
+
+
+def test_unit_count_splits_smaller_sources_through_the_precompiled_prelude(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("VFUSE_CXX_UNITS", raising=False)
+    monkeypatch.setattr(toolchain.os, "sched_getaffinity", lambda _: {0, 1}, raising=False)
+    assert toolchain.unit_count(150_000) == 1
+    assert toolchain.unit_count(150_000, precompiled=True) == 2
+    assert toolchain.unit_count(10_000, precompiled=True) == 1

@@ -51,10 +51,14 @@ FLAGS = (
     "-w",
 )
 LIBS = ("-lmvec", "-lm")
-# Each unit parses the headers and shared helpers again (~0.6 s of CPU): a split pays off from
+# Each unit parses the headers and shared helpers again (~0.45 s of CPU): a split pays off from
 # ~100 KB a unit (GPT-2's 250 KB: 2.0 s of g++ as one unit, 1.4 s as two on two idle cores).
+# Through the precompiled prelude a unit costs ~0.1 s more, and the kernels that share a GEMM
+# instance share a unit (`units._deal`): BERT's 180 KB (quick) as two units took about the CPU
+# of one, in ~55 % of its time (docs/perf-log.md, 2026-12-01).
 MAX_UNITS = 4
 UNIT_BYTES = 100_000
+PCH_UNIT_BYTES = 60_000
 
 
 class CompilerNotFound(VfuseError, RuntimeError):
@@ -150,9 +154,9 @@ def _compile(source: str, so: Path, tc: Toolchain, seen: int) -> Path:
     prelude where there is one (`pch.py`); should that fail, without it, then as one unit."""
     cpp = so.with_suffix(".cpp")
     atomic_write(cpp, source)
-    pieces = split(source, unit_count(len(source))) or [source]
     # A small source does not wait for a header still being built: its prelude costs less.
     pch = tc.pch.prelude_pch(source, so.parent, cache_key(KEY_TEXT, tc), tc, seen, wait=len(source) >= UNIT_BYTES)
+    pieces = split(source, unit_count(len(source), pch is not None)) or [source]
     for first in (pch, None) if pch is not None else (None,):
         if first is not None or len(pieces) > 1:
             with contextlib.suppress(CompileError):
@@ -167,14 +171,14 @@ def _compile(source: str, so: Path, tc: Toolchain, seen: int) -> Path:
     return Path(tmp)
 
 
-def unit_count(nbytes: int) -> int:
-    """Units to compile `nbytes` of C++ as: one per core, each of UNIT_BYTES at least;
-    VFUSE_CXX_UNITS=n forces n (1: never split)."""
+def unit_count(nbytes: int, precompiled: bool = False) -> int:
+    """Units to compile `nbytes` of C++ as: one per core, each of UNIT_BYTES at least
+    (PCH_UNIT_BYTES where the prelude comes `precompiled`); VFUSE_CXX_UNITS=n forces n (1: never split)."""
     forced = os.environ.get("VFUSE_CXX_UNITS", "")
     if forced.isdigit() and int(forced) > 0:
         return int(forced)
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    return max(1, min(cores, MAX_UNITS, nbytes // UNIT_BYTES))
+    return max(1, min(cores, MAX_UNITS, nbytes // (PCH_UNIT_BYTES if precompiled else UNIT_BYTES)))
 
 
 def _run(cmd: list[str], cpp: Path, tc: Toolchain) -> None:
