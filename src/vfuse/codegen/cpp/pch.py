@@ -1,8 +1,9 @@
 """A precompiled header of the C++ prelude, kept in the kernel cache.
 
-Every generated unit starts with `prelude.PRELUDE`; parsing it (<immintrin.h> alone is 2.6 MB
-preprocessed) is ~0.4 s of g++'s CPU per unit, two thirds of a typical small graph's compile.
-g++ loads a precompiled header of it in ~0.05 s instead; building one costs ~1.4 s of CPU. So it
+Every generated unit starts with `prelude.PRELUDE`; parsing it (the C++ headers and, below
+AVX-512, the intrinsics up to AVX2; all of <immintrin.h> at AVX-512) is ~0.45 s of g++'s CPU per
+unit on Zen 3, a third to half of a small graph's compile. g++ loads a precompiled header of it
+in ~0.05 s instead; building one costs ~0.85 s of CPU (2.4 s with every ISA's intrinsics). So it
 is built either in a thread that the entry points start before tracing (`start`, through
 `toolchain.prepare`; two cores or more: tracing runs on one, and even a cold one-graph compile
 then finds it ready), or synchronously once a directory has seen `BUILD_AFTER` libraries (the
@@ -42,7 +43,7 @@ from vfuse.codegen.cpp.prelude import PRELUDE
 
 PCH_MAGIC = "vfuse-pch 1"
 KEY_TEXT = f"{PCH_MAGIC}\n{PRELUDE}"  # what `toolchain.cache_key` hashes with the compiler, flags and CPU
-BUILD_AFTER = 4  # libraries a directory has seen before a header is built for it (~4 x 0.35 s pays its 1.4 s)
+BUILD_AFTER = 4  # libraries a directory has seen before a header is built for it (each saves ~0.4 s of its 0.85 s)
 # Text whose meaning depends on the file it is read from or on what came before: not precompiled.
 _UNSAFE = ("__FILE__", "__COUNTER__", "__DATE__", "__TIME__", "__BASE_FILE__", "__INCLUDE_LEVEL__")
 _OPEN_FLAGS = os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC
