@@ -190,3 +190,17 @@ def test_tiles_prefetch_the_next_tile_row_by_row() -> None:
     assert "un = vf_wrap ? ub + " in src and body.count("__builtin_prefetch(") == 3
     assert f"l < {t.cols}; l += 16" in body and f"l < {t.rows}; l += 16" in body
     assert body.count("* un + vn + r *") == 2 and ", 1, 1);" in body  # next tile's row r, not this tile's
+
+
+def test_streams_the_hardware_follows_are_not_prefetched() -> None:
+    """NCHW -> NHWC with 3 channels: the planes are read in runs of a thousand elements and the
+    output's 12-byte rows lie back to back, streams the hardware prefetchers follow: no
+    prefetch; 64 channels (256-byte runs in rows far apart) keep theirs; both equal eager."""
+    for c, prefetched in ((3, False), (64, True)):
+        x, y = _rand(2, c, 37, 41), _rand(2, 37, 41, c)
+        compiled = vfuse.compile(lambda x, y: x.permute(0, 2, 3, 1) * 0.5 + y, (x, y), backend="cpp")
+        torch.testing.assert_close(compiled(x, y), x.permute(0, 2, 3, 1) * 0.5 + y)
+        (k,) = _kernels(compiled)
+        assert k.walk is Walk.TILED_TRANSPOSE and k.transpose is not None
+        src = compiled.compiled.executor.source
+        assert ("__builtin_prefetch(" in src[src.index("static void k0") :]) == prefetched, (c, k.transpose)
