@@ -63,7 +63,8 @@ def test_micro_kernel_holds_the_register_tile(family: str, tier: Isa) -> None:
 @pytest.mark.parametrize("tier", [t for t in tiers_here() if t in PACKED], ids=lambda t: t.value)
 def test_attention_scores_are_vector_tiles(tier: Isa) -> None:
     functions, (k,) = _functions(*CONTRACTIONS["attention_causal"], tier)
-    assert _packed(functions, "vf_attn::scores<", tier) >= 4 * k.nr // k.vector  # 4 keys x the tile's vectors
+    # 4 keys x the tile's vectors, in vf_attn::scores_chunk or, where g++ inlined it, the function it is in.
+    assert _packed(functions, "vf_attn", tier) >= 4 * k.nr // k.vector
 
 
 @pytest.mark.parametrize("tier", [t for t in tiers_here() if t is not Isa.GENERIC], ids=lambda t: t.value)
