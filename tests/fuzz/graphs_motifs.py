@@ -13,6 +13,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 
+import torch
 from hypothesis import strategies as st
 from tests.fuzz.graphs import Gen, Val, weight
 from tests.fuzz.graphs_layout import merge_split
@@ -104,6 +105,12 @@ def written_attention(g: Gen) -> int | None:
     keys = vq.shape[-2] if g.flag(3) and vq.shape[-2] >= 2 else g.choice((5, 2, 16, 7))
     k = q if keys == vq.shape[-2] else weight(g, (*batch, keys, e), vq.dtype)
     v = q if k == q else weight(g, (*batch, keys, g.choice((e, 8, 3))), vq.dtype)
+    return _attend(g, q, k, v)
+
+
+def _attend(g: Gen, q: int, k: int, v: int) -> int | None:
+    """softmax(q @ k^T * scale, -1) @ v."""
+    vq, e, keys = g.vals[q], g.vals[q].shape[-1], g.vals[k].shape[-2]
     kt = g.add(Step(Kind.VIEW, V.TRANSPOSE, (k,), (-1, -2)), g.vals[k].bound, g.vals[k].exact)
     if kt is None:
         return None
@@ -144,6 +151,20 @@ def shifted_planes(g: Gen) -> int | None:
     return acc
 
 
+def stacked_attention(g: Gen) -> int | None:
+    """q, k, v selected from one [B, T, 3, H, D] projection permuted to [3, B, H, T, D], then attention:
+    in training the stacked gradient is stored in the projection's order (passes/grad_layout.py)."""
+    b, t, h, d = g.choice((1, 2)), g.choice((2, 5, 16, 7)), g.choice((1, 2, 3)), g.choice((4, 8, 3))
+    x = weight(g, (b, t, 3, h, d), g.choice((torch.float32, torch.float64)))
+    p = g.add(Step(Kind.VIEW, V.PERMUTE, (x,), ((2, 0, 3, 1, 4),)), g.vals[x].bound, g.vals[x].exact)
+    if p is None:
+        return None
+    qkv = [g.add(Step(Kind.VIEW, V.SELECT, (p,), (0, i)), g.vals[p].bound, g.vals[p].exact) for i in range(3)]
+    if any(i is None for i in qkv):
+        return None
+    return _attend(g, *qkv)  # type: ignore[arg-type]
+
+
 MOTIFS: tuple[Callable[[Gen], int | None], ...] = (
     reshape_reduce,
     conv_norm,
@@ -151,4 +172,5 @@ MOTIFS: tuple[Callable[[Gen], int | None], ...] = (
     permuted_softmax,
     written_attention,
     shifted_planes,
+    stacked_attention,
 )

@@ -16,7 +16,7 @@ from hypothesis import assume, given
 from hypothesis import strategies as st
 from tests.fuzz.check import check_backward, fuzz_settings
 from tests.fuzz.graphs import KINDS, Config, Gen, draw_main_input, grow, programs
-from tests.fuzz.graphs_motifs import MOTIFS, written_attention
+from tests.fuzz.graphs_motifs import MOTIFS, stacked_attention, written_attention
 from tests.fuzz.graphs_ops import BUILDERS
 from tests.fuzz.program import Kind, Program
 
@@ -42,12 +42,13 @@ ATTENTION_EXAMPLES = 6
 
 @st.composite
 def _attention_programs(draw: Any) -> Program:
-    """Written-out attention (graphs_motifs.written_attention) over a drawn 3-D or 4-D input, then a
+    """Written-out attention (graphs_motifs.written_attention over a drawn 3-D or 4-D input, or
+    stacked_attention over one permuted qkv projection), then a
     few more random steps: in training the capture rewrites it into the flash kernels where exact."""
     g = Gen(draw, CONFIG)
     base = draw(st.sampled_from([(2, 7, 8), (1, 2, 5, 4), (2, 3, 16, 8), (1, 1, 33, 16)]))
     draw_main_input(g, base, draw(st.sampled_from([torch.float32, torch.float32, torch.float64])))
-    assume(written_attention(g) is not None)
+    assume((stacked_attention(g) if draw(st.booleans()) else written_attention(g)) is not None)
     grow(g, dataclasses.replace(CONFIG, min_steps=0, max_steps=3), [BUILDERS[k] for k in CONFIG.kinds], MOTIFS)
     return g.program((len(g.vals) - 1,), draw(st.integers(0, 2**31 - 1)))
 
