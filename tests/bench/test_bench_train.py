@@ -50,3 +50,45 @@ def test_train_list(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["--train", "--list"]) == 0
     out = capsys.readouterr().out
     assert all(name in out for name in (*train.WORKLOADS, "hf_gpt2"))
+
+
+def _tiny(quick: bool) -> tuple[torch.nn.Module, tuple[torch.Tensor, ...]]:
+    gen = torch.Generator().manual_seed(0)
+    return torch.nn.Linear(7, 5), (torch.randn(3, 7, generator=gen),)
+
+
+def test_train_steps_are_interleaved(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """Every contender is built and checked before any is timed; the timed steps alternate between
+    contenders (one each per round); a contender that fails while timed is an error row, the others
+    keep their figures. Eager's trainer stands in for every contender, so the test is fast."""
+    log: list[str] = []
+    make = train._trainer
+
+    def trainer(model: torch.nn.Module, inputs: tuple, contender: str, strict: bool) -> train._Trainer:
+        tr = make(model, inputs, "eager", strict)
+        step, calls = tr.step, [0]
+
+        def logged() -> torch.Tensor:
+            log.append(contender)
+            calls[0] += 1
+            if contender == "vfuse" and calls[0] > 4:  # fails in the timed rounds
+                raise RuntimeError("boom")
+            return step()
+
+        tr.step = logged  # type: ignore[method-assign]
+        return tr
+
+    monkeypatch.setattr(train, "_trainer", trainer)
+    monkeypatch.setitem(train.WORKLOADS, "tiny", ("a 7x5 linear layer", _tiny))
+    out, reps = tmp_path / "train.json", 6
+    argv = ["--train", "--quick", "--workloads", "tiny", "--contenders", "eager,inductor,vfuse"]
+    assert main([*argv, "--reps", str(reps), "--warmup", "1", "--json", str(out)]) == 1  # vfuse's row failed
+    assert log[:3] == ["eager", "inductor", "vfuse"]  # built and checked first, in order
+    rounds = [c for c in log[3:] if c != "vfuse"][-2 * reps - 2 : -2]  # the timed rounds, then the two profiled
+    pairs = [tuple(rounds[i : i + 2]) for i in range(0, len(rounds), 2)]
+    assert set(pairs) == {("eager", "inductor"), ("inductor", "eager")}, rounds  # one step each per round, rotated
+    assert log.index("eager", 3) < log.index("vfuse", 3) and log.count("vfuse") == 5
+    rows = {r["contender"]: r for r in json.loads(out.read_text())["results"]}
+    assert rows["vfuse"]["error"] == "RuntimeError: boom" and not rows["vfuse"]["ok"]
+    for r in (rows["eager"], rows["inductor"]):
+        assert r["ok"] and r["step_ms_q1"] <= r["step_ms"] <= r["step_ms_q3"] and r["step_peak_bytes"] > 0, r

@@ -4,6 +4,8 @@ Inductor and vfuse: step time and peak memory, after checking loss and gradients
 Each contender trains its own deep copy of the same model from the same weights. Inductor and
 vfuse compile the model and the optimizer step (`torch.compile(opt.step)`, vfuse: one horizontally
 fused kernel per dtype, fusion/horizontal.py). Dropout is set to 0 so losses compare exactly.
+All contenders are built and checked first, then their steps are timed in interleaved rounds
+(bench/timing.measure: one step each per round, the order rotated): median and quartiles.
 
 Peak memory (CPU: torch keeps no allocator statistics there) is the same for every contender:
 the highest sum of tensor bytes allocated during one step and not yet freed, from torch's
@@ -19,9 +21,7 @@ import argparse
 import copy
 import json
 import math
-import statistics
 import sys
-import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -33,6 +33,7 @@ from rich.table import Table
 from torch import Tensor, nn
 
 from vfuse.bench import models as model_registry
+from vfuse.bench.timing import Stats, TimingConfig, measure
 from vfuse.bench.workloads_compute import Attention, ConvBnRelu, Gpt2Block, _layernorm, _linear, _randn
 from vfuse.runtime.pool import is_idle
 
@@ -129,6 +130,8 @@ class TrainResult:
     contender: str
     step_ms: float = math.nan  # median of the timed steps
     step_ms_min: float = math.nan
+    step_ms_q1: float = math.nan  # quartiles of the timed steps (interleaved rounds)
+    step_ms_q3: float = math.nan
     step_peak_bytes: int = 0  # allocated during a step and live at once, at most
     retained_bytes: int = 0  # kept by the compiled code between steps (vfuse arenas and pools)
     peak_bytes: int = 0  # step_peak_bytes + retained_bytes
@@ -152,6 +155,7 @@ class _Trainer:
     opt_step: Callable[[], Any]
     backend: Any = None
     losses: list[float] = field(default_factory=list)
+    result: TrainResult | None = None  # its first step's check, then its figures
 
     def step(self) -> Tensor:
         self.opt.zero_grad(set_to_none=True)
@@ -237,30 +241,52 @@ def _state_bytes(tr: _Trainer) -> int:
     return sum(t.numel() * t.element_size() for t in tensors)
 
 
-def _run_one(name: str, build: Build, contender: str, args: argparse.Namespace, ref: dict) -> TrainResult:
-    res = TrainResult(name, contender)
-    model, inputs = build(args.quick)
-    model = _no_dropout(model)
+def _prepare(
+    name: str, model: nn.Module, inputs: tuple[Tensor, ...], contender: str, args: argparse.Namespace, ref: dict
+) -> _Trainer:
+    """Build one contender's trainer (its own copy of `model`) and check its first step, which
+    compiles, against eager's: `ref` holds eager's loss and gradients once eager has run."""
     tr = _trainer(model, inputs, contender, strict=not args.allow_fallback)
-    loss = tr.step()  # compiles; its loss and gradients are checked against eager's first step
+    loss = tr.step()
     grads = _grads(tr.model)
     if contender == "eager":
         ref.update(loss=loss, grads=grads)
-    res.loss = loss.item()
-    res.loss_rel_err = _rel_err(loss, ref["loss"])
+    res = TrainResult(name, contender, loss=loss.item(), loss_rel_err=_rel_err(loss, ref["loss"]))
     pairs = [(g, r) for g, r in zip(grads, ref["grads"], strict=True) if r is not None]
     if any(g is None for g, _ in pairs):
         raise RuntimeError("a parameter has no gradient where eager has one")
     floor = 1e-2 * max((r.abs().max().item() for _, r in pairs if r.numel()), default=0.0)
     res.grad_rel_err = max((_rel_err(g, r, floor) for g, r in pairs), default=0.0)
-    for _ in range(args.warmup_steps):
-        tr.step()
-    times = []
-    for _ in range(args.steps):
-        t0 = time.perf_counter()
-        tr.step()
-        times.append(time.perf_counter() - t0)
-    res.step_ms, res.step_ms_min = statistics.median(times) * 1e3, min(times) * 1e3
+    res.ok = res.loss_rel_err <= LOSS_RTOL and res.grad_rel_err <= GRAD_RTOL
+    tr.result = res
+    return tr
+
+
+def _error(name: str, contender: str, e: BaseException) -> TrainResult:
+    return TrainResult(name, contender, error=f"{type(e).__name__}: {e}".splitlines()[0])
+
+
+def _guarded(tr: _Trainer, failed: dict[str, BaseException]) -> Callable[[], object]:
+    """`tr.step`, or after it raised once a no-op: one contender's failure while timing is its row's
+    error, not the end of the others' rounds (its times are then dropped)."""
+
+    def step() -> object:
+        if tr.result.contender in failed:
+            return None
+        try:
+            return tr.step()
+        except Exception as e:  # reported in the row
+            failed[tr.result.contender] = e
+            return None
+
+    return step
+
+
+def _finish(tr: _Trainer, stats: Stats) -> TrainResult:
+    """The timed figures, then one more step under the profiler for this contender's peak memory."""
+    res = tr.result
+    res.step_ms, res.step_ms_min = stats.median_s * 1e3, stats.min_s * 1e3
+    res.step_ms_q1, res.step_ms_q3 = stats.q1_s * 1e3, stats.q3_s * 1e3
     res.step_peak_bytes = step_peak_bytes(tr.step)
     res.retained_bytes = retained_bytes(tr.backend)
     res.peak_bytes = res.step_peak_bytes + res.retained_bytes
@@ -268,8 +294,40 @@ def _run_one(name: str, build: Build, contender: str, args: argparse.Namespace, 
     if tr.backend is not None:
         res.saved_bytes = sum(p.saved_bytes for p in tr.backend.remat)
         res.graphs, res.eager_graphs = tr.backend.stats["graphs"], tr.backend.stats["eager_graphs"]
-    res.ok = res.loss_rel_err <= LOSS_RTOL and res.grad_rel_err <= GRAD_RTOL
     return res
+
+
+def _run_workload(
+    name: str, build: Build, contenders: list[str], args: argparse.Namespace, console: Console
+) -> list[TrainResult]:
+    """Every contender built and checked first, then their steps timed in interleaved rounds
+    (bench/timing.measure: one step each per round, the order rotated), so that the machine's drift
+    hits all of them alike; each contender's peak memory is then profiled in a step of its own."""
+    torch._dynamo.reset()  # no guards or cache entries carried over from the previous workload
+    model, inputs = build(args.quick)
+    model = _no_dropout(model)
+    ref: dict = {}
+    rows: dict[str, TrainResult] = {}
+    trainers: dict[str, _Trainer] = {}
+    for contender in contenders:
+        console.print(f"training {name}: compile + check {contender}", style="dim")
+        try:
+            trainers[contender] = _prepare(name, model, inputs, contender, args, ref)
+        except Exception as e:  # one contender's failure is a row, not the end of the run
+            rows[contender] = _error(name, contender, e)
+    failed: dict[str, BaseException] = {}
+    fns = {c: _guarded(tr, failed) for c, tr in trainers.items()}
+    console.print(f"training {name}: timing {', '.join(fns)} interleaved", style="dim")
+    config = TimingConfig(warmup=args.warmup_steps, reps=args.steps, min_sample_s=0.0)  # one step per sample
+    stats = measure(fns, config) if fns else {}
+    for contender, tr in trainers.items():
+        try:
+            if contender in failed:
+                raise failed[contender]
+            rows[contender] = _finish(tr, stats[contender])
+        except Exception as e:
+            rows[contender] = _error(name, contender, e)
+    return [rows[c] for c in contenders]
 
 
 def selected(args: argparse.Namespace) -> list[tuple[str, Build]]:
@@ -289,14 +347,7 @@ def run(args: argparse.Namespace, console: Console) -> list[TrainResult]:
         raise ValueError(f"--train contenders: eager first, then any of {', '.join(CONTENDERS[1:])}")
     results = []
     for name, build in selected(args):
-        ref: dict = {}
-        for contender in contenders:
-            console.print(f"training {name} with {contender}", style="dim")
-            torch._dynamo.reset()
-            try:
-                results.append(_run_one(name, build, contender, args, ref))
-            except Exception as e:  # one contender's failure is a row, not the end of the run
-                results.append(TrainResult(name, contender, error=f"{type(e).__name__}: {e}".splitlines()[0]))
+        results += _run_workload(name, build, contenders, args, console)
     return results
 
 
@@ -304,11 +355,19 @@ def _mb(n: int) -> str:
     return f"{n / 2**20:.2f}"
 
 
+def _ratio(base: TrainResult | None, r: TrainResult) -> str:
+    """base's median step time over r's (> 1: r is faster); both from the same interleaved rounds."""
+    ok = base is not None and base.step_ms == base.step_ms and r.step_ms == r.step_ms and r.step_ms > 0
+    return f"{base.step_ms / r.step_ms:.2f}x" if ok else "-"
+
+
 COLUMNS = (
     "workload",
     "contender",
     "step ms",
+    "IQR",
     "vs eager",
+    "vs Inductor",
     "peak MiB",
     "retained",
     "saved",
@@ -323,16 +382,17 @@ def print_results(console: Console, results: list[TrainResult]) -> None:
     for col in COLUMNS:
         table.add_column(col, justify="left" if col in ("workload", "contender", "check") else "right")
     eager = {r.workload: r for r in results if r.contender == "eager"}
+    inductor = {r.workload: r for r in results if r.contender == "inductor"}
     for r in results:
-        base = eager.get(r.workload)
-        speed = f"{base.step_ms / r.step_ms:.2f}x" if base and r.step_ms == r.step_ms and r.step_ms else "-"
+        speed, vs_inductor = _ratio(eager.get(r.workload), r), _ratio(inductor.get(r.workload), r)
         check = r.error or ("ok" if r.ok else f"MISMATCH loss {r.loss_rel_err:.1e} grad {r.grad_rel_err:.1e}")
         saved = "-" if r.saved_bytes is None else _mb(r.saved_bytes)
         # The first step's largest gradient error vs eager, relative to each gradient's scale
         # (issue 14's bar for the models: 1e-4; `check` fails past GRAD_RTOL).
         grad = "-" if r.contender == "eager" or r.grad_rel_err != r.grad_rel_err else f"{r.grad_rel_err:.1e}"
         table.add_row(
-            r.workload, r.contender, f"{r.step_ms:.2f}", speed, _mb(r.peak_bytes), _mb(r.retained_bytes), saved,
+            r.workload, r.contender, f"{r.step_ms:.2f}", f"{r.step_ms_q3 - r.step_ms_q1:.2f}", speed, vs_inductor,
+            _mb(r.peak_bytes), _mb(r.retained_bytes), saved,
             _mb(r.state_bytes), grad, check,
         )  # fmt: skip
     console.print(table)
@@ -360,7 +420,7 @@ def main(args: argparse.Namespace) -> int:
     print_results(console, results)
     ok = all(r.ok for r in results)
     if args.json:
-        config = {"train": True, "quick": args.quick, "threads": args.threads, "steps": args.steps}
+        config = {"train": True, "interleaved": True, "quick": args.quick, "threads": args.threads, "steps": args.steps}
         config |= {"warmup_steps": args.warmup_steps, "lr": LR, "loss_rtol": LOSS_RTOL, "grad_rtol": GRAD_RTOL}
         doc = {"schema": "vfuse-bench-train/1", "config": config, "ok": ok, "results": [asdict(r) for r in results]}
         args.json.write_text(json.dumps(doc, indent=1) + "\n")
