@@ -13,7 +13,7 @@ from typing import Any
 
 from vfuse.ir import DType, Op
 from vfuse.ir.types import TensorType
-from vfuse.schedule.expr import Lin
+from vfuse.schedule.expr import Lin, Range
 from vfuse.schedule.gpu_types import GpuLaunch, GpuTiles
 from vfuse.schedule.gpu_types import GpuWalk as GpuWalk  # re-exported: the schedule's types live here
 from vfuse.targets.isa import Isa
@@ -207,8 +207,7 @@ class Reduction:
 
 @dataclass(frozen=True)
 class Pass:
-    """One walk over the row of a row kernel: `before` runs once per row before it, `body` per element.
-    The fields after `reloaded` are the schedule's decisions on how to render it (`strategy.py`)."""
+    """A walk over the row: `before` once per row, `body` per element; after `reloaded`: decisions (`strategy.py`)."""
 
     before: tuple[Stmt, ...]
     body: tuple[Stmt | Store, ...]
@@ -221,6 +220,7 @@ class Pass:
     recips: tuple[str, ...] = ()  # divisors fixed for the pass: x / d is x * (1/d), 1/d computed before the loop
     nonpos: tuple[str, ...] = ()  # values known to be <= 0 or NaN (x - rowmax(x)): exp cannot overflow
     peel: tuple[int, int] | None = None  # SIMD loop's [lo, hi) without active index clamps (`peel.py`)
+    ranges: tuple[Range, ...] = ()  # the SIMD loop split where a CAT's selects switch (`peel.py`)
 
 
 @dataclass(frozen=True)
@@ -289,6 +289,7 @@ class Kernel:
     placement: dict[str, Place] = field(default_factory=dict)
     row_index: Lin = field(default_factory=Lin)  # linear index inside the row (row buffers)
     stream: bool = False  # stores bypass the caches (outputs larger than the LLC): see nest.with_streaming
+    stream_gate: Any = None  # nest.StreamGate: over symbolic sizes, `stream` only from a size (per call)
     table: str = ""  # the one byte-wide load the stores depend on: a lookup-table kernel (table.py)
     checks: tuple[IndexCheck, ...] = ()  # gather index buffers checked before the loops
     # How to render it, decided by `strategy.decide` from the kernel and the target's vector width.

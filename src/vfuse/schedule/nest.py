@@ -13,9 +13,10 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable
+from typing import Any
 
 from vfuse.ir import DType, TensorType, opdef
-from vfuse.ir.sym import hint
+from vfuse.ir.sym import hint, is_sym, proved
 from vfuse.schedule import expr
 from vfuse.schedule.expr import Lin, Var
 from vfuse.schedule.kernel import Compute, Kernel, Load, Loop, Pass, Place, Reduce, Stmt, Store, stmt_args, stmt_index
@@ -221,16 +222,58 @@ def with_streaming(k: Kernel, llc_bytes: int) -> Kernel:
     around the cache (non-temporal stores) saves the read-for-ownership of every line (a third
     of the traffic of `out = a + b`). Only where every such store is contiguous along the SIMD
     loop and made in a pass without reductions or row-buffer writes, which
-    codegen/cpp/streaming.py writes through an L1 chunk buffer."""
+    codegen/cpp/streaming.py writes through an L1 chunk buffer. Symbolic sizes that may end on
+    either side of the limit stream per call (`StreamGate`)."""
     stores = streamable_stores(k)
     if not llc_bytes or not stores:
         return k
     total = 1
     for lp in (*k.outer, *k.inner):
         total *= lp.size
-    if hint(total) * sum(s.dtype.itemsize for s in stores) < STREAM_MIN_LLCS * llc_bytes:  # perf only: at the hint
+    return with_stream_choice(k, stream_choice(total * sum(s.dtype.itemsize for s in stores), llc_bytes))
+
+
+@dataclasses.dataclass(frozen=True)
+class StreamGate:
+    """`Kernel.stream` over symbolic sizes that may end on either side of the limit: the stores go
+    around the caches in calls whose `moved` bytes (a size expression: the kernel's stores, or its
+    loads and stores) reach `limit` (STREAM_MIN_LLCS last-level caches). The renderer computes
+    the flag once per call (codegen/cpp/streaming.py); taken at the hint instead, a first call
+    of 6145 rows left softmax 8192x1024 unstreamed and 1.31x slower than its static build."""
+
+    moved: Any  # SymSize
+    limit: int
+
+
+def stream_choice(moved: Any, llc_bytes: int) -> bool | StreamGate:
+    """Whether `moved` bytes (an int or a symbolic size) are STREAM_MIN_LLCS x `llc_bytes` or
+    more: a bool where that holds or fails at every size (plain ints; proved over the symbols'
+    ranges, no guard), else the StreamGate that decides per call."""
+    limit = STREAM_MIN_LLCS * llc_bytes
+    if not llc_bytes or not is_sym(moved):
+        return bool(llc_bytes) and moved >= limit
+    if proved(limit, "<=", moved) or proved(moved, "<", limit):
+        return proved(limit, "<=", moved)
+    return StreamGate(moved, limit)
+
+
+def with_stream_choice(k: Kernel, choice: bool | StreamGate) -> Kernel:
+    """`k` streaming always (True), never (False: `k` unchanged) or per call (a StreamGate)."""
+    if choice is False:
         return k
-    return dataclasses.replace(k, stream=True)
+    return dataclasses.replace(k, stream=True, stream_gate=choice if isinstance(choice, StreamGate) else None)
+
+
+def streams_at_hint(k: Kernel) -> bool:
+    """Whether `k` streams at the hints of its sizes (always, when it streams at a fixed size)."""
+    gate = k.stream_gate
+    return k.stream and (gate is None or hint(gate.moved) >= gate.limit)
+
+
+def stream_fixed(k: Kernel) -> Kernel:
+    """`k` with a per-call stream choice taken at the hint: for walks whose renderers stream
+    always or never (row groups, lookup tables)."""
+    return dataclasses.replace(k, stream=streams_at_hint(k), stream_gate=None) if k.stream_gate else k
 
 
 def streamable_stores(k: Kernel) -> list[Store]:

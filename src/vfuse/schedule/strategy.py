@@ -18,11 +18,11 @@ from vfuse.ir import DType, Op, opdef
 from vfuse.ir.sym import hint, is_sym
 from vfuse.schedule.expr import Clamp, Lin, Var, walk
 from vfuse.schedule.kernel import Accumulate, Compute, Kernel, Load, Loop, Pass, RandKey, Reduction, Store, Walk
-from vfuse.schedule.nest import streamable_stores
+from vfuse.schedule.nest import StreamGate, stream_choice, stream_fixed, streamable_stores, streams_at_hint
 from vfuse.schedule.peel import interior, threaded_selects
 from vfuse.schedule.prefetch import SMALL_L2, plan_group_prefetch, plan_prefetch
 from vfuse.schedule.rowfacts import below_row_max, pass_invariant_divisors
-from vfuse.schedule.transpose import STREAM_MIN_LLCS, plan_transpose, stream_tiles
+from vfuse.schedule.transpose import plan_transpose, stream_tiles
 
 BLOCK = 1024  # elements per partial sum: bounds the float rounding error of long sums
 # Below this many elements a kernel runs on one thread (fork/join costs more than it saves).
@@ -64,27 +64,38 @@ def decide(k: Kernel, vector: int, l1: int = 48 << 10, llc: int = 0, l2: int = 0
     k = dataclasses.replace(k, walk=_walk(k, vector))
     if k.walk is Walk.SINGLE_ROW and (tiles := plan_transpose(k, vector, l1)):
         # Streamed or not by the tiles' own rule (their traffic, not the stores' alone).
-        k = dataclasses.replace(k, walk=Walk.TILED_TRANSPOSE, transpose=tiles, stream=stream_tiles(k, tiles, llc))
+        tiled = {"transpose": tiles, "stream": stream_tiles(k, tiles, llc), "stream_gate": None}
+        k = dataclasses.replace(k, walk=Walk.TILED_TRANSPOSE, **tiled)
     if k.walk is Walk.ROW_GROUPS:
-        k = dataclasses.replace(k, row_group=ROW_GROUP, prefetch=plan_group_prefetch(k, ROW_GROUP, l1))
+        k = dataclasses.replace(stream_fixed(k), row_group=ROW_GROUP, prefetch=plan_group_prefetch(k, ROW_GROUP, l1))
     elif k.walk is Walk.ROWS:
         k = dataclasses.replace(k, prefetch=plan_prefetch(k, l1, l2))
-        k = dataclasses.replace(k, stream=k.stream or stream_prefetched_rows(k, llc, l2))
+        k = with_prefetched_streaming(k, stream_prefetched_rows(k, llc, l2))
     elif k.walk is Walk.LOOKUP_TABLE:
-        k = dataclasses.replace(k, table_flat=table_flat(k))
+        # table.py streams a whole kernel or none of it: a per-call choice is taken at the hint.
+        k = dataclasses.replace(stream_fixed(k), table_flat=table_flat(k))
     no_pre = clamped_loads(k)
     k = dataclasses.replace(k, no_pre=no_pre, no_jump_threading=threaded_selects(k), narrow_simd=no_pre and vector > 8)
     return dataclasses.replace(k, passes=tuple(_pass(k, i, vector) for i in range(len(k.passes))))
 
 
-def stream_prefetched_rows(k: Kernel, llc: int, l2: int) -> bool:
+def with_prefetched_streaming(k: Kernel, choice: bool | StreamGate) -> Kernel:
+    """`k` also streaming where `stream_prefetched_rows` chose to: its bytes count the loads too,
+    so a gate of its own passes wherever `nest.with_streaming`'s does and replaces it."""
+    if choice is False or (k.stream and k.stream_gate is None):
+        return k
+    return dataclasses.replace(k, stream=True, stream_gate=choice if isinstance(choice, StreamGate) else None)
+
+
+def stream_prefetched_rows(k: Kernel, llc: int, l2: int) -> bool | StreamGate:
     """Whether a row walk with prefetched rows streams its stores although they are under
     `nest.with_streaming`'s STREAM_MIN_LLCS: on cores with a small L2 (`prefetch.SMALL_L2`, where
     it was measured), where its loads and stores together move that many LLCs (as tiled
     transposes, `transpose.stream_tiles`) and the storing pass is CHEAP (softmax's normalization:
     bound by memory, not by the chunk copy streaming adds). Zen 3, softmax 8192x1024 (32 MiB in,
     32 MiB out): 1.19x faster; LayerNorm+GELU 1.18x slower, RMSNorm+SiLU the same. Zen 5's
-    streamed softmax had lost 10-30 % (nest.py), Zen 4's won with row prefetch (docs/perf-log.md)."""
+    streamed softmax had lost 10-30 % (nest.py), Zen 4's won with row prefetch (docs/perf-log.md).
+    Over symbolic sizes, a StreamGate where the bytes may end on either side (`nest.stream_choice`)."""
     small_l2 = 0 < l2 <= SMALL_L2
     stores = streamable_stores(k) if k.prefetch is not None and llc and small_l2 else []
     storing = [i for i, p in enumerate(k.passes) if any(isinstance(s, Store) for s in p.body)]
@@ -93,8 +104,7 @@ def stream_prefetched_rows(k: Kernel, llc: int, l2: int) -> bool:
     rows = [Var(lp.var) for lp in k.outer]
     moving = (s for p in k.passes for s in p.body if isinstance(s, Load) and any(s.index.coef(r) for r in rows))
     loads = {s.buf: s.dtype.itemsize for s in moving}  # not the weights every row reads again
-    moved = hint(_total(k)) * (sum(loads.values()) + sum(s.dtype.itemsize for s in stores))  # perf only
-    return moved >= STREAM_MIN_LLCS * llc
+    return stream_choice(_total(k) * (sum(loads.values()) + sum(s.dtype.itemsize for s in stores)), llc)
 
 
 def _cheap_body(k: Kernel, i: int) -> bool:
@@ -157,7 +167,7 @@ def use_row_groups(k: Kernel, vector: int) -> bool:
     """Short rows (up to ROW_GROUP_ELEMENTS or 4 x `lanes` elements, where latency rather than
     bandwidth bounds a pass) of a one-loop row nest. Row buffers are one row long and a RandKey
     is no plain value, so kernels with either keep the row-at-a-time walk."""
-    if len(k.outer) != 1 or k.stream or k.tile or not any(p.reduces for p in k.passes):
+    if len(k.outer) != 1 or streams_at_hint(k) or k.tile or not any(p.reduces for p in k.passes):
         return False
     if any(is_sym(lp.size) for lp in k.inner):
         return False  # a row length known at run time only: the row-at-a-time walk serves every length

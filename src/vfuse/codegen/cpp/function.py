@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from vfuse.codegen.cpp.faults import FAULT_VAR, c_string, can_fault, fault_offset
+from vfuse.codegen.cpp.streaming import stream_flag
 from vfuse.codegen.cpp.writer import KernelWriter, pointer
 from vfuse.schedule.kernel import Kernel, Program, Segment
 
@@ -19,7 +20,7 @@ PROFILED_SUFFIX = "_prof"  # the timing entry of segment `s` is `s_prof(..., int
 def kernel_function(w: KernelWriter, body: Callable[[KernelWriter], None]) -> str:
     """`static void kN(...)`: pointers, fault prologue, then `body(w)`."""
     w.pointers()
-    for line in kernel_prologue(w.k, w.program):
+    for line in (*kernel_prologue(w.k, w.program), *stream_flag(w.k)):
         w.w(line)
     body(w)
     doc = f"// group {w.k.group} ({w.k.label}): {w.describe()}"
