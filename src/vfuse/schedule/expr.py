@@ -275,6 +275,71 @@ def unclamp(e: Lin, var: int) -> Lin:
     return out
 
 
+@dataclass(frozen=True)
+class Range:
+    """[lo, hi) of a pass's SIMD loop `var` in which every CAT select along it takes one input
+    (`picks`: select var -> arg index) and `dead` values are not needed; indices are rendered
+    through `within` (clamps inactive here dropped; with `block`, div/mod hoisted per block
+    of that many elements, counted by loop var `block_var`). Decided by `schedule/peel.py`."""
+
+    lo: int
+    hi: int
+    picks: tuple[tuple[str, int], ...] = ()
+    dead: tuple[str, ...] = ()
+    block: int = 0
+    block_var: int = -1
+
+
+def within(e: Lin, var: int, lo: int, hi: int, block: int = 0, block_var: int = -1) -> Lin:
+    """`e` for loop `var` in [lo, hi) (a range of a split SIMD loop: `schedule/peel.py`): clamps of
+    an affine form in `var` alone that are inactive over the whole range become the form; with
+    `block` > 0 the loop runs in blocks of `block` from `block_var` (= lo + m * block), and each
+    div / mod of `var` whose quotient is fixed within a block (`blockable`) is taken of
+    `block_var` (computed once per block) plus `var - block_var`. Every rewrite is checked here,
+    so the result equals `e` for every `var` in the range, whatever the caller decided."""
+    out, v = Lin(e.const), Var(var)
+    for a, c in e.terms:
+        if isinstance(a, Clamp):
+            arg = within(a.arg, var, lo, hi, block, block_var)
+            ends = [_at(a.arg, v, x) for x in (lo, hi - 1)]
+            inactive = None not in ends and a.lo <= min(ends) and max(ends) <= a.hi  # type: ignore[type-var]
+            term = arg if inactive else Lin(0, ((Clamp(arg, a.lo, a.hi), 1),))
+        elif isinstance(a, Div | Mod):
+            arg = within(a.arg, var, lo, hi, block, block_var)
+            if block and blockable(arg, a.divisor, var, lo, block):
+                base = arg - Lin.var(v) + Lin.var(Var(block_var))
+                # base is a multiple of `block`: base % block is 0, base % d (d a multiple) is not known
+                whole = Lin() if isinstance(a, Mod) and a.divisor == block else Lin(0, ((type(a)(base, a.divisor), 1),))
+                term = whole + (Lin.var(v) - Lin.var(Var(block_var)) if isinstance(a, Mod) else 0)
+            else:
+                term = Lin(0, ((type(a)(arg, a.divisor), 1),))
+        else:
+            term = Lin(0, ((a, 1),))
+        out = out + term * c
+    return out
+
+
+def _at(e: Lin, v: Var, x: int) -> int | None:
+    """The value of `e` at `v` = x when `e` is an affine form in `v` alone, else None."""
+    if not all(a == v and isinstance(c, int) for a, c in e.terms) or not isinstance(e.const, int):
+        return None
+    return e.const + e.coef(v) * x
+
+
+def blockable(arg: Lin, d: int, var: int, lo: int, block: int) -> bool:
+    """Whether `arg // d` and `arg % d` are fixed within every block of `block` values of `var`
+    starting at lo + m * block: `arg` is var + const + nonnegative multiples of `block` of other
+    loop vars, `block` divides `d`, and `arg` is a nonnegative multiple of `block` at each block's
+    start (C++ division truncates, so it must not be negative there)."""
+    v = Var(var)
+    if not isinstance(d, int) or d % block or arg.coef(v) != 1 or not isinstance(arg.const, int):
+        return False
+    others = [(a, c) for a, c in arg.terms if a != v]
+    if not all(isinstance(a, Var) and isinstance(c, int) and c >= 0 and c % block == 0 for a, c in others):
+        return False
+    return (lo + arg.const) % block == 0 and lo + arg.const >= 0
+
+
 def render(e: Lin, name: Mapping[int, str]) -> str:
     """C++ text of `e` (int64_t arithmetic); `name` maps var ids to loop variable names."""
     parts = [_term(a, c, name) for a, c in e.terms]

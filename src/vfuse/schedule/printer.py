@@ -107,6 +107,8 @@ def _pass(n: int, p: Pass) -> str:
         extra.append(f"reciprocal of {', '.join(p.recips)}")
     if p.nonpos:
         extra.append(f"<= 0: {', '.join(p.nonpos)}")
+    if p.ranges:  # peel.py: the SIMD loop split at a CAT's pieces
+        extra.append("ranges " + " ".join(f"[{r.lo},{r.hi})" + (f"/{r.block}" if r.block else "") for r in p.ranges))
     return (
         f"    pass {n}: {len(p.before)} per-row, {len(p.body)} per-element"
         + (f", reduce {red}" if red else "")

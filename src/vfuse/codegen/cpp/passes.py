@@ -9,7 +9,7 @@ from vfuse.codegen.cpp.lanes import render_lanes
 from vfuse.codegen.cpp.streaming import render_streamed
 from vfuse.codegen.cpp.strips import render_strips
 from vfuse.codegen.cpp.writer import KernelWriter
-from vfuse.schedule.kernel import Accumulate, Loop, Pass
+from vfuse.schedule.kernel import Accumulate, Loop, Pass, Range
 
 PARALLEL = "num_threads(nt) schedule(static)"
 BLOCKED = (Accumulate.SIMD, Accumulate.LANES, Accumulate.STRIPS)
@@ -43,6 +43,9 @@ def _nest(w: KernelWriter, p: Pass) -> None:
     vec_par = vec.parallel and not p.serial
     if p.reduction.kind in BLOCKED:
         _blocked(w, p, vec, vec_par)
+    elif p.ranges:
+        for r in p.ranges:
+            _range(w, p, vec, r)
     else:
         for start, end, interior in _pieces(p, vec):
             if p.reduction.kind is not Accumulate.IN_ORDER:
@@ -53,6 +56,23 @@ def _nest(w: KernelWriter, p: Pass) -> None:
             w.unclamped = None
             w.close()
     w.close(len(rest))
+
+
+def _range(w: KernelWriter, p: Pass, vec: Loop, r: Range) -> None:
+    """One range of a SIMD loop split at a CAT's pieces (schedule/peel.py): only the picked
+    inputs are read; with `r.block`, a loop over block starts around the SIMD loop, whose div /
+    mod of the loop var the indices take once per block (`expr.within`)."""
+    v = w.names[vec.var]
+    if r.block:
+        b = f"{v}b"
+        w.names[r.block_var] = b
+        w.open(f"for (int64_t {b} = {r.lo}; {b} < {r.hi}; {b} += {r.block}) {{")
+    w.w("#pragma omp simd")
+    w.open_loop(vec, f"{b}" if r.block else str(r.lo), f"{b} + {r.block}" if r.block else str(r.hi))
+    w.range = (vec.var, r)
+    w.body(p, "_acc")
+    w.range = None
+    w.close(2 if r.block else 1)
 
 
 def _pieces(p: Pass, vec: Loop) -> list[tuple[object, object, bool]]:

@@ -35,6 +35,7 @@ from vfuse.schedule.kernel import (
     Program,
     Rand,
     RandKey,
+    Range,
     Reduce,
     Select,
     Stmt,
@@ -96,6 +97,7 @@ class KernelWriter:
         self._made = 0  # helper variables named so far (`fresh`)
         self._exact: set[str] = set()  # fp16/bf16 values known representable (loads, casts into them)
         self.unclamped: int | None = None  # loop var whose index clamps are inactive here (a peel's interior)
+        self.range: tuple[int, Range] | None = None  # (SIMD loop var, the range of it rendered: peel.py)
 
     # ---- lines ----
     def w(self, line: str) -> None:
@@ -140,10 +142,15 @@ class KernelWriter:
     def idx(self, e: expr.Lin) -> str:
         if self.unclamped is not None:  # the interior of a peeled loop (schedule/peel.py)
             e = expr.unclamp(e, self.unclamped)
+        if self.range is not None:  # a range of a SIMD loop split at a CAT's pieces (schedule/peel.py)
+            var, r = self.range
+            e = expr.within(e, var, r.lo, r.hi, r.block, r.block_var)
         return expr.render(e, self.names)
 
     # ---- statements ----
     def stmt(self, s: Stmt | Store) -> None:
+        if self.range is not None and not isinstance(s, Store) and s.var in self.range[1].dead:
+            return  # another piece's input, not read in this range
         if isinstance(s, Store):
             if s.dtype is DType.BOOL:  # as bytes: a bool store next to float math left g++ 12's loop scalar
                 self.w(f"((uint8_t*){pointer(s.buf)})[{self.idx(s.index)}] = (uint8_t)({s.arg});")
@@ -172,6 +179,8 @@ class KernelWriter:
         if isinstance(s, Rand):
             return f"vf_rand({s.key}, (uint64_t)({self.idx(s.index)}))"
         if isinstance(s, Select):
+            if self.range is not None and (pick := dict(self.range[1].picks).get(s.var)) is not None:
+                return s.args[pick]
             c = self.idx(s.coord)
             out = s.args[-1]
             for b, a in reversed(list(zip(s.bounds, s.args, strict=False))):
@@ -333,4 +342,5 @@ class StatementWriter(KernelWriter):
         self._made = 0
         self._exact = set()
         self.unclamped = None
+        self.range = None
         self.fault = NO_FAULT  # the schedule keeps fault sites out of contraction templates
