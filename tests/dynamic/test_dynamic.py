@@ -224,7 +224,11 @@ def test_report_names_symbols_guards_and_flipping_decisions() -> None:
     report = vfuse.explain(f, x, y, dynamic_shapes={"x": {1: n}, "y": {1: n}})
     assert len(report.symbols) == 1 and "= 64 here (2..4194304)" in report.symbols[0]
     # The planner's choice at the hint (64 wide rows) is not the one at the range's ends.
-    assert report.flips and all("prologue-into-reduction" in f for f in report.flips)
+    merges = [f for f in report.flips if f.startswith("%")]
+    assert merges and all("prologue-into-reduction" in f for f in merges)
+    # The schedule's: 8 rows of 64 run on one thread, of 4096 (32768 elements: PARALLEL_MIN) on several.
+    (n_sym,) = (s.split(" = ")[0] for s in report.symbols)
+    assert f"k0 (row) threads: one at {n_sym}=64; several from {n_sym}=4096" in report.flips, report.flips
     text = render_text(report)
     assert "symbolic sizes" in text and "decisions that flip" in text
     c = vfuse.compile(f, (x, y), dynamic_shapes={"x": {1: n}, "y": {1: n}})

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 from tests.codegen.vectorization import simd_loops_vectorized
+from torch.export import Dim
 
 import vfuse
 import vfuse.compiler as compiler
@@ -112,3 +113,16 @@ def test_fixed_sizes_decide_once_without_a_flag(built: list, shape: tuple[int, i
     kernels = [k for k in program.kernels if isinstance(k, Kernel)]
     assert all(k.stream_gate is None for k in kernels) and [k.stream for k in kernels] == [streamed]
     assert STREAM_FLAG not in source and ("vf_stream(&" in source) == streamed
+
+
+def test_report_names_per_call_streaming_and_choices_that_flip(built: list) -> None:
+    from vfuse.report.text import render_text
+
+    rows, cols = Dim("rows", min=2, max=1 << 20), Dim("cols", min=2, max=1 << 16)
+    report = vfuse.explain(_softmax, torch.randn(5, 600), dynamic_shapes={"x": {0: rows, 1: cols}})
+    r, c = (s.split(" = ")[0] for s in report.symbols)  # the symbols' names (rows first)
+    per_call = f"stores: chosen per call, streamed where 8*{r}*{c} >= {2 * LLC} bytes"
+    assert any(f.endswith(per_call) for f in report.flips), report.flips
+    # 5 x 600 elements run on one thread (under strategy.PARALLEL_MIN, 32768): 55 rows of 600 on several.
+    assert f"k0 (row) threads: one at {r}=5; several from {r}=55" in report.flips, report.flips
+    assert "chosen per call" in render_text(report)

@@ -5,12 +5,13 @@ the same graph again with every symbol at the low and at the high end of where i
 (its range, capped: `far_hints`), and names each candidate merge accepted at one point and
 rejected at another: the program serves every size, but those choices are the hint's. The
 guards the replanning takes are its own (the env's are restored): nothing of it reaches the
-compiled program.
+compiled program. `size_flips` does the same for any choices a callback names (the schedule's:
+`schedule/choices.py`), one symbol at a time, and finds the size where each one changes.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 
 from vfuse.fusion.plan import Decision, FusionPlan
@@ -19,6 +20,8 @@ from vfuse.ir.sym import SymEnv
 from vfuse.targets import Target
 
 FAR = 64  # the high point: the hint times this, within the symbol's range
+# Steps of the search for where a choice changes, per symbol and side (each one schedules again).
+SEARCH_STEPS = 16
 
 
 def far_hints(env: SymEnv) -> list[dict]:
@@ -62,3 +65,47 @@ def flips(graph: Graph, plan: FusionPlan, env: SymEnv, target: Target) -> list[s
         if groups != {g.nodes for g in plan.groups} and not out:
             out.append(f"the kernels differ at {where}")
     return out
+
+
+Choices = Callable[[], Mapping[str, str]]
+
+
+def size_flips(env: SymEnv, choices: Choices) -> list[str]:
+    """One line per choice `choices()` (name -> value at the env's hints) makes otherwise at another
+    size of one symbol, the others at their hints: at the symbol's low end or at FAR x its hint
+    (within its range), with the size nearest the hint where it changes (bisection, monotone
+    between the hint and that end assumed)."""
+    with hints_at(env, env.hints):
+        base = dict(choices())
+    out: list[str] = []
+    ends = far_hints(env)
+    for s in env.symbols:
+        seen: dict[int, Mapping[str, str]] = {env.hints[s]: base}
+
+        def at(n: int, s: object = s, seen: dict = seen) -> Mapping[str, str]:
+            if n not in seen:
+                with hints_at(env, {**env.hints, s: n}):
+                    seen[n] = dict(choices())
+            return seen[n]
+
+        for end in (ends[0][s], ends[1][s]):
+            if end == env.hints[s]:
+                continue
+            changed = [key for key, value in at(end).items() if key in base and base[key] != value]
+            if set(at(end)) != set(base):
+                out.append(f"the kernels differ at {s.name}={end} (here {s.name}={env.hints[s]})")
+            out += [_where(key, base[key], s.name, env.hints[s], end, at) for key in changed]
+    return out
+
+
+def _where(key: str, here: str, name: str, hint: int, end: int, at: Callable[[int], Mapping[str, str]]) -> str:
+    """`key: here at name=hint; other from name=n on` (or `up to name=n` below the hint)."""
+    near, far = hint, end  # at(near)[key] == here != at(far)[key]
+    for _ in range(SEARCH_STEPS):
+        if abs(far - near) <= 1:
+            break
+        mid = (near + far) // 2
+        near, far = (mid, far) if at(mid).get(key) == here else (near, mid)
+    side = "from" if end > hint else "up to"
+    exact = "" if abs(far - near) <= 1 else f" (changes between {min(near, far)} and {max(near, far)})"
+    return f"{key}: {here} at {name}={hint}; {at(far).get(key, '?')} {side} {name}={far}{exact}"

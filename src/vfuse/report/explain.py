@@ -75,12 +75,19 @@ def explain(
 
 
 def with_symbols(report: FusionReport, graph: Graph, plan: FusionPlan, env: Any, hardware: Target) -> FusionReport:
-    """The report of a graph planned over symbolic sizes: symbols, guards, decisions that flip."""
-    from vfuse.fusion.flips import flips
+    """The report of a graph planned over symbolic sizes: symbols, guards, decisions that flip
+    (the planner's, then for C++ kernels the schedule's: those made per call, those that change)."""
+    from vfuse.fusion.flips import flips, size_flips
+    from vfuse.schedule import build
+    from vfuse.schedule.choices import kernel_choices, per_call_choices
 
     symbols = tuple(f"{s.name} = {env.hints[s]} here ({_range(env.ranges[s])})" for s in env.symbols)
     guards = tuple(str(g) for g in env.guards)
-    return dataclasses.replace(report, symbols=symbols, guards=guards, flips=tuple(flips(graph, plan, env, hardware)))
+    lines = flips(graph, plan, env, hardware)
+    if report.backend == "cpp" and not hardware.is_gpu:
+        lines += per_call_choices(build(plan, hardware))
+        lines += size_flips(env, lambda: kernel_choices(build(plan, hardware)))
+    return dataclasses.replace(report, symbols=symbols, guards=guards, flips=tuple(lines))
 
 
 def _range(r: Any) -> str:

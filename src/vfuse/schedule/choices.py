@@ -1,0 +1,66 @@
+"""The schedule's size-dependent choices for each kernel, as text people read.
+
+Over symbolic sizes the schedule takes its performance choices (threads, walk, row groups,
+prefetch distance, row buffers, reductions, transpose tiles, register tiles) at the hints
+(`ir/sym.hint`, no guard). `kernel_choices` names them per kernel so that `fusion.flips.size_flips`
+can schedule the plan again at other sizes and report those that change within the range;
+`per_call_choices` lists the choices a kernel makes per call instead (streamed stores:
+`nest.StreamGate`).
+"""
+
+from __future__ import annotations
+
+from vfuse.ir.sym import pretty
+from vfuse.schedule.kernel import ContractionKernel, Kernel, Pass, Program, Segment, TorchStep
+
+
+def kernel_choices(program: Program) -> dict[str, str]:
+    """`"k3 (softmax) prefetch"` -> `"3 rows ahead"`, ...: each kernel's choices; torch steps by their nodes."""
+    out: dict[str, str] = {}
+    for step in program.steps:
+        if isinstance(step, TorchStep):
+            out[f"torch step ({', '.join(step.nodes)})"] = step.reason
+            continue
+        assert isinstance(step, Segment)
+        for k in step.kernels:
+            name = f"{k.name} ({k.label})"
+            choices = _contraction(k) if isinstance(k, ContractionKernel) else _kernel(k)
+            out.update({f"{name} {what}": value for what, value in choices.items()})
+    return out
+
+
+def per_call_choices(program: Program) -> list[str]:
+    """One line per kernel that decides per call (not at the hints): streamed stores."""
+    out = []
+    for k in program.kernels:
+        if isinstance(k, Kernel) and k.stream_gate is not None:
+            where = f"{pretty(k.stream_gate.moved)} >= {k.stream_gate.limit} bytes"
+            out.append(f"{k.name} ({k.label}) stores: chosen per call, streamed where {where}")
+    return out
+
+
+def _kernel(k: Kernel) -> dict[str, str]:
+    out = {
+        "walk": k.walk.value + (f" of {k.row_group}" if k.row_group else ""),
+        "threads": "several" if k.threaded else "one",
+        "stores": "per call" if k.stream_gate is not None else "streamed" if k.stream else "cached",
+        "prefetch": f"{k.prefetch.distance} rows ahead" if k.prefetch else "none",
+    }
+    buffered = sorted(v for p in k.passes for v in p.buffered)
+    if any(p.reduces for p in k.passes) or buffered:
+        out["row buffers"] = ", ".join(buffered) or "none"
+        out["reductions"] = "; ".join(_reduction(p) for p in k.passes if p.reduces)
+    if k.transpose:
+        out["tiles"] = f"{k.transpose.rows}x{k.transpose.cols}"
+    for i, part in enumerate(k.parts):
+        out.update({f"part {i} {what}": value for what, value in _kernel(part).items()})
+    return out
+
+
+def _reduction(p: Pass) -> str:
+    r = p.reduction
+    return r.kind.value + (f" x{r.chains}" if r.chains else f" x{r.lanes}" if r.lanes else "")
+
+
+def _contraction(k: ContractionKernel) -> dict[str, str]:
+    return {"register tile": f"{k.mr}x{k.nr}", "blocks": "x".join(map(str, k.blocks))}
