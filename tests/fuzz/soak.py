@@ -27,7 +27,8 @@ PYTEST = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--tim
 def run_round(test: str, examples: int, seed: int) -> bool:
     env = {**os.environ, "VFUSE_FUZZ": "soak", "VFUSE_FUZZ_EXAMPLES": str(examples)}
     start = time.monotonic()
-    done = subprocess.run([*PYTEST, "-x", test, f"--hypothesis-seed={seed}"], env=env, check=False)
+    # One file: in this process (-n 0), so that the rate measures the programs, not the workers' start.
+    done = subprocess.run([*PYTEST, "-n", "0", "-x", test, f"--hypothesis-seed={seed}"], env=env, check=False)
     took = time.monotonic() - start
     print(f"fuzz: {test} seed {seed}: {examples} programs in {took:.0f} s ({60 * examples / took:.1f} per minute)")
     return done.returncode == 0
@@ -50,7 +51,8 @@ def opinfo() -> bool:
     report = Path(os.environ.get("VFUSE_OPINFO_REPORT", "build/opinfo_report.txt"))
     report.parent.mkdir(parents=True, exist_ok=True)
     env = {**os.environ, "VFUSE_FUZZ": "soak", "VFUSE_OPINFO_REPORT": str(report)}
-    done = subprocess.run([*PYTEST, "--no-header", "tests/opinfo"], env=env, check=False)
+    # Every sample of an op in its own test: spread the tests over the workers, not whole files.
+    done = subprocess.run([*PYTEST, "--no-header", "--dist", "load", "tests/opinfo"], env=env, check=False)
     print(f"opinfo: summary in {report}")
     return done.returncode == 0
 

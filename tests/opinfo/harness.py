@@ -11,7 +11,6 @@ apart from the matches), never give a different result.
 
 from __future__ import annotations
 
-import enum
 import functools
 import operator
 import warnings
@@ -21,6 +20,7 @@ from typing import Any
 
 import torch
 import torch.utils._pytree as pytree
+from tests.opinfo.records import Outcome
 
 from vfuse.frontend.decompositions import DECOMPOSE, decomposition_table
 from vfuse.frontend.lowerings import lowered_targets, lowering_for
@@ -37,14 +37,6 @@ UNSPECIFIED |= {
 }
 UNSPECIFIED |= {"nn.functional.dropout2d", "nn.functional.dropout3d", "randn_like", "normal", "cauchy", "exponential"}
 UNSPECIFIED |= {"geometric", "log_normal", "multinomial", "randint_like", "nn.functional.rrelu"}
-
-
-class Outcome(enum.Enum):
-    MATCH = "match"
-    NEAR_REFERENCE = "near reference"  # low precision: as close to the float64 result as eager (runner.compare)
-    MISMATCH = "mismatch"
-    EAGER_GRAPH = "eager graph"  # vfuse could not compile the graph and ran it eagerly, with a warning
-    CRASH = "crash"  # vfuse raised where eager did not
 
 
 @dataclass(frozen=True)
