@@ -21,7 +21,7 @@ from vfuse.targets import Target
 
 FAR = 64  # the high point: the hint times this, within the symbol's range
 # Steps of the search for where a choice changes, per symbol and side (each one schedules again).
-SEARCH_STEPS = 16
+SEARCH_STEPS = 24
 
 
 def far_hints(env: SymEnv) -> list[dict]:
