@@ -133,10 +133,11 @@ static inline uint16_t vf_f2h(float f) {
 
 // ---- math helpers, overloaded so one table entry serves every dtype ----
 // fp32 exp, inline so that `omp simd` loops vectorize it to ~25 instructions instead
-// of a call to libmvec's _ZGVeN16v_expf (1.3x faster in an L1-resident loop). Cephes' expf:
-// n = rint(x/ln2), r = x - n*ln2 in two steps (n*C1 is exact), exp(r) by a degree-7
-// polynomial, times 2^n. Max error 1.01 ulp over the normal range, subnormal results within
-// 0.75 ulp (measured against double exp over every float; tests/codegen/test_exp.py).
+// of a call to libmvec's _ZGVeN16v_expf (1.3x faster in an L1-resident loop). After Cephes' expf:
+// n = rint(x/ln2), r = x - n*ln2 in two steps (n*C1 is exact), e^r - 1 = r + r^2 P(r) with P a
+// degree-4 minimax fit (relative error of e^r 3.8e-9 with its fp32 coefficients, Lawson's
+// algorithm on |r| <= 0.3466), times 2^n. Max error 1.03 ulp over the normal range, subnormal
+// results within 0.75 ulp (measured against double exp over every float; tests/codegen/test_exp.py).
 static inline float vf_fmaf(float a, float b, float c) {
 #if defined(__FMA__)
   return __builtin_fmaf(a, b, c);
@@ -152,14 +153,14 @@ static inline float vf_exp_m1_reduced(float x, float n) {
   // n*C1 is exact (at most 17 significant bits), so one fma rounds as x - n*C1 does.
   float r = vf_fmaf(-n, 0.693359375f, x);
   r = vf_fmaf(n, 2.12194440e-4f, r);
-  // Estrin's scheme: 3 dependent fmas instead of Horner's 5, as many operations. The loops
-  // around exp are bound by latency x operations in flight (the out-of-order window), most at
-  // 8 lanes: silu in an L1 loop, AVX2, 10 % faster (docs/perf-log.md).
+  // r^2 and 5 fmas (Cephes' degree 7 took 7 operations), 4 of them dependent after r^2 as before.
+  // The loops around exp are bound by operations per vector and latency x operations in flight
+  // (the out-of-order window), most at 8 lanes: one operation less is 9 % faster in an L1 loop
+  // (exp of x <= 0, AVX2; docs/perf-log.md).
   const float r2 = r * r;
-  const float p01 = vf_fmaf(1.6666665459e-1f, r, 5.0000001201e-1f);
-  const float p23 = vf_fmaf(8.3334519073e-3f, r, 4.1665795894e-2f);
-  const float p45 = vf_fmaf(1.9875691500e-4f, r, 1.3981999507e-3f);
-  const float p = vf_fmaf(r2, vf_fmaf(r2, p45, p23), p01);
+  const float a = vf_fmaf(1.6666521132e-01f, r, 4.9999994040e-01f);
+  const float b = vf_fmaf(8.3687156439e-03f, r, 4.1668388993e-02f);
+  const float p = vf_fmaf(r2, vf_fmaf(1.3814602280e-03f, r2, b), a);
   return vf_fmaf(p, r2, r);
 }
 static inline float vf_exp_m1(float x, int32_t& kk) {
@@ -300,19 +301,17 @@ template <class T> static inline T vf_gelu_none(T x) { return (T)0.5 * x * ((T)1
 // 25% faster than erf(x * sqrt1_2) in an L1 loop; ln_gelu row kernel 309 -> 241 ns/row.
 static inline float vf_gelu_none(float x) {
   const float xc = vf_clamp_sym(x, 0x40b33333u);  // 5.6f
-  const float w = xc * xc;
-  float p = -3.0119901205003774e-12f;
-  p = vf_fmaf(p, w, 6.122398825300405e-10f);
-  p = vf_fmaf(p, w, -9.285302078507751e-08f);
-  p = vf_fmaf(p, w, -5.031512341982542e-06f);
-  p = vf_fmaf(p, w, -0.00012992921470317354f);
-  p = vf_fmaf(p, w, -0.001044608780155643f);
-  p = vf_fmaf(p, w, -0.011381614315190025f);
-  float q = -9.10379490406225e-07f;
-  q = vf_fmaf(q, w, -2.6671756909863124e-05f);
-  q = vf_fmaf(q, w, -0.0004207067435955075f);
-  q = vf_fmaf(q, w, -0.00368666458360234f);
-  q = vf_fmaf(q, w, -0.0142647390514189f);
+  // Estrin's scheme for P (degree 6) and Q (degree 4) in w: 4 dependent fmas after w instead of
+  // Horner's 6, one multiply (w^2) more. The loop is bound by latency x operations in flight: 9 %
+  // faster in an L1 loop (AVX2). This order is +-1 exactly at |xc| = 5.6 too.
+  const float w = xc * xc, w2 = w * w;
+  const float p0 = vf_fmaf(-0.001044608780155643f, w, -0.011381614315190025f);
+  const float p2 = vf_fmaf(-5.031512341982542e-06f, w, -0.00012992921470317354f);
+  const float p4 = vf_fmaf(6.122398825300405e-10f, w, -9.285302078507751e-08f);
+  const float p = vf_fmaf(w2, vf_fmaf(w2, vf_fmaf(w2, -3.0119901205003774e-12f, p4), p2), p0);
+  const float q0 = vf_fmaf(-0.00368666458360234f, w, -0.0142647390514189f);
+  const float q2 = vf_fmaf(-2.6671756909863124e-05f, w, -0.0004207067435955075f);
+  const float q = vf_fmaf(w2, vf_fmaf(w2, -9.10379490406225e-07f, q2), q0);
   float e = xc * p / q;  // erf(x / sqrt2)
 #if !defined(__FMA__)
   // Unfused, the rational at |xc| = 5.6 is 1 - 2^-24, not 1: gelu(-1e30) came out as -6e22.
