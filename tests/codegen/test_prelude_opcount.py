@@ -1,0 +1,46 @@
+"""How many multiplies and FMAs the prelude's fp32 exp, GELU, SiLU and sigmoid cost per vector.
+
+The row kernels that use them (softmax, rms_silu, ln_gelu) are bound by these operations on the
+two FMA pipes of an AVX2 core, not by memory (docs/perf-log.md): each one saved is a few percent
+of the kernel. The budgets are the current forms' counts (exp's degree-6 minimax, GELU's rational
+by Estrin's scheme), so a change that adds one fails here and has to say why.
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from vfuse.codegen.cpp.prelude import PRELUDE
+from vfuse.codegen.cpp.toolchain import find_toolchain
+from vfuse.targets.cpu import isa_for
+from vfuse.targets.isa import Isa
+
+# packed multiplies and FMAs per loop body (one vector per iteration, no epilogue at 4096)
+BUDGET = {"vf_exp_nonpos": 10, "vf_exp": 11, "vf_gelu_none": 15, "vf_silu": 10, "vf_sigmoid": 10}
+MUL_FMA = re.compile(r"^\s+v(fn?m(add|sub)\d*|mul)ps\s")
+
+
+def _assembly(tmp_path: Path) -> str:
+    loops = "".join(
+        f'extern "C" void t_{fn}(const float* __restrict x, float* __restrict y) {{\n'
+        f"#pragma omp simd\n  for (int i = 0; i < 4096; ++i) y[i] = {fn}(x[i]);\n}}\n"
+        for fn in BUDGET
+    )
+    cpp = tmp_path / "ops.cpp"
+    cpp.write_text(PRELUDE + loops)
+    tc = find_toolchain()
+    subprocess.run([tc.cxx, *tc.flags, "-S", str(cpp), "-o", str(tmp_path / "ops.s")], check=True)
+    return (tmp_path / "ops.s").read_text()
+
+
+@pytest.mark.skipif(isa_for(None).tier is Isa.GENERIC, reason="no FMA at the generic tier: other counts")
+def test_multiplies_and_fmas_per_vector_within_budget(tmp_path: Path) -> None:
+    asm = _assembly(tmp_path)
+    for fn, budget in BUDGET.items():
+        body = asm.split(f"\nt_{fn}:", 1)[1].split(".cfi_endproc", 1)[0]
+        ops = [line.strip() for line in body.splitlines() if MUL_FMA.match(line)]
+        assert "call" not in body and 0 < len(ops) <= budget, (fn, len(ops), ops)
