@@ -18,7 +18,14 @@ from vfuse.ir import DType, Op, opdef
 from vfuse.ir.sym import hint, is_sym
 from vfuse.schedule.expr import Clamp, Lin, Var, walk
 from vfuse.schedule.kernel import Accumulate, Compute, Kernel, Load, Loop, Pass, RandKey, Reduction, Store, Walk
-from vfuse.schedule.nest import StreamGate, stream_choice, stream_fixed, streamable_stores, streams_at_hint
+from vfuse.schedule.nest import (
+    StreamGate,
+    stream_choice,
+    stream_fixed,
+    streamable_stores,
+    streams_at_hint,
+    with_stream_choice,
+)
 from vfuse.schedule.peel import interior, threaded_selects
 from vfuse.schedule.prefetch import SMALL_L2, plan_group_prefetch, plan_prefetch
 from vfuse.schedule.rowfacts import below_row_max, pass_invariant_divisors
@@ -82,9 +89,7 @@ def decide(k: Kernel, vector: int, l1: int = 48 << 10, llc: int = 0, l2: int = 0
 def with_prefetched_streaming(k: Kernel, choice: bool | StreamGate) -> Kernel:
     """`k` also streaming where `stream_prefetched_rows` chose to: its bytes count the loads too,
     so a gate of its own passes wherever `nest.with_streaming`'s does and replaces it."""
-    if choice is False or (k.stream and k.stream_gate is None):
-        return k
-    return dataclasses.replace(k, stream=True, stream_gate=choice if isinstance(choice, StreamGate) else None)
+    return k if k.stream and k.stream_gate is None else with_stream_choice(k, choice)
 
 
 def stream_prefetched_rows(k: Kernel, llc: int, l2: int) -> bool | StreamGate:
