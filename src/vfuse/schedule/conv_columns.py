@@ -15,9 +15,10 @@ from vfuse.schedule.microtile import compact_conv_columns
 def conv_columns(
     attrs: Mapping[str, Any], x_shape: Shape, w_shape: Shape, out_shape: Shape, lanes: int = 16, nr: int = 16
 ) -> int:
-    """Output columns per image the conv template computes: OH x OW, or for a stride-1 conv that is not
-    1x1 (the direct path, `codegen/cpp/gemm/conv_direct.py`) OH x (W + gap), garbage columns included
-    (8x8 planes: 72 for 64 outputs), unless it takes compact ones (`microtile.compact_conv_columns`)."""
+    """Output columns per image the conv template computes: OH x OW, or on the direct path (every conv
+    but the stride-1 pointwise one, `codegen/cpp/gemm/conv_direct.py`) OH x `padded_width`, garbage
+    columns included (8x8 planes: 72 for 64 outputs), unless it takes compact ones
+    (`microtile.compact_conv_columns`)."""
     oh, ow = out_shape[2:]
     if not direct_conv(attrs, w_shape):
         return oh * ow
@@ -37,13 +38,17 @@ def compact_columns(
 
 
 def padded_width(attrs: Mapping[str, Any], x_shape: Shape, w_shape: Shape) -> int:
-    """The direct conv's row width: W plus the gap between rows (conv_direct._Geom)."""
-    pw = attrs["padding"][1]
+    """The direct conv's row width (conv_direct._Geom): W plus the gap between rows, or for a column
+    stride SW the width of one column phase of the padded row, ceil((W + 2 PW) / SW)."""
+    pw, sw = attrs["padding"][1], attrs["stride"][1]
+    if tuple(attrs["stride"]) != (1, 1):
+        return -(-(x_shape[3] + 2 * pw) // sw)
     return x_shape[3] + max(pw, 2 * pw - attrs["dilation"][1] * (w_shape[3] - 1))
 
 
 def direct_conv(attrs: Mapping[str, Any], w_shape: Shape) -> bool:
-    """Whether the conv template takes its direct path (codegen/cpp/gemm/conv.py: stride 1 and not the
-    pointwise 1x1 without padding), whose register tiles and columns differ (microtile.py)."""
+    """Whether the conv template takes its direct path (codegen/cpp/gemm/conv.py: all but the stride-1
+    pointwise 1x1 without padding, strided ones over phase planes), whose register tiles and columns
+    differ (microtile.py)."""
     pointwise = tuple(w_shape[2:]) == (1, 1) and tuple(attrs["padding"]) == (0, 0)
-    return tuple(attrs["stride"]) == (1, 1) and not pointwise
+    return not (pointwise and tuple(attrs["stride"]) == (1, 1))

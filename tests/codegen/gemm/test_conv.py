@@ -119,8 +119,7 @@ def test_conv_spec_validates() -> None:
 )
 @pytest.mark.parametrize("stride", [1, 2])
 def test_other_tiers(build, call, unit: VectorUnit, march: str, stride: int) -> None:
-    """Another tier's width and tile (stride 1: the direct path; 2: implicit GEMM with portable im2col
-    segments): same numbers."""
+    """Another tier's width and tile (the direct path; stride 2 over phase planes): same numbers."""
     s = ConvSpec(f"conv_tier{unit.lanes}_{stride}", 1, 5, 9, 11, 6, 3, 3, (stride, stride), (1, 1), unit=unit)
     lib = build(render_conv2d(s, E.bias_relu("c")), (march,))
     x, w, bias = torch.randn(1, 5, 9, 11), torch.randn(6, 5, 3, 3) / 6.7, torch.randn(6)
@@ -137,7 +136,7 @@ def test_weight_packed_once_per_call(build, call, groups: int) -> None:
     short), 3 threads over 3 images; a second call with another weight must use that weight."""
     blk = Blocking(mr=8, nr=48, mc=16, kc=48, nc=96, lanes=16)
     s = ConvSpec(f"packed_once_g{groups}", 3, 40, 11, 9, 14 * groups, 3, 3, (2, 2), (1, 1), groups=groups, blocking=blk)
-    lib = build(render_conv2d(s, E.bias_relu("c")))
+    lib = build(render_conv2d_gemm(s, E.bias_relu("c")))  # strided convs render direct unless asked
     x = torch.randn(s.n, s.c_in, s.h, s.w)
     for seed in (1, 2):
         torch.manual_seed(seed)
@@ -162,16 +161,21 @@ PHASED = {
 @pytest.mark.parametrize("march", ["-march=native", "-march=x86-64-v3"], ids=["native", "avx2"])
 @pytest.mark.parametrize("name", list(PHASED))
 def test_column_strided_convs_read_phases(build, call, name: str, march: str) -> None:
-    """Column strides > 1 gather im2col from the padded column phases (conv_phases.py): odd
-    strides, dilation, padding wider than the kernel's reach, outputs of one column; built for
-    AVX2 too (g++ 12 -O3 miscompiled a first form of the phase copy there only)."""
+    """Column strides > 1, both paths: the implicit GEMM gathers im2col from the padded column phases
+    (conv_phases.py), the direct path reads 2-D phase planes (conv_direct.py): odd strides,
+    dilation, padding wider than the kernel's reach, outputs of one column; built for AVX2 too
+    (g++ 12 -O3 miscompiled a first form of the phase copy there only)."""
     n, c, h, w, o, kh, kw, stride, padding, dilation, groups = PHASED[name]
     unit = VectorUnit(8, 16) if "v3" in march else VectorUnit(16, 32)
     s = ConvSpec(f"phased_{name}", n, c, h, w, o, kh, kw, stride, padding, dilation, groups, unit=unit)
-    lib = build(render_conv2d(s, E.bias("c")), (march,))
+    d = replace(s, name=f"direct_{name}")
+    src = render_conv2d_gemm(s, E.bias("c")) + render_conv2d(d, E.bias("c"))
+    assert f"{s.name}_phases(" in src and "phase plane" in src
+    lib = build(src, (march,))
     torch.manual_seed(3)
     x, wt, bias = torch.randn(n, c, h, w), torch.randn(o, c // groups, kh, kw) / 5.0, torch.randn(o)
-    out = torch.full((n, o, *s.out_hw), float("nan"))
-    call(lib, s.name, x, wt, out, bias, nthreads=2)
     want = F.conv2d(x, wt, bias, stride, padding, dilation, groups)
-    torch.testing.assert_close(out, want, rtol=1e-4, atol=1e-4)
+    for spec in (s, d):
+        out = torch.full((n, o, *s.out_hw), float("nan"))
+        call(lib, spec.name, x, wt, out, bias, nthreads=2)
+        torch.testing.assert_close(out, want, rtol=1e-4, atol=1e-4)

@@ -1,4 +1,5 @@
-"""The direct (padded-width, no im2col) stride-1 conv path against torch.nn.functional.conv2d."""
+"""The direct (padded-width, no im2col) conv path, strided ones over phase planes, against
+torch.nn.functional.conv2d."""
 
 from __future__ import annotations
 
@@ -54,6 +55,20 @@ CASES = {
     "tile6x64": Case(
         _spec("tile6x64", 2, 9, 6, 70, 13, (3, 3), padding=(1, 1), blocking=_tile(6, 64)), E.bias_relu("c"), 1
     ),
+    # Strided convs over phase planes (conv_direct._Geom._phase_geometry): prime sizes, odd channels.
+    "s2_pad1_prime": Case(_spec("s2_pad1_prime", 3, 5, 13, 11, 7, (3, 3), stride=(2, 2), padding=(1, 1)), E.bias("c")),
+    "s2_pad0_res": Case(_spec("s2_pad0_res", 2, 3, 11, 13, 5, (3, 3), stride=(2, 2)), E.residual_add(), 3),
+    # ResNet's downsample: a 1x1 stride 2 reads one phase plane only (a quarter of x).
+    "s2_one_by_one": Case(_spec("s2_one_by_one", 2, 5, 7, 9, 3, (1, 1), stride=(2, 2)), E.bias_relu("c"), 1),
+    "s3x2_asym": Case(_spec("s3x2_asym", 1, 4, 17, 10, 6, (5, 3), stride=(3, 2), padding=(2, 1)), E.residual_add(), 1),
+    "s2_dilated": Case(
+        _spec("s2_dilated", 2, 3, 12, 13, 9, (3, 3), stride=(2, 2), padding=(2, 2), dilation=(2, 2)), E.bias("c")
+    ),
+    "s2_groups": Case(
+        _spec("s2_groups", 2, 6, 9, 10, 9, (3, 3), stride=(2, 2), padding=(1, 1), groups=3), E.bias_relu("c")
+    ),
+    # Stem-like: 7x7 stride 2 pad 3 on 1 channel.
+    "s2_stem": Case(_spec("s2_stem", 1, 1, 19, 23, 8, (7, 7), stride=(2, 2), padding=(3, 3)), E.bias("c"), 1),
 }
 
 
@@ -82,13 +97,21 @@ def test_cases_take_the_direct_path() -> None:
         assert "(direct, padded width" in render_conv2d(case.spec, case.epi), case.spec.name
 
 
-def test_direct_path_only_for_stride_one() -> None:
+def test_strided_direct_path_reads_phase_planes() -> None:
+    """Strided convs take the direct path over phase planes: no im2col packer and no copy call; a 3x3
+    stride 2 stores all four phases, a 1x1 stride 2 one; the stride-1 pointwise 1x1 keeps the packed
+    GEMM (its B is X itself, no gather to save)."""
     s2 = ConvSpec("s2", 1, 4, 9, 9, 8, 3, 3, stride=(2, 2), padding=(1, 1))
-    assert not direct_fits(s2, 8, 48)
-    assert "(direct" not in render_conv2d(s2, E.none())
-    with pytest.raises(ValueError, match="stride 1"):
-        render_conv2d_direct(s2, E.none(), 8, 48)
-    # The pointwise 1x1 keeps the packed-GEMM path (its B is X itself, no gather to save).
+    assert direct_fits(s2, 8, 48)
+    for spec, phases in ((s2, 4), (ConvSpec("d1", 2, 4, 10, 10, 8, 1, 1, stride=(2, 2)), 1)):
+        src = render_conv2d(spec, E.none())
+        assert f"{phases} phase planes" in src, spec.name
+        kernel = src[src.index("// vfuse conv2d (direct") :]
+        # No B packer: the only copy call is the output runs' (portable tier only, AVX tiers store them).
+        assert "_im2col(" not in kernel and "_phases(" not in kernel and "memmove" not in kernel
+        assert kernel.count("std::memcpy(") == 1
+    src = render_conv2d_direct(s2, E.none(), 8, 48)
+    assert "(direct, padded width 6, 4 phase planes)" in src
     assert "(direct" not in render_conv2d(ConvSpec("pw", 1, 4, 9, 9, 8, 1, 1), E.none())
 
 
@@ -145,6 +168,17 @@ AVX2_CASES = {
         _spec("avx2_compact_dilated", 2, 3, 9, 16, 7, (3, 3), padding=(2, 2), dilation=(2, 2), blocking=_avx2(4, 24)),
         E.residual_add(),
     ),
+    # Strided (phase planes): a tail block; compact columns over a 17-wide phase (OW 16 of W 32).
+    "avx2_s2_4x24_tail": Case(
+        _spec("avx2_s2_4x24_tail", 2, 5, 19, 29, 11, (3, 3), stride=(2, 2), padding=(1, 1), blocking=_avx2(4, 24)),
+        E.bias_relu("c"),
+    ),
+    "avx2_s2_compact": Case(
+        _spec("avx2_s2_compact", 2, 3, 15, 32, 7, (3, 3), stride=(2, 2), padding=(1, 1), blocking=_avx2(6, 16)),
+        E.residual_add(),
+        1,
+    ),
+    "avx2_s2_1x1": Case(_spec("avx2_s2_1x1", 3, 7, 13, 14, 13, (1, 1), stride=(2, 2), blocking=_avx2(6, 16)), E.none()),
 }
 
 
@@ -197,3 +231,35 @@ def test_compact_columns_chosen_end_to_end_at_avx2() -> None:
     kernels = [k for s in g.compiled.executor.program.steps for k in getattr(s, "kernels", ())]
     convs = [k for k in kernels if isinstance(k, ContractionKernel)]
     assert [bool(k.attrs.get("compact")) for k in convs] == [True]
+
+
+# Strided geometries at x86-64-v3, where g++ 12 -O3 miscompiled vectorized phase copies of short rows
+# (conv_direct._phase_pad): row / column strides 1-3, paddings 0-2, prime and tiny widths.
+SWEEP = [
+    ((1, 2), (2, 0), (5, 3), (12, 17)),
+    ((1, 2), (2, 0), (1, 3), (12, 7)),
+    ((2, 1), (1, 2), (3, 3), (11, 5)),
+    ((2, 2), (1, 1), (3, 3), (7, 7)),
+    ((2, 2), (0, 0), (1, 1), (13, 11)),
+    ((3, 2), (2, 1), (3, 5), (10, 19)),
+    ((2, 3), (0, 2), (2, 4), (9, 23)),
+    ((2, 2), (3, 3), (7, 7), (29, 31)),
+]
+
+
+def test_strided_direct_sweep_avx2(build, call) -> None:
+    from vfuse.targets.cpu import machine_flags
+
+    if not {"avx2", "fma"} <= set(machine_flags()):
+        pytest.skip("needs an AVX2 CPU")
+    specs = [
+        ConvSpec(f"sweep{i}", 2, 3, *hw, 5, *k, stride=st, padding=pad, blocking=_avx2(6, 16))
+        for i, (st, pad, k, hw) in enumerate(SWEEP)
+    ]
+    lib = build("\n".join(render_conv2d(s, E.none()) for s in specs), ("-march=x86-64-v3",))
+    for s in specs:
+        torch.manual_seed(1)
+        x, w = torch.randn(s.n, s.c_in, s.h, s.w), torch.randn(s.c_out, s.c_in, s.kh, s.kw)
+        out = torch.full((s.n, s.c_out, *s.out_hw), float("nan"))
+        call(lib, s.name, x, w, out, nthreads=1)
+        torch.testing.assert_close(out, F.conv2d(x, w, None, s.stride, s.padding), rtol=1e-4, atol=1e-4)

@@ -22,6 +22,10 @@ SPECS = {
     "s2p0": ConvSpec("s2p0", 13, 2, 10, 10, 3, 4, 4, dilation=(2, 2)),  # stride 2, pad 0: 3x3 plane
     "d2": ConvSpec("d2", 5, 3, 11, 11, 17, 7, 7, stride=(2, 2), padding=(2, 2)),  # forward dilation 2
     "wide": ConvSpec("wide", 37, 2, 12, 12, 40, 12, 12, padding=(1, 1)),  # columns > NC? several slivers
+    # Row runs (stride 1, pad 0: conv_wgrad.row_runs): 32 images x 3 pixels = 96-float rows, every
+    # sliver one whole run; 7 images at 5x3 pixels: runs cross rows and slivers end mid-run.
+    "rows32": ConvSpec("rows32", 32, 3, 9, 9, 6, 4, 4, dilation=(2, 2)),
+    "rows7": ConvSpec("rows7", 7, 2, 13, 9, 5, 5, 4, dilation=(2, 2)),
 }
 
 
@@ -51,18 +55,32 @@ def test_folded_conv_matches_torch(lib, call, name: str, nthreads: int) -> None:
     torch.testing.assert_close(out, want, rtol=1e-4, atol=1e-4 * want.abs().max().item())
 
 
+def test_row_runs_copy_whole_slivers_without_a_call() -> None:
+    """Stride 1 without padding: runs span an output row, and a sliver that is one run is a fixed
+    NR-float copy; with padding (pixels may fall outside X) a run stays one pixel's images."""
+    from vfuse.codegen.cpp.gemm.conv_wgrad import folded_blocking, row_runs
+
+    src = render_conv2d_folded(SPECS["rows32"], E.none())
+    nr = folded_blocking(SPECS["rows32"]).nr
+    assert row_runs(SPECS["rows32"]) and f"if (nrun == 1 && nr == {nr})" in src
+    assert f"for (int q = 0; q < {nr}; ++q) dst[q] = src[q];" in src
+    assert not row_runs(SPECS["s1p1"]) and "nrun == 1" not in render_conv2d_folded(SPECS["s1p1"], E.none())
+
+
 TIERS = [(VectorUnit(8, 16), "-march=x86-64-v3"), (VectorUnit(4, 16), "-march=x86-64")]
 
 
 @pytest.mark.parametrize(("unit", "march"), TIERS, ids=["avx2", "generic"])
 def test_folded_conv_other_tiers(build, call, unit: VectorUnit, march: str) -> None:
     s = ConvSpec(f"fold_tier{unit.lanes}", 5, 3, 10, 10, 7, 8, 8, padding=(1, 1), unit=unit)
-    lib = build(render_conv2d_folded(s, E.none()), (march,))
-    x, w = torch.randn(5, 3, 10, 10), torch.randn(7, 3, 8, 8)
-    want = F.conv2d(x, w, padding=1)
-    out = torch.empty_like(want)
-    call(lib, s.name, x, w, out, nthreads=2)
-    torch.testing.assert_close(out, want, rtol=1e-4, atol=1e-4 * want.abs().max().item())
+    rows = ConvSpec(f"fold_rows{unit.lanes}", 16, 3, 9, 9, 7, 4, 4, dilation=(2, 2), unit=unit)  # row runs
+    lib = build(render_conv2d_folded(s, E.none()) + render_conv2d_folded(rows, E.none()), (march,))
+    for spec, pad in ((s, 1), (rows, 0)):
+        x, w = torch.randn(spec.n, spec.c_in, spec.h, spec.w), torch.randn(spec.c_out, spec.c_in, spec.kh, spec.kw)
+        want = F.conv2d(x, w, padding=pad, dilation=spec.dilation)
+        out = torch.empty_like(want)
+        call(lib, spec.name, x, w, out, nthreads=2)
+        torch.testing.assert_close(out, want, rtol=1e-4, atol=1e-4 * want.abs().max().item())
 
 
 def test_forward_convs_are_not_folded() -> None:
@@ -74,7 +92,7 @@ def test_forward_convs_are_not_folded() -> None:
         render_conv2d_folded(ConvSpec("g2", 2, 4, 9, 9, 4, 7, 7, groups=2), E.none())
 
 
-@pytest.mark.parametrize("name", ["s1p1", "s2p0", "wide"])
+@pytest.mark.parametrize("name", ["s1p1", "s2p0", "wide", "rows32", "rows7"])
 def test_folded_conv_reads_swapped_operands(build, call, name: str) -> None:
     """`swapped`: X and the weight given as the bytes of (IC, IMG, H, W) and (IC, OC, KH, KW) tensors
     (the weight gradient's x and grad_output read in place), same numbers."""

@@ -49,13 +49,18 @@ class _Geom:
         (ph, pw), (dh, dw) = spec.padding, spec.dilation
         self.mr, self.nr, self.lanes = mr, nr, lanes
         self.oh, self.ow = spec.out_hw
-        self.gap = max(pw, 2 * pw - dw * (spec.kw - 1))
-        self.hp, self.wp = spec.h + 2 * ph, spec.w + self.gap
-        self.plane = self.hp * self.wp + pw  # the last row's right padding
         self.cg, self.ocg = spec.c_in // spec.groups, spec.c_out // spec.groups
         self.taps = spec.kh * spec.kw
         self.k = self.cg * self.taps
-        self.offs = [kh * dh * self.wp + kw * dw for kh in range(spec.kh) for kw in range(spec.kw)]
+        # Column phases read by some tap (strided convs: `_phase_geometry`); stride 1: the plane itself.
+        self.phases: list[tuple[int, int]] = []
+        if spec.stride != (1, 1):
+            self._phase_geometry(spec)
+        else:
+            self.gap = max(pw, 2 * pw - dw * (spec.kw - 1))
+            self.hp, self.wp = spec.h + 2 * ph, spec.w + self.gap
+            self.plane = self.hp * self.wp + pw  # the last row's right padding
+            self.offs = [kh * dh * self.wp + kw * dw for kh in range(spec.kh) for kw in range(spec.kw)]
         # Compact columns (no garbage column computed) where the schedule chose them (ConvSpec.compact).
         self.compact = spec.compact and self.wp > self.ow
         if self.compact and self.ow % lanes:
@@ -65,7 +70,7 @@ class _Geom:
         self.nsl = -(-self.ncols // nr)
         self.mpad = _round_up(self.ocg, mr)
         # Reads past the last plane: the last sliver's tail plus the largest tap offset.
-        self.slack = max(0, self.nsl * nr + self.offs[-1] - self.plane) + 16
+        self.slack = max(0, self.nsl * nr + max(self.offs) - self.plane) + 16
         # Input channels per K block: the A sliver in half of L1. B rows stream from L2 fine (the
         # loads are few per FMA); K blocks of 34 channels measured 1-2% slower than all 64.
         self.icb = icb or max(1, min(self.cg, (spec.caches[0] // 2) // (4 * mr * self.taps)))
@@ -74,6 +79,22 @@ class _Geom:
         # 3x3: 590 KB; Zen 3's L2: 512 KB) every sliver streams it from the shared L3 again;
         # measured 2-4 % faster on 16x16 and 8x8 planes (AVX2, Zen 3, one thread, loaded machine).
         self.mb = min(self.mpad, max(mr, (spec.caches[1] // 2) // (4 * self.k) // mr * mr))
+
+    def _phase_geometry(self, spec: ConvSpec) -> None:
+        """A strided conv as a stride-1 one over phase planes: padded row R = r * SH + a and column
+        C = q * SW + b live in phase plane (a, b) at (r, q), so tap (kh, kw) reads plane
+        (kh*DH % SH, kw*DW % SW) at the stride-1 offset (kh*DH // SH, kw*DW // SW), and each im2col
+        row is again a contiguous run the micro-kernel loads in place (no gather, no B packing).
+        Only the phases some tap reads are stored (a 1x1 stride-2 conv: one, a quarter of x)."""
+        (ph, pw), (dh, dw), (sh, sw) = spec.padding, spec.dilation, spec.stride
+        self.gap = 0
+        self.hp, self.wp = -(-(spec.h + 2 * ph) // sh), -(-(spec.w + 2 * pw) // sw)
+        taps = [(kh * dh, kw * dw) for kh in range(spec.kh) for kw in range(spec.kw)]
+        self.phases = sorted({(r % sh, c % sw) for r, c in taps})
+        area = self.hp * self.wp
+        self.plane = len(self.phases) * area
+        at = {p: i * area for i, p in enumerate(self.phases)}
+        self.offs = [at[(r % sh, c % sw)] + r // sh * self.wp + c // sw for r, c in taps]
 
 
 def _ukr(name: str, g: _Geom, rows: int) -> str:
@@ -120,7 +141,8 @@ def _ukr_calls(name: str, g: _Geom) -> str:
 
 def _pack_and_pad(spec: ConvSpec, g: _Geom) -> str:
     """NAME_pack_w (the weight as the A operand) and NAME_pad (one input plane -> padded scratch)."""
-    (ph, pw), name = spec.padding, spec.name
+    name = spec.name
+    pad = _phase_pad(spec, g) if g.phases else _row_pad(spec, g)
     return f"""
 // One MR-row sliver `blk` (over all groups) of the OIHW weight -> k-major, zero rows past OCg.
 static void {name}_pack_w(const float* __restrict w, float* __restrict ap, long blk) {{
@@ -129,7 +151,48 @@ static void {name}_pack_w(const float* __restrict w, float* __restrict ap, long 
   for (long k = 0; k < {g.k}; ++k, ap += {g.mr})
     for (long r = 0; r < {g.mr}; ++r) ap[r] = ir + r < {g.ocg} ? w[(gi * {g.ocg} + ir + r) * {g.k} + k] : 0.0f;
 }}
+{pad}"""
 
+
+def _phase_pad(spec: ConvSpec, g: _Geom) -> str:
+    """NAME_pad for a strided conv: rows [r0, r1) of each stored phase plane (`_Geom._phase_geometry`)
+    from one input plane. Per phase row a zero run, a strided copy and a zero run of constant bounds.
+    Why not vectorized with a column stride: g++ 12 -O3 at x86-64-v3 miscompiled the strided copies
+    of short phase rows (stride (1, 2), padding (2, 0), W 7 or 17: a phase's rows all zero; -O2,
+    generic and -fno-tree-vectorize builds right), whatever the loops' order; one pass over x."""
+    (ph, pw), (sh, sw), body = spec.padding, spec.stride, ""
+    for i, (a, b) in enumerate(g.phases):
+        # Phase column q holds input column q * SW + b - PW: inside [0, W) for q in [lo, hi).
+        lo = min(g.wp, max(0, -(-(pw - b) // sw)))
+        hi = max(lo, min(g.wp, -(-(spec.w + pw - b) // sw)))
+        body += f"""    {{
+      float* __restrict row = xp + {i * g.hp * g.wp} + r * {g.wp};
+      const long h = r * {sh} + {a - ph};
+      if (h < 0 || h >= {spec.h}) {{
+        for (long q = 0; q < {g.wp}; ++q) row[q] = 0.0f;
+      }} else {{
+        const float* __restrict src = x + h * {spec.w};
+        for (long q = 0; q < {lo}; ++q) row[q] = 0.0f;
+        for (long q = {lo}; q < {hi}; ++q) row[q] = src[q * {sw} + {b - pw}];
+        for (long q = {hi}; q < {g.wp}; ++q) row[q] = 0.0f;
+      }}
+    }}
+"""
+    return f"""
+// Phase rows [r0, r1) of one input plane, every stored phase (a, b): padded row r * {sh} + a,
+// padded columns q * {sw} + b (see _Geom._phase_geometry).
+{'__attribute__((optimize("no-tree-vectorize")))' if sw > 1 else ""}
+static inline void {spec.name}_pad(const float* __restrict x, float* __restrict xp, long r0, long r1) {{
+  for (long r = r0; r < r1; ++r) {{
+{body}  }}
+}}
+"""
+
+
+def _row_pad(spec: ConvSpec, g: _Geom) -> str:
+    """NAME_pad for stride 1: rows [r0, r1) of one input plane into the padded-width plane."""
+    (ph, pw), name = spec.padding, spec.name
+    return f"""
 // Padded rows [r0, r1) of one input plane (each row: pw zeros, the W inputs, gap - pw zeros;
 // see _Geom); r1 == Hp also writes the plane's trailing pw zeros.
 static inline void {name}_pad(const float* __restrict x, float* __restrict xp, long r0, long r1) {{
@@ -384,9 +447,7 @@ _MAX_PADDED_FLOATS = 64 << 20
 
 
 def direct_fits(spec: ConvSpec, mr: int, nr: int, lanes: int = 16) -> bool:
-    """Whether render_conv2d_direct handles this geometry (stride 1) within its buffer limits."""
-    if spec.stride != (1, 1):
-        return False
+    """Whether render_conv2d_direct handles this geometry within its buffer limits."""
     g = _Geom(spec, mr, nr, None, lanes)
     return g.mpad * nr <= _MAX_TILE_FLOATS and spec.n * spec.c_in * g.plane + g.slack <= _MAX_PADDED_FLOATS
 
@@ -394,14 +455,14 @@ def direct_fits(spec: ConvSpec, mr: int, nr: int, lanes: int = 16) -> bool:
 def render_conv2d_direct(
     spec: ConvSpec, epilogue: Epilogue, mr: int, nr: int, icb: int | None = None, lanes: int = 16
 ) -> str:
-    """The kernel's C++ source for a stride-1 conv (see module doc); mr x nr is the register tile."""
-    if spec.stride != (1, 1):
-        raise ValueError(f"{spec.name}: the direct path needs stride 1, got {spec.stride}")
+    """The kernel's C++ source (see module doc; strided: phase planes, `_Geom._phase_geometry`);
+    mr x nr is the register tile."""
     if getattr(epilogue, "out_ctype", "float") != "float":
         raise ValueError(f"{spec.name}: the direct path stores fp32 only")
     check_tile(mr, nr, lanes)
     g = _Geom(spec, mr, nr, icb, lanes)
-    header = f"// vfuse conv2d (direct, padded width {g.wp}) {spec.name}: {spec}, epilogue {epilogue.name}\n"
+    phases = f", {len(g.phases)} phase planes" if g.phases else ""
+    header = f"// vfuse conv2d (direct, padded width {g.wp}{phases}) {spec.name}: {spec}, epilogue {epilogue.name}\n"
     return (
         render_prelude()
         + (PREPACK_ONCE if spec.prepack else "")

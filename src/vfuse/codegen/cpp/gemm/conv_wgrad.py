@@ -48,29 +48,40 @@ def folded_blocking(spec: ConvSpec) -> Blocking:
     return spec.blocking or choose_blocking(*spec_mnk(spec), *spec.caches, unit=spec.unit)
 
 
+def row_runs(spec: ConvSpec) -> bool:
+    """Whether a packed run spans a whole output row: with column stride 1 and no padding, the
+    next pixel of a row reads the next column of xt, IMG floats on, so (ow, img) columns of one
+    row are contiguous in xt and always inside X. Why: a run per pixel (IMG floats) split most
+    slivers in two copies of a variable length, each a libc memmove call (~8 % of the stride-2
+    Conv-BN-ReLU training step); along the row a sliver is mostly one run of exactly NR."""
+    return spec.stride[1] == 1 and spec.padding == (0, 0)
+
+
 def _packer(spec: ConvSpec, nr: int) -> str:
     """NAME_fold: rows [pc, pc + kc) x columns [j, j + nr) of B -> one packed NR-wide sliver.
     Columns are (t, img), read from X with the images innermost (`xt`, NAME's transpose): a
-    sliver is a few runs of consecutive images at one output pixel t, each K row one
-    contiguous copy per run (a gather per element was half the GEMM's time at 8x32x28x28)."""
+    sliver is a few runs of consecutive columns (one pixel's images, or a row's: `row_runs`),
+    each K row one contiguous copy per run (a gather per element was half the GEMM's time at
+    8x32x28x28); a sliver that is one whole run copies NR floats, a constant count (no call)."""
     ow_n = spec.out_hw[1]
     (sh, sw), (ph, pw), (dh, dw) = spec.stride, spec.padding, spec.dilation
     h, w, kh, kw, img_n = spec.h, spec.w, spec.kh, spec.kw, spec.n
+    run = ow_n * img_n if row_runs(spec) else img_n
     return f"""
 static inline void {spec.name}_fold(const float* __restrict xt, long pc, long kc, long j, long nr,
                                     float* __restrict bps) {{
-  // Runs of columns with one output pixel t: first column, first image, window origin.
+  // Runs of columns in xt order: first column, first image, window origin of the first pixel.
   long run_c[{nr + 1}], run_img[{nr}], run_ih[{nr}], run_iw[{nr}];
   int nrun = 0;
   for (long c = 0; c < nr; ++nrun) {{
     const long col = j + c, t = col / {img_n}, img = col % {img_n};
     run_c[nrun] = c; run_img[nrun] = img;
     run_ih[nrun] = (t / {ow_n}) * {sh} - {ph}; run_iw[nrun] = (t % {ow_n}) * {sw} - {pw};
-    c += vg_min({img_n} - img, nr - c);
+    c += vg_min({run} - col % {run}, nr - c);
   }}
   run_c[nrun] = nr;
   long ic = pc / {kh * kw}, ka = (pc / {kw}) % {kh}, kb = pc % {kw};
-  for (long kk = 0; kk < kc; ++kk) {{
+{_one_run(spec, nr) if row_runs(spec) else ""}  for (long kk = 0; kk < kc; ++kk) {{
     float* __restrict dst = bps + kk * {nr};
     for (int r = 0; r < nrun; ++r) {{
       const long ih = run_ih[r] + ka * {dh}, iw = run_iw[r] + kb * {dw};
@@ -89,6 +100,24 @@ static inline void {spec.name}_fold(const float* __restrict xt, long pc, long kc
     if (++kb == {kw}) {{ kb = 0; if (++ka == {kh}) {{ ka = 0; ++ic; }} }}
   }}
 }}
+"""
+
+
+def _one_run(spec: ConvSpec, nr: int) -> str:
+    """C++: a whole sliver that is one run (`row_runs`, always inside X): per K row NR floats from
+    one offset, a fixed-count copy g++ emits as vector moves."""
+    (dh, dw), h, w, kh, kw, img_n = spec.dilation, spec.h, spec.w, spec.kh, spec.kw, spec.n
+    return f"""  if (nrun == 1 && nr == {nr}) {{
+    const float* __restrict base = xt + (run_ih[0] * {w} + run_iw[0]) * {img_n} + run_img[0];
+    for (long kk = 0; kk < kc; ++kk) {{
+      const float* __restrict src = base + ((ic * {h} + ka * {dh}) * {w} + kb * {dw}) * {img_n};
+      float* __restrict dst = bps + kk * {nr};
+#pragma omp simd
+      for (int q = 0; q < {nr}; ++q) dst[q] = src[q];
+      if (++kb == {kw}) {{ kb = 0; if (++ka == {kh}) {{ ka = 0; ++ic; }} }}
+    }}
+    return;
+  }}
 """
 
 
