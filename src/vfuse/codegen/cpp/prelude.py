@@ -136,7 +136,7 @@ static inline uint16_t vf_f2h(float f) {
 // of a call to libmvec's _ZGVeN16v_expf (1.3x faster in an L1-resident loop). After Cephes' expf:
 // n = rint(x/ln2), r = x - n*ln2 in two steps (n*C1 is exact), e^r - 1 = r + r^2 P(r) with P a
 // degree-4 minimax fit (relative error of e^r 3.8e-9 with its fp32 coefficients, Lawson's
-// algorithm on |r| <= 0.3466), times 2^n. Max error 1.03 ulp over the normal range, subnormal
+// algorithm on |r| <= 0.3466), times 2^n. Max error 1.02 ulp over the normal range, subnormal
 // results within 0.75 ulp (measured against double exp over every float; tests/codegen/test_exp.py).
 static inline float vf_fmaf(float a, float b, float c) {
 #if defined(__FMA__)
@@ -244,7 +244,7 @@ static inline float vf_exp_nonpos(float x) {
 // 1/(1+exp(-x)) below -88.72 (between, eager gives subnormals < 4.2e-39). No select after the
 // division: AVX2 sigmoid in an L1 loop 0.45 -> 0.36 ns per element, transpose_add's kernel 9 %
 // faster (the old symmetric integer clamp was 5 operations, the select 2).
-// Max error over every float x >= -88: sigmoid 2.48 ulp (0.98 of subnormal spacing), silu 2.40;
+// Max error over every float x >= -88: sigmoid 2.48 ulp (0.98 of subnormal spacing), silu 2.44;
 // x in [-88.376, -88) are subnormal (sigmoid) or tiny (silu) results, within those bounds.
 // 1 + exp(m), m = -x: big = 1.5 * 2^23 + 127 + n, so big's bits shifted left by 23 are those of
 // 2^n (n in [-127, 127]: n = -127 gives 0, harmless next to 1); big is capped at n = 128, whose
