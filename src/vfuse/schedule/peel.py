@@ -99,6 +99,8 @@ def ranges(k: Kernel, p: Pass) -> tuple[Range, ...]:
     if not isinstance(vec.size, int) or (vec.parallel and not p.serial):
         return ()
     selects = [s for s in p.body if isinstance(s, Select) and _slope(s.coord, v)]
+    if any(not isinstance(b, int) for s in selects for b in s.bounds):  # symbolic sizes: not split
+        return ()
     if not selects:
         return ()
     cuts = {0, vec.size}
@@ -116,7 +118,8 @@ def ranges(k: Kernel, p: Pass) -> tuple[Range, ...]:
 
 def _slope(coord: Lin, v: Var) -> bool:
     """The select's coordinate is c * v + const with c > 0 (the CAT's dim is the SIMD loop's)."""
-    return len(coord.terms) == 1 and coord.terms[0][0] == v and isinstance(coord.terms[0][1], int) and coord.coef(v) > 0
+    one = len(coord.terms) == 1 and coord.terms[0][0] == v and isinstance(coord.terms[0][1], int)
+    return one and isinstance(coord.const, int) and coord.coef(v) > 0
 
 
 def _pick(s: Select, v: Var, x: int) -> int:
