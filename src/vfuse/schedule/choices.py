@@ -30,19 +30,22 @@ def kernel_choices(program: Program) -> dict[str, str]:
 
 
 def per_call_choices(program: Program) -> list[str]:
-    """One line per kernel that decides per call (not at the hints): streamed stores."""
+    """One line per kernel choice taken per call (not at the hints): streamed stores, threads."""
     out = []
     for k in program.kernels:
         if isinstance(k, Kernel) and k.stream_gate is not None:
             where = f"{pretty(k.stream_gate.moved)} >= {k.stream_gate.limit} bytes"
             out.append(f"{k.name} ({k.label}) stores: chosen per call, streamed where {where}")
+        if isinstance(k, Kernel) and k.thread_gate is not None:
+            where = f"{pretty(k.thread_gate.moved)} >= {k.thread_gate.limit} loop points"
+            out.append(f"{k.name} ({k.label}) threads: chosen per call, several where {where}")
     return out
 
 
 def _kernel(k: Kernel) -> dict[str, str]:
     out = {
         "walk": k.walk.value + (f" of {k.row_group}" if k.row_group else ""),
-        "threads": "several" if k.threaded else "one",
+        "threads": "per call" if k.thread_gate is not None else "several" if k.threaded else "one",
         "stores": "per call" if k.stream_gate is not None else "streamed" if k.stream else "cached",
         "prefetch": f"{k.prefetch.distance} rows ahead" if k.prefetch else "none",
     }

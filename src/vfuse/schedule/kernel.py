@@ -1,8 +1,7 @@
 """The schedule's data: statements, loop nests, kernels, steps and the Program.
 
-A kernel body is a flat list of SSA statements over index expressions (`expr.Lin`); the loop
-nest says how the iteration space is walked (which loops run in parallel, which one is the
-SIMD loop, how reductions are split into passes over a row). Renderers only walk this.
+A kernel body is a flat list of SSA statements over index expressions (`expr.Lin`); the loop nest says how it
+is walked (parallel loops, the SIMD loop, reductions split into passes over a row). Renderers only walk this.
 """
 
 from __future__ import annotations
@@ -295,6 +294,7 @@ class Kernel:
     # How to render it, decided by `strategy.decide` from the kernel and the target's vector width.
     walk: Walk = Walk.SINGLE_ROW
     threaded: bool = False  # big enough to fork threads (else every loop runs on one)
+    thread_gate: Any = None  # nest.StreamGate over loop points: threads only from that many, per call
     tile: int = 0  # TILED_COLUMNS: columns reduced together (last outer loop)
     row_group: int = 0  # ROW_GROUPS: rows per group
     prefetch: RowPrefetch | None = None  # ROWS: rows read ahead

@@ -33,7 +33,8 @@ def _loops(loops: tuple[Loop, ...]) -> str:
 
 def _walk(k: Kernel) -> str:
     """The kernel-level decisions: walk, threads, and what the walk needs."""
-    parts = [f"walk {k.walk.value}", "threaded" if k.threaded else "one thread"]
+    threads = "threads per call" if k.thread_gate is not None else "threaded" if k.threaded else "one thread"
+    parts = [f"walk {k.walk.value}", threads]
     if k.walk is Walk.TILED_COLUMNS:
         parts.append(f"tile {k.tile} columns")
     if k.walk is Walk.ROW_GROUPS:

@@ -15,7 +15,7 @@ import dataclasses
 import math
 
 from vfuse.ir import DType, Op, opdef
-from vfuse.ir.sym import hint, is_sym
+from vfuse.ir.sym import hint, is_sym, proved
 from vfuse.schedule.expr import Clamp, Lin, Var, walk
 from vfuse.schedule.kernel import Accumulate, Compute, Kernel, Load, Loop, Pass, RandKey, Reduction, Store, Walk
 from vfuse.schedule.nest import (
@@ -67,7 +67,7 @@ def decide(k: Kernel, vector: int, l1: int = 48 << 10, llc: int = 0, l2: int = 0
     bytes of L1 data cache and `l2` of L2 per core (0: unknown) and an `llc`-byte last-level
     cache (0: unknown)."""
     # Performance choices on sizes are taken at the hints of symbolic sizes (no guard: valid at any size).
-    k = dataclasses.replace(k, threaded=hint(_total(k)) >= PARALLEL_MIN, tile=column_tile(k, vector))
+    k = dataclasses.replace(k, **thread_choice(_total(k)), tile=column_tile(k, vector))
     k = dataclasses.replace(k, walk=_walk(k, vector))
     if k.walk is Walk.SINGLE_ROW and (tiles := plan_transpose(k, vector, l1)):
         # Streamed or not by the tiles' own rule (their traffic, not the stores' alone).
@@ -129,6 +129,15 @@ def clamped_loads(k: Kernel) -> bool:
     stmts = [*k.after, *(s for p in k.passes for s in (*p.before, *p.body))]
     clamps = [a for s in stmts if isinstance(s, Load) for lin in walk(s.index) for a, _ in lin.terms]
     return any(isinstance(a, Clamp) and any(abs(a.arg.coef(Var(v))) > 1 for v in simd) for a in clamps)
+
+
+def thread_choice(total: int) -> dict[str, object]:
+    """Whether a kernel of `total` loop points forks threads: fixed where that holds or fails over
+    the symbols' whole ranges, else threaded with a gate its calls test (`Kernel.thread_gate`):
+    taken at the hint, a first call of a few rows left every later call on one thread."""
+    if not is_sym(total) or proved(PARALLEL_MIN, "<=", total) or proved(total, "<", PARALLEL_MIN):
+        return {"threaded": bool(hint(total) >= PARALLEL_MIN), "thread_gate": None}
+    return {"threaded": True, "thread_gate": StreamGate(total, PARALLEL_MIN)}
 
 
 def _total(k: Kernel) -> int:

@@ -20,11 +20,18 @@ PROFILED_SUFFIX = "_prof"  # the timing entry of segment `s` is `s_prof(..., int
 def kernel_function(w: KernelWriter, body: Callable[[KernelWriter], None]) -> str:
     """`static void kN(...)`: pointers, fault prologue, then `body(w)`."""
     w.pointers()
-    for line in (*kernel_prologue(w.k, w.program), *stream_flag(w.k)):
+    for line in (*kernel_prologue(w.k, w.program), *stream_flag(w.k), *thread_gate(w.k)):
         w.w(line)
     body(w)
     doc = f"// group {w.k.group} ({w.k.label}): {w.describe()}"
     return "\n".join([doc, *_attributes(w.k), f"static void {w.k.name}{SIGNATURE} {{", *w.lines, "}"])
+
+
+def thread_gate(k: Kernel) -> list[str]:
+    """One thread for this call when its sizes give fewer loop points than the schedule's gate
+    (`Kernel.thread_gate`: symbolic sizes whose range holds both); none for a fixed choice."""
+    gate = k.thread_gate
+    return [] if gate is None else [f"if ((int64_t)({gate.moved}) < (int64_t){gate.limit}LL) nt = 1;"]
 
 
 def _attributes(k: Kernel) -> list[str]:
