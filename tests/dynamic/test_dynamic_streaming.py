@@ -8,7 +8,7 @@ so small tensors land on both sides of it."""
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -26,22 +26,11 @@ LLC = 16 << 10  # streamed from 2 LLCs: 32 KiB moved
 
 
 @pytest.fixture
-def built(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[tuple[Program, str]]]:
+def built(rendered: list[tuple[Program, str]], monkeypatch: pytest.MonkeyPatch) -> list[tuple[Program, str]]:
     """Compiles for the small-LLC target; lists each rendered (Program, C++ source)."""
     small = dataclasses.replace(get_target("cpu"), l2_bytes=512 << 10, l3_bytes=LLC)
     monkeypatch.setattr(compiler, "target_of", lambda ctx: small)
-    out: list[tuple[Program, str]] = []
-    real = compiler.render
-
-    def render(program: Program, ctx: object) -> str:
-        source = real(program, ctx)  # type: ignore[arg-type]
-        out.append((program, source))
-        return source
-
-    monkeypatch.setattr(compiler, "render", render)
-    torch._dynamo.reset()
-    yield out
-    torch._dynamo.reset()
+    return rendered
 
 
 def _gated(program: Program) -> Kernel:

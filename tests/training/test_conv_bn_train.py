@@ -5,61 +5,21 @@ strides 1 and 2; the BatchNorm row kernels, which read or store the ReLU's bool 
 
 from __future__ import annotations
 
-import copy
 import re
 from pathlib import Path
 
 import pytest
 import torch
-import torch.nn.functional as F
 from tests.codegen.vectorization import simd_loops_vectorized
-from torch import nn
+from tests.training.conv_steps import ConvBnRelu, train_steps
 
 import vfuse
 from vfuse.schedule.kernel import Kernel, Walk
 
 
-class ConvBnRelu(nn.Module):
-    def __init__(self, cin: int, cout: int, stride: int) -> None:
-        super().__init__()
-        self.conv = nn.Conv2d(cin, cout, 3, stride=stride, padding=1)
-        self.bn = nn.BatchNorm2d(cout)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.relu(self.bn(self.conv(x)))
-
-
-def _close(got: torch.Tensor, want: torch.Tensor, scale: float) -> None:
-    # relative to the gradients' scale: the conv bias before BatchNorm has a gradient that is
-    # zero in exact arithmetic (rounding noise of the others' scale)
-    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4 * scale)
-
-
 def _train_steps(shape: tuple[int, ...], cout: int, stride: int) -> tuple[ConvBnRelu, vfuse.VfuseBackend]:
-    torch._dynamo.reset()
     torch.manual_seed(0)
-    eager = ConvBnRelu(shape[1], cout, stride).train()
-    with torch.no_grad():
-        eager.bn.weight.uniform_(0.5, 1.5)
-        eager.bn.bias.uniform_(-0.5, 0.5)
-    model = copy.deepcopy(eager)
-    backend = vfuse.backend(strict=True)
-    compiled = torch.compile(model, backend=backend)
-    for _ in range(2):  # the second step runs on running statistics the first updated
-        x = torch.randn(*shape)
-        xe, xv = x.clone().requires_grad_(), x.clone().requires_grad_()
-        want, got = eager(xe), compiled(xv)
-        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
-        grad_out = torch.randn_like(want)
-        want.backward(grad_out)
-        got.backward(grad_out)
-        grads = [(xv.grad, xe.grad)] + [(p.grad, q.grad) for p, q in zip(model.parameters(), eager.parameters())]
-        scale = max(w.abs().max().item() for _, w in grads)
-        for g, w in grads:
-            _close(g, w, scale)
-        for name in ("running_mean", "running_var"):
-            torch.testing.assert_close(getattr(model.bn, name), getattr(eager.bn, name))
-    return model, backend
+    return train_steps(ConvBnRelu(shape[1], cout, stride=stride).train(), shape)
 
 
 @pytest.mark.parametrize(
