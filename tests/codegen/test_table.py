@@ -146,3 +146,25 @@ def test_scalar_inputs_fill_the_table_per_value(monkeypatch: pytest.MonkeyPatch)
     q, scale = inputs(small, ((8, 64), DType.I8), ((), DType.F32))
     g = small.add(Op.GELU, [small.add(Op.MUL, [small.add(Op.CAST, [q], dtype=DType.F32), scale])], approximate="none")
     assert not _tables(_executor(small.build([small.add(Op.EXP, [g])])))
+
+
+def _scrambled(b: GraphBuilder, q: str) -> str:
+    """A byte function with no smooth rows (x * 37 + 11, squared, wrapped to int8): every row delta of the
+    AVX2 shuffle chains differs, unlike a quantized GELU's."""
+    x = b.add(Op.CAST, [q], dtype=DType.I32)
+    y = b.add(Op.ADD, [b.add(Op.MUL, [x, scalar(b, 37, DType.I32)]), scalar(b, 11, DType.I32)])
+    return b.add(Op.CAST, [b.add(Op.MUL, [y, y])], dtype=DType.I8)
+
+
+# Around the AVX2 loop's steps (64 and 32 bytes, then scalar), a parallel block (65536) and primes.
+@pytest.mark.parametrize("n", [7, 31, 32, 33, 63, 64, 65, 95, 97, 127, 257, 4099, 65536 + 97, 131071])
+def test_byte_table_sizes_and_every_value(n: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every byte value at every position of a vector, for lengths that end in each of the loop's tails:
+    bit for bit the plain kernel's and the reference's (`_check`), for a scrambled table and a quantizer."""
+    b = GraphBuilder()
+    (q,) = inputs(b, ((n,), DType.I8))
+    graph = b.build([_scrambled(b, q), _requant(b, _dequant_gelu(b, q))])
+    gen = torch.Generator().manual_seed(n)
+    xs = (torch.arange(n) * 7 + torch.randint(0, 256, (n,), generator=gen)) % 256
+    ex = _check(graph, [xs.to(torch.uint8).view(torch.int8)], monkeypatch)
+    assert ex.source.count("vf_table_bytes(") >= 3  # the helper and one loop per output

@@ -27,8 +27,8 @@ from vfuse.schedule.kernel import Kernel, Load, Program, Stmt, Store
 
 # One lookup per tier (what vector extensions cannot say: a byte shuffle), each with the scalar loop
 # as its tail and as the generic tier: AVX-512 VBMI vpermi2b over the 4 table registers per 64 bytes;
-# AVX2 vpshufb on nibbles (16 rows of 16 entries) and dword gathers; NEON tbl over 4 registers (64
-# entries) and st4 to interleave 4 byte planes into dwords.
+# AVX2 vpshufb on nibbles (16 rows of 16 entries, 2 chains sharing their indices) and dword gathers;
+# NEON tbl over 4 registers (64 entries) and st4 to interleave 4 byte planes into dwords.
 TABLE_HELPER = """#ifndef VF_TABLE_BYTES
 #define VF_TABLE_BYTES
 #if defined(__x86_64__) || defined(__i386__)
@@ -48,6 +48,58 @@ static inline void vf_tstore32(void* p, __m256i v, bool nt) {
   if (nt) _mm256_stream_si256((__m256i*)p, v);
   else _mm256_storeu_si256((__m256i*)p, v);
 }
+// An empty asm that may change `v`: g++ would otherwise reassociate the XOR chains into trees of
+// shuffles computed ahead, which need more than the 16 registers (spills: 1.4x slower in L1).
+#define VF_TKEEP(v) __asm__("" : "+x"(v))
+// Rows of 16 entries, looked up by vpshufb, which gives 0 where the index has bit 7 set. Index
+// j_h = x - 16h (h = 0..8) has it clear exactly when x's row r is in h..h+7 (mod 16). For x < 128
+// (r <= 7) that is h <= r: the low chain XORs deltas D[h] = row h ^ row h-1 (row 0 whole) over
+// j_0..j_7. For x >= 128 it is h > r - 8 (and always for h = 8): the high chain XORs D[7+h] =
+// row 7+h ^ row 8+h (row 15 whole at h = 8) over j_1..j_8. The chains share the indices; each
+// holds garbage where x's bit 7 picks the other, which the final blend drops. Per 32 bytes: 16
+// shuffles, 8 subtractions, 14 XORs, a blend (45 with a chain of indices each).
+static inline void vf_table_rows(const uint8_t* t, __m256i* rows) {
+  alignas(16) uint8_t d[16][16];
+  for (int l = 0; l < 16; ++l) {
+    d[0][l] = t[l];
+    d[15][l] = t[240 + l];
+    for (int h = 1; h < 8; ++h) {
+      d[h][l] = (uint8_t)(t[16 * h + l] ^ t[16 * h + l - 16]);
+      d[7 + h][l] = (uint8_t)(t[16 * (7 + h) + l] ^ t[16 * (8 + h) + l]);
+    }
+  }
+  for (int h = 0; h < 16; ++h) rows[h] = _mm256_broadcastsi128_si256(_mm_load_si128((const __m128i*)d[h]));
+}
+// U vectors of 32 bytes at once: each row loaded once for all of them (16 rows do not fit in registers).
+template <int U>
+static inline void vf_table_step(const __m256i* rows, const uint8_t* in, uint8_t* out, bool nt) {
+  const __m256i sixteen = _mm256_set1_epi8(16);
+  __m256i j[U], a[U], b[U];
+  for (int u = 0; u < U; ++u) {
+    j[u] = _mm256_loadu_si256((const __m256i*)(in + 32 * u));
+    a[u] = _mm256_shuffle_epi8(rows[0], j[u]);
+    j[u] = _mm256_sub_epi8(j[u], sixteen);
+    b[u] = _mm256_shuffle_epi8(rows[8], j[u]);
+    a[u] = _mm256_xor_si256(a[u], _mm256_shuffle_epi8(rows[1], j[u]));
+    VF_TKEEP(a[u]);
+    VF_TKEEP(b[u]);
+  }
+  for (int h = 2; h < 8; ++h)
+    for (int u = 0; u < U; ++u) {
+      j[u] = _mm256_sub_epi8(j[u], sixteen);
+      a[u] = _mm256_xor_si256(a[u], _mm256_shuffle_epi8(rows[h], j[u]));
+      b[u] = _mm256_xor_si256(b[u], _mm256_shuffle_epi8(rows[7 + h], j[u]));
+      VF_TKEEP(a[u]);
+      VF_TKEEP(b[u]);
+      VF_TKEEP(j[u]);
+    }
+  for (int u = 0; u < U; ++u) {
+    j[u] = _mm256_sub_epi8(j[u], sixteen);
+    b[u] = _mm256_xor_si256(b[u], _mm256_shuffle_epi8(rows[15], j[u]));
+    const __m256i x = _mm256_loadu_si256((const __m256i*)(in + 32 * u));  // reloaded: one register less
+    vf_tstore32(out + 32 * u, _mm256_blendv_epi8(a[u], b[u], x), nt);
+  }
+}
 #endif
 // out[i] = t[in[i]] for a 256-byte table t.
 static inline void vf_table_bytes(const uint8_t* t, const uint8_t* __restrict in, uint8_t* __restrict out, int64_t n,
@@ -65,31 +117,15 @@ static inline void vf_table_bytes(const uint8_t* t, const uint8_t* __restrict in
     vf_tstore(out + i, _mm512_mask_blend_epi8(_mm512_movepi8_mask(x), lo, hi), nt);
   }
 #elif defined(__AVX2__)
-  // Rows of 16 entries, looked up by vpshufb, which gives 0 where the index has bit 7 set. Index
-  // x - 16h has it clear exactly when row h <= x's row, for x < 128 and rows 0-7; (x - 128) - 16h
-  // likewise for x >= 128 and rows 8-15. So each half XORs deltas d[h] = row h ^ row h-1 (rows 0
-  // and 8 whole) up to x's row: two chains of 8 shuffles, picked by x's bit 7.
-  alignas(32) uint8_t d[16][16];
-  for (int h = 0; h < 16; ++h)
-    for (int l = 0; l < 16; ++l) d[h][l] = (uint8_t)(t[16 * h + l] ^ (h % 8 ? t[16 * h + l - 16] : 0));
-  __m256i rows[16];
-  for (int h = 0; h < 16; ++h) rows[h] = _mm256_broadcastsi128_si256(_mm_load_si128((const __m128i*)d[h]));
-  const __m256i sixteen = _mm256_set1_epi8(16), top = _mm256_set1_epi8((char)0x80);
-  for (; i + 32 <= n; i += 32) {
-    // 45 operations per 32 bytes take about as long as copying them from memory (Zen 3): the
-    // loads are asked for 1 KiB ahead (dequant_quant 8192x4096, one thread: 6.2 -> 5.9 ms).
-    if ((i & 63) == 0) __builtin_prefetch(in + i + 1024, 0, 3);
-    const __m256i x = _mm256_loadu_si256((const __m256i*)(in + i));
-    __m256i ia = x, ib = _mm256_xor_si256(x, top);
-    __m256i a = _mm256_shuffle_epi8(rows[0], ia), b = _mm256_shuffle_epi8(rows[8], ib);
-    for (int h = 1; h < 8; ++h) {
-      ia = _mm256_sub_epi8(ia, sixteen);
-      ib = _mm256_sub_epi8(ib, sixteen);
-      a = _mm256_xor_si256(a, _mm256_shuffle_epi8(rows[h], ia));
-      b = _mm256_xor_si256(b, _mm256_shuffle_epi8(rows[h + 8], ib));
-    }
-    vf_tstore32(out + i, _mm256_blendv_epi8(a, b, x), nt);
+  alignas(32) __m256i rows[16];
+  vf_table_rows(t, rows);
+  for (; i + 64 <= n; i += 64) {
+    // The arithmetic takes most of the time of copying the bytes from memory (Zen 3, one thread:
+    // 3.6 ns per 32 bytes in L1, 45 operations took 5.3): the loads are asked for 1 KiB ahead.
+    __builtin_prefetch(in + i + 1024, 0, 3);
+    vf_table_step<2>(rows, in + i, out + i, nt);
   }
+  for (; i + 32 <= n; i += 32) vf_table_step<1>(rows, in + i, out + i, nt);
 #elif defined(__aarch64__)
   // tbl over 4 registers is a 64-entry lookup that gives 0 out of range: one per quarter of the
   // table, the index moved down by 64 for each, OR-ed.
