@@ -68,10 +68,18 @@ class VfuseBackend:
         self.attention: list[AttentionDecision] = []  # written-out training attention: SDPA or not, and why
         self._ids = itertools.count()
         self.arenas = ArenaLender()  # one arena lent to its graphs in turn (runtime/arenas.py)
+        self._prepare()  # torch.compile time: the prelude's header is built while Dynamo traces
+
+    def _prepare(self) -> None:
+        """Have the precompiled prelude checked or built in the background (`toolchain.prepare`;
+        once per process and directory). Started when the backend is made, the header's ~1 s of
+        g++ overlaps Dynamo's tracing instead of AOTAutograd's: a cold compile's units no longer
+        wait for it (docs/perf-log.md, 2026-12-01 H3)."""
+        if self.options.backend in ("cpp", "auto"):
+            prepare(self.options.cache_dir, self.options.isa)
 
     def __call__(self, gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> Callable:
-        if self.options.backend in ("cpp", "auto"):  # the precompiled prelude, built during AOTAutograd
-            prepare(self.options.cache_dir, self.options.isa)
+        self._prepare()  # a no-op when __init__ started it (a backend per graph: backend="vfuse")
         frozen = _parameter_inputs(gm, example_inputs) if self.options.freeze and not torch.is_grad_enabled() else {}
         attention = None  # before AOTAutograd, which would save the N x N probabilities:
         if _needs_grad(gm, example_inputs):
