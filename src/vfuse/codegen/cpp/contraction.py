@@ -33,7 +33,7 @@ from vfuse.codegen.cpp.gemm import (
 from vfuse.codegen.cpp.gemm.conv_wgrad import render_conv2d_folded, spec_mnk
 from vfuse.codegen.cpp.gemm.int8 import Int8Spec, render_int8_gemm
 from vfuse.codegen.cpp.gemm.prepack import prepack_layout
-from vfuse.codegen.cpp.gemm.prologue import Prologue
+from vfuse.codegen.cpp.gemm.prologue import Prologue, fits_int32
 from vfuse.codegen.cpp.rules import STORAGE_TYPE, STORE_CONVERT
 from vfuse.codegen.cpp.scatter import render_scatter
 from vfuse.codegen.cpp.writer import StatementWriter, pointer, pointer_line
@@ -68,7 +68,8 @@ def _prologue(k: ContractionKernel, i: int) -> Prologue | None:
     w = StatementWriter(dict(enumerate(names)))
     for s in pro.stmts:
         w.stmt(s)
-    return Prologue(tuple(line.strip() for line in w.lines), pro.result, "r" if pro.inner == -2 else "c")
+    lines = tuple(line.strip() for line in w.lines)
+    return Prologue(lines, pro.result, "r" if pro.inner == -2 else "c", fits_int32(pro.stmts, k.shapes[i]))
 
 
 def _conv_names(k: ContractionKernel) -> list[str]:

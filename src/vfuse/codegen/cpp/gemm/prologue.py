@@ -15,11 +15,18 @@ plus the kernel's extra arguments (the epilogue's `args`, which the caller exten
 buffers the prologues read; they must not be named like the packer's own locals s, kk, s0,
 k0, ns, kc, dst, row). `inner` names the index the packer walks innermost: the one the
 loads are contiguous along ("c" for a row-major operand, "r" for nn.Linear's N x K weight).
+With `index32` (`fits_int32`: every index the prologue computes stays below 2^31) r and c are
+`int`: g++ vectorizes a 32-bit division by a constant, while AVX2 has no 64-bit multiply-high, so
+a strided conv's weight-gradient operand (K = (n, h, w) split by / and %) packed 4x slower.
 """
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+
+from vfuse.schedule.expr import Clamp, Div, Lin, Mod, Var
 
 
 @dataclass(frozen=True, slots=True)
@@ -29,10 +36,57 @@ class Prologue:
     body: tuple[str, ...]
     value: str
     inner: str = "c"
+    index32: bool = False
 
     def __post_init__(self) -> None:
         if self.inner not in ("r", "c"):
             raise ValueError(f"prologue inner index must be 'r' or 'c', got {self.inner!r}")
+
+
+INT32_LIMIT = (1 << 31) - 1
+
+
+def fits_int32(stmts: Iterable[object], shape: tuple[int, ...]) -> bool:
+    """Whether every index expression of `stmts` (over Var(d) < shape[d]) keeps each partial sum
+    within int32, whatever order C++ adds its terms in (then `int` r and c compute the same)."""
+    if not all(isinstance(s, int) and s <= INT32_LIMIT for s in shape):
+        return False
+    sizes = dict(enumerate(shape))
+    lins = [v for s in stmts if dataclasses.is_dataclass(s) for v in _fields(s) if isinstance(v, Lin)]
+    return all((b := _bound(e, sizes)) is not None and b <= INT32_LIMIT for e in lins)
+
+
+def _fields(s: object) -> list[object]:
+    return [getattr(s, f.name) for f in dataclasses.fields(s)]  # type: ignore[arg-type]
+
+
+def _bound(e: Lin, sizes: Mapping[int, int]) -> int | None:
+    """An upper bound of |e| and of every partial sum of its terms (None: unknown, e.g. a
+    symbolic size, a run-time index or a variable outside the operand's dims)."""
+    if not isinstance(e.const, int):
+        return None
+    total = abs(e.const)
+    for a, c in e.terms:
+        b = _atom_bound(a, sizes)
+        if b is None or not isinstance(c, int):
+            return None
+        total += abs(c) * b
+    return total
+
+
+def _atom_bound(a: object, sizes: Mapping[int, int]) -> int | None:
+    if isinstance(a, Var):
+        size = sizes.get(a.id)
+        return size - 1 if isinstance(size, int) else None
+    if isinstance(a, Div | Mod) and isinstance(a.divisor, int) and a.divisor:
+        inner = _bound(a.arg, sizes)
+        if inner is None:
+            return None
+        return inner // abs(a.divisor) if isinstance(a, Div) else min(inner, abs(a.divisor) - 1)
+    if isinstance(a, Clamp) and isinstance(a.lo, int) and isinstance(a.hi, int):
+        inner = _bound(a.arg, sizes)
+        return None if inner is None else max(inner, abs(a.lo), abs(a.hi))
+    return None
 
 
 def packer_name(kernel: str, side: str) -> str:
@@ -46,6 +100,7 @@ def render_packer(kernel: str, side: str, width: int, pro: Prologue, params: str
     if side not in ("a", "b"):
         raise ValueError(f"side must be 'a' or 'b', got {side!r}")
     sliver, kdim = ("r", "c") if side == "a" else ("c", "r")
+    index = "int" if pro.index32 else "long"
     body = "".join(f"      {s}\n" for s in pro.body)
     head = (
         f"static inline void {packer_name(kernel, side)}(long b, long s0, long k0, long ns, long kc,\n"
@@ -54,10 +109,10 @@ def render_packer(kernel: str, side: str, width: int, pro: Prologue, params: str
     if pro.inner == kdim:
         # Contiguous along K: one sliver entry at a time, K innermost (stores stride `width`).
         loops = f"""  for (long s = 0; s < ns; ++s) {{
-    [[maybe_unused]] const long {sliver} = s0 + s;
+    [[maybe_unused]] const {index} {sliver} = static_cast<{index}>(s0 + s);
 #pragma omp simd
     for (long kk = 0; kk < kc; ++kk) {{
-      [[maybe_unused]] const long {kdim} = k0 + kk;
+      [[maybe_unused]] const {index} {kdim} = static_cast<{index}>(k0 + kk);
 {body}      dst[kk * {width} + s] = {pro.value};
     }}
   }}
@@ -67,11 +122,11 @@ def render_packer(kernel: str, side: str, width: int, pro: Prologue, params: str
     else:
         # Contiguous along the sliver: one K step at a time, its `width` entries innermost.
         loops = f"""  for (long kk = 0; kk < kc; ++kk) {{
-    [[maybe_unused]] const long {kdim} = k0 + kk;
+    [[maybe_unused]] const {index} {kdim} = static_cast<{index}>(k0 + kk);
     float* __restrict row = dst + kk * {width};
 #pragma omp simd
     for (long s = 0; s < ns; ++s) {{
-      [[maybe_unused]] const long {sliver} = s0 + s;
+      [[maybe_unused]] const {index} {sliver} = static_cast<{index}>(s0 + s);
 {body}      row[s] = {pro.value};
     }}
     for (long s = ns; s < {width}; ++s) row[s] = 0.0f;
