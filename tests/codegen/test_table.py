@@ -160,11 +160,13 @@ def _scrambled(b: GraphBuilder, q: str) -> str:
 @pytest.mark.parametrize("n", [7, 31, 32, 33, 63, 64, 65, 95, 97, 127, 257, 4099, 65536 + 97, 131071])
 def test_byte_table_sizes_and_every_value(n: int, monkeypatch: pytest.MonkeyPatch) -> None:
     """Every byte value at every position of a vector, for lengths that end in each of the loop's tails:
-    bit for bit the plain kernel's and the reference's (`_check`), for a scrambled table and a quantizer."""
+    bit for bit the plain kernel's (`_check`; the reference's too, within float tolerance for the float
+    output), for a scrambled table (byte entries) and the dequantized GELU (4-byte entries). No quantized
+    GELU: a last-ulp change of GELU flips its ties (byte 105: 127.5) against the reference."""
     b = GraphBuilder()
     (q,) = inputs(b, ((n,), DType.I8))
-    graph = b.build([_scrambled(b, q), _requant(b, _dequant_gelu(b, q))])
+    graph = b.build([_scrambled(b, q), _dequant_gelu(b, q)])
     gen = torch.Generator().manual_seed(n)
     xs = (torch.arange(n) * 7 + torch.randint(0, 256, (n,), generator=gen)) % 256
     ex = _check(graph, [xs.to(torch.uint8).view(torch.int8)], monkeypatch)
-    assert ex.source.count("vf_table_bytes(") >= 3  # the helper and one loop per output
+    assert ex.source.count("vf_table_bytes(") >= 2 and ex.source.count("vf_table_dwords(") >= 2  # + the loops
