@@ -109,10 +109,12 @@ static inline vs_f32x4 vs_min(vs_f32x4 a, vs_f32x4 b) { return _mm_min_ps(a, b);
 // polynomial (|r| <= 0.35: relative error ~1e-7). Rounding by the 1.5 * 2^23 trick: t = x / ln2 + 1.5 * 2^23
 // holds n in its low mantissa bits, so t's bits shifted up by 23, plus 127 << 23, are the bits of 2^n
 // (no float -> int conversion). Below -87.3 (and -inf) the result is 0: those bits hold n >= -126 only.
+// NaN propagates as in torch: the clamp's bounds come first (maxps returns its second operand on NaN) and the
+// final select tests `x < lo`, false for NaN.
 template <class V> static inline V vs_exp(V x) {
   using I = decltype(x < x);
   const V lo = vs_splat<V>(-87.33654f);
-  const V xc = vs_min(vs_max(x, lo), vs_splat<V>(88.3762626647949f));
+  const V xc = vs_min(vs_splat<V>(88.3762626647949f), vs_max(lo, x));
   const V t = xc * 1.44269504088896341f + 12582912.0f;
   const V n = t - 12582912.0f;
   V r = xc - n * 0.693145751953125f;
@@ -125,7 +127,7 @@ template <class V> static inline V vs_exp(V x) {
   p = p * r + 1.0f;
   p = p * r + 1.0f;
   const V scale = (V)(((I)t << 23) + 0x3f800000);
-  return x >= lo ? p * scale : V{};
+  return x < lo ? V{} : p * scale;
 }
 
 #endif  // VS_SIMD_H

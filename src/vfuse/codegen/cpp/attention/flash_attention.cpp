@@ -99,9 +99,9 @@ void attend(Work& w, const Mask& mask, const Task& t) {
                                                               w.alpha);
   }
   if constexpr (VF_LSE)  // log of the softmax's denominator, for the backward: -inf where no key was kept
-    for (int64_t i = 0; i < t.nq; ++i) t.lse[i] = w.l[i] > 0.0f ? w.m[i] + std::log(w.l[i]) : NEG_INF;
+    for (int64_t i = 0; i < t.nq; ++i) t.lse[i] = w.l[i] <= 0.0f ? NEG_INF : w.m[i] + std::log(w.l[i]);  // NaN stays NaN
   for (int64_t i = 0; i < t.nq; ++i) {
-    const float inv = w.l[i] > 0.0f ? 1.0f / w.l[i] : 0.0f;  // l == 0: no key kept
+    const float inv = w.l[i] <= 0.0f ? 0.0f : 1.0f / w.l[i];  // l == 0: no key kept; NaN stays NaN
     float* row = t.out + i * DV;
     const int64_t gi = t.q0 + i;  // macro arguments must be single tokens or postfix expressions
     for (int64_t c = 0; c < DV; ++c) {
