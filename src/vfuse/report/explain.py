@@ -79,15 +79,23 @@ def with_symbols(report: FusionReport, graph: Graph, plan: FusionPlan, env: Any,
     (the planner's, then for C++ kernels the schedule's: those made per call, those that change)."""
     from vfuse.fusion.flips import flips, size_flips
     from vfuse.schedule import build
-    from vfuse.schedule.choices import kernel_choices, per_call_choices
+    from vfuse.schedule.choices import per_call_choices
 
     symbols = tuple(f"{s.name} = {env.hints[s]} here ({_range(env.ranges[s])})" for s in env.symbols)
     guards = tuple(str(g) for g in env.guards)
     lines = flips(graph, plan, env, hardware)
     if report.backend == "cpp" and not hardware.is_gpu:
         lines += per_call_choices(build(plan, hardware))
-        lines += size_flips(env, lambda: kernel_choices(build(plan, hardware)))
+        lines += size_flips(env, lambda: _choices(build(plan, hardware)))
     return dataclasses.replace(report, symbols=symbols, guards=guards, flips=tuple(lines))
+
+
+def _choices(program: Any) -> dict[str, str]:
+    """The schedule's choices at the hints, and the C++ GEMMs' cache blocks (the renderer's)."""
+    from vfuse.codegen.cpp.contraction import gemm_choices
+    from vfuse.schedule.choices import kernel_choices
+
+    return {**kernel_choices(program), **gemm_choices(program)}
 
 
 def _range(r: Any) -> str:

@@ -4,13 +4,15 @@ Over symbolic sizes the schedule takes its performance choices (threads, walk, r
 prefetch distance, row buffers, reductions, transpose tiles, register tiles) at the hints
 (`ir/sym.hint`, no guard). `kernel_choices` names them per kernel so that `fusion.flips.size_flips`
 can schedule the plan again at other sizes and report those that change within the range;
-`per_call_choices` lists the choices a kernel makes per call instead (streamed stores:
-`nest.StreamGate`).
+`per_call_choices` lists the choices a kernel makes per call instead (`gates.SizeGate`: streamed
+stores, threads, row prefetch). GEMM cache blocks are the C++ renderer's
+(`codegen/cpp/contraction.gemm_choices`), which the report adds.
 """
 
 from __future__ import annotations
 
 from vfuse.ir.sym import pretty
+from vfuse.schedule.gates import LINE, SizeGate
 from vfuse.schedule.kernel import ContractionKernel, Kernel, Pass, Program, Segment, TorchStep
 
 
@@ -30,16 +32,33 @@ def kernel_choices(program: Program) -> dict[str, str]:
 
 
 def per_call_choices(program: Program) -> list[str]:
-    """One line per kernel choice taken per call (not at the hints): streamed stores, threads."""
+    """One line per kernel choice taken per call (not at the hints): streamed stores, threads,
+    row prefetch (where its distance, or whether it prefetches at all, follows the sizes)."""
     out = []
     for k in program.kernels:
-        if isinstance(k, Kernel) and k.stream_gate is not None:
-            where = f"{pretty(k.stream_gate.moved)} >= {k.stream_gate.limit} bytes"
-            out.append(f"{k.name} ({k.label}) stores: chosen per call, streamed where {where}")
-        if isinstance(k, Kernel) and k.thread_gate is not None:
-            where = f"{pretty(k.thread_gate.moved)} >= {k.thread_gate.limit} loop points"
-            out.append(f"{k.name} ({k.label}) threads: chosen per call, several where {where}")
+        if not isinstance(k, Kernel):
+            continue
+        name = f"{k.name} ({k.label})"
+        if k.stream_gate is not None:
+            out.append(f"{name} stores: chosen per call, streamed where {_where(k.stream_gate, 'bytes')}")
+        if k.thread_gate is not None:
+            out.append(f"{name} threads: chosen per call, several where {_where(k.thread_gate, 'loop points')}")
+        if k.prefetch is not None and k.prefetch.per_call:
+            pf = k.prefetch
+            where = f" where {_where(pf.gate, '')}" if pf.gate is not None else ""
+            out.append(f"{name} prefetch: chosen per call, {pretty(pf.distance)} rows ahead{where}")
     return out
+
+
+def _where(gate: SizeGate, unit: str) -> str:
+    """`768*s0 >= 65536 bytes and ...`: a gate's tests, those against its own limit in `unit`."""
+    units = f" {unit}" if unit else ""
+    return gate.text(
+        lambda moved, limit: f"{pretty(moved)} >= {limit}" + (units if moved is gate.moved else ""),
+        lambda a: f"{pretty(a)} % {LINE} == 0",
+        " and ",
+        " or ",
+    )
 
 
 def _kernel(k: Kernel) -> dict[str, str]:
@@ -47,7 +66,7 @@ def _kernel(k: Kernel) -> dict[str, str]:
         "walk": k.walk.value + (f" of {k.row_group}" if k.row_group else ""),
         "threads": "per call" if k.thread_gate is not None else "several" if k.threaded else "one",
         "stores": "per call" if k.stream_gate is not None else "streamed" if k.stream else "cached",
-        "prefetch": f"{k.prefetch.distance} rows ahead" if k.prefetch else "none",
+        "prefetch": _prefetch(k),
     }
     buffered = sorted(v for p in k.passes for v in p.buffered)
     if any(p.reduces for p in k.passes) or buffered:
@@ -58,6 +77,12 @@ def _kernel(k: Kernel) -> dict[str, str]:
     for i, part in enumerate(k.parts):
         out.update({f"part {i} {what}": value for what, value in _kernel(part).items()})
     return out
+
+
+def _prefetch(k: Kernel) -> str:
+    if k.prefetch is None:
+        return "none"
+    return "per call" if k.prefetch.per_call else f"{k.prefetch.distance} rows ahead"
 
 
 def _reduction(p: Pass) -> str:

@@ -13,6 +13,9 @@ from typing import Any
 from vfuse.ir import DType, Op
 from vfuse.ir.types import TensorType
 from vfuse.schedule.expr import Lin, Range
+from vfuse.schedule.gates import LINE as LINE  # re-exported: renderers read the schedule's data here
+from vfuse.schedule.gates import PrefetchLoad as PrefetchLoad  # re-exported with RowPrefetch
+from vfuse.schedule.gates import RowPrefetch, SizeGate
 from vfuse.schedule.gpu_types import GpuLaunch, GpuTiles
 from vfuse.schedule.gpu_types import GpuWalk as GpuWalk  # re-exported: the schedule's types live here
 from vfuse.targets.isa import Isa
@@ -250,28 +253,6 @@ class IndexCheck:
 
 
 @dataclass(frozen=True)
-class PrefetchLoad:
-    """One buffer a row kernel prefetches: `load` reads it (contiguous along the row, moving
-    with the row); one prefetch per `step` elements (a cache line); before pass i, the
-    elements `shares[i]` = [lo, hi) of the row `RowPrefetch.distance` rows ahead."""
-
-    load: Load
-    step: int
-    shares: tuple[tuple[int, int], ...]
-
-
-@dataclass(frozen=True)
-class RowPrefetch:
-    """What a row kernel prefetches (`prefetch.py`): the rows `distance` ahead of the current one
-    (the last row for the last few), in shares spread over the passes."""
-
-    distance: int  # rows
-    loads: tuple[PrefetchLoad, ...]  # one per buffer
-    row_bytes: int  # of the widest prefetched buffer's row
-    locality: int  # temporal locality hint (3: into L1)
-
-
-@dataclass(frozen=True)
 class Kernel:
     """One generated function. Pointwise: `outer` is the whole nest and `passes` has one pass
     whose body is the loop body. Row: `outer` are the row loops (parallel), `inner` the
@@ -288,13 +269,13 @@ class Kernel:
     placement: dict[str, Place] = field(default_factory=dict)
     row_index: Lin = field(default_factory=Lin)  # linear index inside the row (row buffers)
     stream: bool = False  # stores bypass the caches (outputs larger than the LLC): see nest.with_streaming
-    stream_gate: Any = None  # nest.StreamGate: over symbolic sizes, `stream` only from a size (per call)
+    stream_gate: SizeGate | None = None  # over symbolic sizes, `stream` only where it holds (per call)
     table: str = ""  # the one byte-wide load the stores depend on: a lookup-table kernel (table.py)
     checks: tuple[IndexCheck, ...] = ()  # gather index buffers checked before the loops
     # How to render it, decided by `strategy.decide` from the kernel and the target's vector width.
     walk: Walk = Walk.SINGLE_ROW
     threaded: bool = False  # big enough to fork threads (else every loop runs on one)
-    thread_gate: Any = None  # nest.StreamGate over loop points: threads only from that many, per call
+    thread_gate: SizeGate | None = None  # over loop points: threads only from that many, per call
     tile: int = 0  # TILED_COLUMNS: columns reduced together (last outer loop)
     row_group: int = 0  # ROW_GROUPS: rows per group
     prefetch: RowPrefetch | None = None  # ROWS: rows read ahead

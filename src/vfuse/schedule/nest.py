@@ -13,12 +13,12 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable
-from typing import Any
 
 from vfuse.ir import DType, TensorType, opdef
-from vfuse.ir.sym import hint, is_sym, proved
+from vfuse.ir.sym import SymSize, hint
 from vfuse.schedule import expr
 from vfuse.schedule.expr import Lin, Var
+from vfuse.schedule.gates import SizeGate, size_choice
 from vfuse.schedule.kernel import Compute, Kernel, Load, Loop, Pass, Place, Reduce, Stmt, Store, stmt_args, stmt_index
 
 # A row buffer must stay cache-resident to pay off (per thread, fp32 elements).
@@ -233,31 +233,19 @@ def with_streaming(k: Kernel, llc_bytes: int) -> Kernel:
     return with_stream_choice(k, stream_choice(total * sum(s.dtype.itemsize for s in stores), llc_bytes))
 
 
-@dataclasses.dataclass(frozen=True)
-class StreamGate:
-    """`Kernel.stream` over symbolic sizes that may end on either side of the limit: the stores go
-    around the caches in calls whose `moved` bytes (a size expression: the kernel's stores, or its
-    loads and stores) reach `limit` (STREAM_MIN_LLCS last-level caches). The renderer computes
-    the flag once per call (codegen/cpp/streaming.py); taken at the hint instead, a first call
-    of 6145 rows left softmax 8192x1024 unstreamed and 1.31x slower than its static build."""
-
-    moved: Any  # SymSize
-    limit: int
+# The gate of a per-call stream choice: the bytes as a size expression, and STREAM_MIN_LLCS
+# last-level caches as the limit. Taken at the hint instead, a first call of 6145 rows left
+# softmax 8192x1024 unstreamed and 1.31x slower than its static build.
+StreamGate = SizeGate
 
 
-def stream_choice(moved: Any, llc_bytes: int) -> bool | StreamGate:
+def stream_choice(moved: SymSize | int, llc_bytes: int) -> bool | SizeGate:
     """Whether `moved` bytes (an int or a symbolic size) are STREAM_MIN_LLCS x `llc_bytes` or
-    more: a bool where that holds or fails at every size (plain ints; proved over the symbols'
-    ranges, no guard), else the StreamGate that decides per call."""
-    limit = STREAM_MIN_LLCS * llc_bytes
-    if not llc_bytes or not is_sym(moved):
-        return bool(llc_bytes) and moved >= limit
-    if proved(limit, "<=", moved) or proved(moved, "<", limit):
-        return proved(limit, "<=", moved)
-    return StreamGate(moved, limit)
+    more: a bool where that holds or fails at every size, else the gate that decides per call."""
+    return bool(llc_bytes) and size_choice(moved, STREAM_MIN_LLCS * llc_bytes)
 
 
-def with_stream_choice(k: Kernel, choice: bool | StreamGate) -> Kernel:
+def with_stream_choice(k: Kernel, choice: bool | SizeGate) -> Kernel:
     """`k` streaming always (True), never (False: `k` unchanged) or per call (a StreamGate)."""
     if choice is False:
         return k
@@ -266,8 +254,7 @@ def with_stream_choice(k: Kernel, choice: bool | StreamGate) -> Kernel:
 
 def streams_at_hint(k: Kernel) -> bool:
     """Whether `k` streams at the hints of its sizes (always, when it streams at a fixed size)."""
-    gate = k.stream_gate
-    return k.stream and (gate is None or hint(gate.moved) >= gate.limit)
+    return k.stream and (k.stream_gate is None or k.stream_gate.at_hint())
 
 
 def stream_fixed(k: Kernel) -> Kernel:

@@ -18,9 +18,13 @@ from __future__ import annotations
 
 import math
 
-from vfuse.ir.sym import hint
+import sympy
+from torch.utils._sympy.functions import FloorDiv
+
+from vfuse.ir.sym import SymSize, env_of, hint, is_sym
 from vfuse.schedule import expr
-from vfuse.schedule.kernel import Kernel, Load, PrefetchLoad, RowPrefetch, Store
+from vfuse.schedule.gates import PrefetchLoad, RowPrefetch, SizeGate, both, size_choice
+from vfuse.schedule.kernel import Kernel, Load, Store
 
 LINE = 64  # bytes per cache line: one prefetch each
 DISTANCE_BYTES = 12 * 1024  # how far ahead: 2-3 rows of 4 KiB measured best
@@ -56,40 +60,59 @@ def plan_prefetch(k: Kernel, l1: int = 48 << 10, l2: int = 0) -> RowPrefetch | N
     inner loop, loads whose offset is plain loop variables (no div/mod/clamp/gather), stride
     1 along the row and moving with the row; rows of at least MIN_ROW_BYTES; at least
     MIN_DISTANCE rows ahead fitting beside the rows in use in the share of `l1` bytes of L1
-    the core's `l2`-byte L2 (0: unknown) allows (`_l1_room`)."""
+    the core's `l2`-byte L2 (0: unknown) allows (`_l1_room`). Over a symbolic row width, the
+    distance is computed per call and the conditions are the plan's gate (`_per_call`)."""
     loads = _row_loads(k)
     if not loads:
         return None
-    row_bytes = hint(max(k.inner[0].size * s.dtype.itemsize for s in loads.values()))  # perf only
-    if row_bytes < MIN_ROW_BYTES:
+    size = k.inner[0].size
+    row_bytes = size * max(s.dtype.itemsize for s in loads.values())
+    ahead = size * sum(s.dtype.itemsize for s in loads.values())
+    spare = _l1_room(l1, l2) - _resident_bytes(k)  # bytes of L1 for the rows ahead
+    # min(MAX_DISTANCE, ceil(DISTANCE_BYTES / row_bytes), spare // ahead) >= MIN_DISTANCE, as
+    # tests without division (cheap to prove over the ranges; MAX_DISTANCE >= MIN_DISTANCE).
+    on = both(size_choice(row_bytes, MIN_ROW_BYTES), size_choice(spare - MIN_DISTANCE * ahead, 0))
+    on = both(on, size_choice(DISTANCE_BYTES - (MIN_DISTANCE - 1) * row_bytes, 1))
+    if on is False:
         return None
-    ahead = hint(sum(k.inner[0].size * s.dtype.itemsize for s in loads.values()))  # perf only
-    room = (_l1_room(l1, l2) - _resident_bytes(k)) // ahead
-    distance = min(MAX_DISTANCE, math.ceil(DISTANCE_BYTES / row_bytes), room)
-    if distance < MIN_DISTANCE:
-        return None
-    planned = tuple(_shares(s, k.inner[0].size, len(k.passes)) for s in loads.values())
-    return RowPrefetch(distance, planned, row_bytes, LOCALITY)
+    distance = _distance(row_bytes, spare, ahead)
+    planned = tuple(_shares(s, size, len(k.passes)) for s in loads.values())
+    return RowPrefetch(distance, planned, hint(row_bytes), LOCALITY, on if isinstance(on, SizeGate) else None)
+
+
+def _distance(row_bytes: SymSize | int, spare: SymSize | int, ahead: SymSize | int) -> SymSize | int:
+    """min(MAX_DISTANCE, ceil(DISTANCE_BYTES / row_bytes), spare // ahead) rows: over symbolic
+    sizes an expression the kernel computes once per call (built unevaluated: sympy's
+    simplification of these quotients took seconds per kernel)."""
+    if not any(is_sym(x) for x in (row_bytes, spare, ahead)):
+        return min(MAX_DISTANCE, math.ceil(DISTANCE_BYTES / row_bytes), spare // ahead)
+    env = env_of((row_bytes, spare, ahead))
+    assert env is not None
+    rb, sp, ah = (sympy.sympify(x.expr if isinstance(x, SymSize) else x) for x in (row_bytes, spare, ahead))
+    ceil = FloorDiv(rb + DISTANCE_BYTES - 1, rb, evaluate=False)
+    return env.size(sympy.Min(MAX_DISTANCE, ceil, FloorDiv(sp, ah, evaluate=False), evaluate=False))
 
 
 def plan_group_prefetch(k: Kernel, group: int, l1: int = 48 << 10) -> RowPrefetch | None:
     """The same for short rows walked `group` at a time (`Walk.ROW_GROUPS`): each pass's row loop
     prefetches its share of the row `distance` ahead, GROUP_DISTANCE_BYTES of rows ahead where
     GROUP_L1_FILL of L1 holds them beside the group's rows in use, and at least a group ahead (nearer rows are the
-    group's own, which its first pass reads anyway)."""
+    group's own, which its first pass reads anyway). Row groups have a fixed width; over a
+    symbolic row count, whether the rows fill GROUP_MIN_BYTES is the plan's gate."""
     loads = _row_loads(k)
     if not loads:
         return None
-    row_bytes = hint(max(k.inner[0].size * s.dtype.itemsize for s in loads.values()))  # perf only
-    ahead = hint(sum(k.inner[0].size * s.dtype.itemsize for s in loads.values()))  # perf only
-    if row_bytes < GROUP_MIN_ROW_BYTES or hint(k.outer[0].size) * ahead < GROUP_MIN_BYTES:
+    row_bytes = max(k.inner[0].size * s.dtype.itemsize for s in loads.values())
+    ahead = sum(k.inner[0].size * s.dtype.itemsize for s in loads.values())
+    if row_bytes < GROUP_MIN_ROW_BYTES:
         return None
     room = (int(l1 * GROUP_L1_FILL) - _resident_bytes(k, group)) // ahead
     distance = min(math.ceil(GROUP_DISTANCE_BYTES / row_bytes), room)
-    if distance < group:
+    on = both(size_choice(k.outer[0].size * ahead, GROUP_MIN_BYTES), distance >= group)
+    if on is False:
         return None
     planned = tuple(_shares(s, k.inner[0].size, len(k.passes)) for s in loads.values())
-    return RowPrefetch(distance, planned, row_bytes, LOCALITY)
+    return RowPrefetch(distance, planned, row_bytes, LOCALITY, on if isinstance(on, SizeGate) else None)
 
 
 def _l1_room(l1: int, l2: int) -> int:
@@ -116,7 +139,7 @@ def _resident_bytes(k: Kernel, rows: int = 1) -> int:
     stored along the row (a buffer that does not move with the row, like LayerNorm's weight,
     once) and of every row buffer."""
     row, vec = expr.Var(k.outer[0].var), expr.Var(k.inner[0].var)
-    size = hint(k.inner[0].size)  # perf only
+    size = k.inner[0].size
     bufs: dict[str, int] = {}
     for p in k.passes:
         for s in p.body:
@@ -129,13 +152,14 @@ def _resident_bytes(k: Kernel, rows: int = 1) -> int:
     return size * (sum(bufs.values()) + rows * row_buffers)
 
 
-def _shares(s: Load, size: int, parts: int) -> PrefetchLoad:
-    """The row's cache lines of `s` in `parts` shares of about equal size, in order."""
+def _shares(s: Load, size: SymSize | int, parts: int) -> PrefetchLoad:
+    """The row's cache lines of `s` in `parts` shares of about equal size, in order. Only the last
+    share reaches the row's end (the others end at least a line before it): no min() of sizes,
+    which would guard on a symbolic width."""
     step = LINE // s.dtype.itemsize
     lines = -(-size // step)
-    shares = tuple(
-        (lines * part // parts * step, min(size, lines * (part + 1) // parts * step)) for part in range(parts)
-    )
+    ends = [lines * (part + 1) // parts * step for part in range(parts - 1)] + [size]
+    shares = tuple((lines * part // parts * step, end) for part, end in enumerate(ends))
     return PrefetchLoad(s, step, shares)
 
 

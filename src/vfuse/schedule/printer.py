@@ -4,7 +4,7 @@ and passes, and every decision a renderer acts on (`strategy.py`)."""
 from __future__ import annotations
 
 from vfuse.ir import Op
-from vfuse.ir.sym import hint
+from vfuse.ir.sym import hint, pretty
 from vfuse.schedule.kernel import (
     Accumulate,
     AnyKernel,
@@ -47,7 +47,7 @@ def _walk(k: Kernel) -> str:
     if k.walk is Walk.LOOKUP_TABLE:
         parts.append(f"table of %{k.table}" + (", one flat loop" if k.table_flat else ""))
     if k.stream:
-        parts.append("streamed stores")
+        parts.append("streamed stores" + (" per call" if k.stream_gate is not None else ""))
     if k.prefetch:
         parts.append(_prefetch(k.prefetch))
     if k.tail:
@@ -60,7 +60,8 @@ def _prefetch(pf: RowPrefetch) -> str:
         f"%{pl.load.buf} every {pl.step} elements, {' | '.join(f'{lo}:{hi}' for lo, hi in pl.shares)}"
         for pl in pf.loads
     )
-    return f"prefetch {pf.distance} rows ahead (locality {pf.locality}): {loads}"
+    when = " in calls that pass its gate" if pf.gate is not None else ""
+    return f"prefetch {pretty(pf.distance)} rows ahead{when} (locality {pf.locality}): {loads}"
 
 
 def _gpu(g: GpuLaunch) -> str:

@@ -15,17 +15,11 @@ import dataclasses
 import math
 
 from vfuse.ir import DType, Op, opdef
-from vfuse.ir.sym import hint, is_sym, proved
+from vfuse.ir.sym import hint, is_sym
 from vfuse.schedule.expr import Clamp, Lin, Var, walk
+from vfuse.schedule.gates import SizeGate, both, either, size_choice
 from vfuse.schedule.kernel import Accumulate, Compute, Kernel, Load, Loop, Pass, RandKey, Reduction, Store, Walk
-from vfuse.schedule.nest import (
-    StreamGate,
-    stream_choice,
-    stream_fixed,
-    streamable_stores,
-    streams_at_hint,
-    with_stream_choice,
-)
+from vfuse.schedule.nest import stream_choice, stream_fixed, streamable_stores, streams_at_hint, with_stream_choice
 from vfuse.schedule.peel import interior, threaded_selects
 from vfuse.schedule.prefetch import SMALL_L2, plan_group_prefetch, plan_prefetch
 from vfuse.schedule.rowfacts import below_row_max, pass_invariant_divisors
@@ -71,8 +65,8 @@ def decide(k: Kernel, vector: int, l1: int = 48 << 10, llc: int = 0, l2: int = 0
     k = dataclasses.replace(k, walk=_walk(k, vector))
     if k.walk is Walk.SINGLE_ROW and (tiles := plan_transpose(k, vector, l1)):
         # Streamed or not by the tiles' own rule (their traffic, not the stores' alone).
-        tiled = {"transpose": tiles, "stream": stream_tiles(k, tiles, llc), "stream_gate": None}
-        k = dataclasses.replace(k, walk=Walk.TILED_TRANSPOSE, **tiled)
+        k = dataclasses.replace(k, walk=Walk.TILED_TRANSPOSE, transpose=tiles, stream=False, stream_gate=None)
+        k = with_stream_choice(k, stream_tiles(k, tiles, llc))
     if k.walk is Walk.ROW_GROUPS:
         k = dataclasses.replace(stream_fixed(k), row_group=ROW_GROUP, prefetch=plan_group_prefetch(k, ROW_GROUP, l1))
     elif k.walk is Walk.ROWS:
@@ -86,13 +80,15 @@ def decide(k: Kernel, vector: int, l1: int = 48 << 10, llc: int = 0, l2: int = 0
     return dataclasses.replace(k, passes=tuple(_pass(k, i, vector) for i in range(len(k.passes))))
 
 
-def with_prefetched_streaming(k: Kernel, choice: bool | StreamGate) -> Kernel:
-    """`k` also streaming where `stream_prefetched_rows` chose to: its bytes count the loads too,
-    so a gate of its own passes wherever `nest.with_streaming`'s does and replaces it."""
-    return k if k.stream and k.stream_gate is None else with_stream_choice(k, choice)
+def with_prefetched_streaming(k: Kernel, choice: bool | SizeGate) -> Kernel:
+    """`k` also streaming where `stream_prefetched_rows` chose to (in a call: where either
+    gate holds, `nest.with_streaming`'s or that one)."""
+    if not k.stream:
+        return with_stream_choice(k, choice)
+    return k if k.stream_gate is None else with_stream_choice(k, either(k.stream_gate, choice))
 
 
-def stream_prefetched_rows(k: Kernel, llc: int, l2: int) -> bool | StreamGate:
+def stream_prefetched_rows(k: Kernel, llc: int, l2: int) -> bool | SizeGate:
     """Whether a row walk with prefetched rows streams its stores although they are under
     `nest.with_streaming`'s STREAM_MIN_LLCS: on cores with a small L2 (`prefetch.SMALL_L2`, where
     it was measured), where its loads and stores together move that many LLCs (as tiled
@@ -100,7 +96,8 @@ def stream_prefetched_rows(k: Kernel, llc: int, l2: int) -> bool | StreamGate:
     bound by memory, not by the chunk copy streaming adds). Zen 3, softmax 8192x1024 (32 MiB in,
     32 MiB out): 1.19x faster; LayerNorm+GELU 1.18x slower, RMSNorm+SiLU the same. Zen 5's
     streamed softmax had lost 10-30 % (nest.py), Zen 4's won with row prefetch (docs/perf-log.md).
-    Over symbolic sizes, a StreamGate where the bytes may end on either side (`nest.stream_choice`)."""
+    Over symbolic sizes, a gate where the bytes may end on either side (`nest.stream_choice`), and
+    only in calls that prefetch where that is chosen per call (`RowPrefetch.gate`)."""
     small_l2 = 0 < l2 <= SMALL_L2
     stores = streamable_stores(k) if k.prefetch is not None and llc and small_l2 else []
     storing = [i for i, p in enumerate(k.passes) if any(isinstance(s, Store) for s in p.body)]
@@ -109,7 +106,8 @@ def stream_prefetched_rows(k: Kernel, llc: int, l2: int) -> bool | StreamGate:
     rows = [Var(lp.var) for lp in k.outer]
     moving = (s for p in k.passes for s in p.body if isinstance(s, Load) and any(s.index.coef(r) for r in rows))
     loads = {s.buf: s.dtype.itemsize for s in moving}  # not the weights every row reads again
-    return stream_choice(_total(k) * (sum(loads.values()) + sum(s.dtype.itemsize for s in stores)), llc)
+    moved = stream_choice(_total(k) * (sum(loads.values()) + sum(s.dtype.itemsize for s in stores)), llc)
+    return both(moved, k.prefetch.gate or True) if k.prefetch is not None else moved
 
 
 def _cheap_body(k: Kernel, i: int) -> bool:
@@ -135,9 +133,8 @@ def thread_choice(total: int) -> dict[str, object]:
     """Whether a kernel of `total` loop points forks threads: fixed where that holds or fails over
     the symbols' whole ranges, else threaded with a gate its calls test (`Kernel.thread_gate`):
     taken at the hint, a first call of a few rows left every later call on one thread."""
-    if not is_sym(total) or proved(PARALLEL_MIN, "<=", total) or proved(total, "<", PARALLEL_MIN):
-        return {"threaded": bool(hint(total) >= PARALLEL_MIN), "thread_gate": None}
-    return {"threaded": True, "thread_gate": StreamGate(total, PARALLEL_MIN)}
+    choice = size_choice(total, PARALLEL_MIN)
+    return {"threaded": choice is not False, "thread_gate": choice if isinstance(choice, SizeGate) else None}
 
 
 def _total(k: Kernel) -> int:

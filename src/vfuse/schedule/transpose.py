@@ -27,8 +27,9 @@ from __future__ import annotations
 
 import math
 
-from vfuse.ir.sym import hint
+from vfuse.ir.sym import SymSize, hint, is_sym, known_multiple
 from vfuse.schedule.expr import Clamp, Div, Dyn, Lin, Mod, Var, walk
+from vfuse.schedule.gates import SizeGate, size_choice
 from vfuse.schedule.kernel import Kernel, Load, Store, TransposeTiles
 
 MIN_ELEMENTS = 4096  # below this the whole kernel is in L1 anyway
@@ -102,27 +103,34 @@ def _edge(staged: list[Load], l1: int) -> int:
     return EDGES[-1]
 
 
-def stream_tiles(k: Kernel, t: TransposeTiles, llc: int) -> bool:
+def stream_tiles(k: Kernel, t: TransposeTiles, llc: int) -> bool | SizeGate:
     """Whether the tiles of `k` store around the caches: the kernel's loads and stores that walk
     both tile loops move at least STREAM_MIN_LLCS times `llc` bytes, and a tile row of every store
     is whole cache lines, starting on a line (`llc` 0: never). A row that starts mid-line is
     streamed as a partial line stored plainly, whole lines around the caches and a partial line:
     each line a neighbouring tile shares is then written both ways (1999 x 3001 fp32 on Zen 3,
-    one thread: 10.5 ms streamed, 7.0 ms stored plainly)."""
+    one thread: 10.5 ms streamed, 7.0 ms stored plainly). Over symbolic sizes, where the bytes or
+    a row's start in bytes may fall either way, a gate the kernel tests per call."""
     (p,) = k.passes
     stores = [s for s in p.body if isinstance(s, Store)]
-    if not llc or not stores or any(t.cols * s.dtype.itemsize % LINE or not _line_rows(s, k) for s in stores):
+    if not llc or not stores or any(t.cols * s.dtype.itemsize % LINE for s in stores):
         return False
     u, v = Var(t.u), Var(k.inner[-1].var)
     whole = [s for s in p.body if isinstance(s, Load | Store) and s.index.coef(u) != 0 and s.index.coef(v) != 0]
-    total = hint(math.prod(lp.size for lp in k.inner))  # perf only: at the hint
-    return total * sum(s.dtype.itemsize for s in whole) >= STREAM_MIN_LLCS * llc
+    moved = math.prod(lp.size for lp in k.inner) * sum(s.dtype.itemsize for s in whole)
+    choice = size_choice(moved, STREAM_MIN_LLCS * llc)
+    starts = [b for s in stores for b in _row_starts(s, k)]
+    if choice is False or any(not is_sym(b) and b % LINE for b in starts):
+        return False
+    aligned = tuple(b for b in starts if is_sym(b) and not known_multiple(b, LINE))
+    if not aligned:
+        return choice
+    return SizeGate(moved, STREAM_MIN_LLCS * llc, aligned=aligned)
 
 
-def _line_rows(s: Store, k: Kernel) -> bool:
-    """Whether every row of `s` along the SIMD loop starts on a cache line (offsets and the other
-    loops' strides whole lines; buffers are line-aligned); symbolic ones at their hints."""
+def _row_starts(s: Store, k: Kernel) -> list[SymSize | int]:
+    """The bytes that place each row of `s` along the SIMD loop: its offset and the other loops'
+    strides (every row starts on a cache line where each is a multiple of one: buffers are
+    line-aligned)."""
     v = Var(k.inner[-1].var)
-    size = s.dtype.itemsize
-    offsets = [s.index.const, *(c for a, c in s.index.terms if a != v)]
-    return all(hint(c) * size % LINE == 0 for c in offsets)
+    return [c * s.dtype.itemsize for c in (s.index.const, *(c for a, c in s.index.terms if a != v))]

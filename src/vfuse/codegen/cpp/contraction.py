@@ -174,6 +174,23 @@ def _blocking(k: ContractionKernel, m: int, n: int, kk: int) -> Blocking:
     return choose_blocking(hint(m), hint(n), hint(kk), *k.caches, micro=(k.mr, k.nr), unit=VectorUnit(k.vector))
 
 
+def gemm_choices(program: Program) -> dict[str, str]:
+    """The cache blocks each float GEMM is rendered with (`_blocking`, at the hints of symbolic
+    sizes), by the regime they put M, K and N in: `"k2 (linear) GEMM blocks"` -> `"M in one
+    block, K in blocks of 512, N in blocks of 1536"`. For the report's choices that change within
+    the range (`fusion.flips.size_flips`): the driver's loops serve any size with these blocks."""
+    out: dict[str, str] = {}
+    for k in program.kernels:
+        if isinstance(k, ContractionKernel) and k.op is Op.MATMUL and k.int8 is None and k.gpu is None:
+            a = k.shapes[0]
+            m, n, kk = hint(a[-2]), hint(k.out_shape[-1]), hint(a[-1])
+            b = _blocking(k, m, n, kk)
+            dims = ((b.mc, m, "M"), (b.kc, kk, "K"), (b.nc, n, "N"))
+            blocks = (f"{d} in one block" if size >= whole else f"{d} in blocks of {size}" for size, whole, d in dims)
+            out[f"{k.name} ({k.label}) GEMM blocks"] = ", ".join(blocks)
+    return out
+
+
 def _conv(k: ContractionKernel, program: Program) -> tuple[str, str]:
     (n, c, h, w), (o, _, kh, kw) = k.shapes
     a = k.attrs

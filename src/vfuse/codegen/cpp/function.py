@@ -6,9 +6,11 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from vfuse.codegen.cpp.faults import FAULT_VAR, c_string, can_fault, fault_offset
-from vfuse.codegen.cpp.streaming import stream_flag
+from vfuse.codegen.cpp.prefetch import PREFETCH_FLAG, PREFETCH_ROWS
+from vfuse.codegen.cpp.streaming import STREAM_FLAG
 from vfuse.codegen.cpp.writer import KernelWriter, pointer
-from vfuse.schedule.kernel import Kernel, Program, Segment
+from vfuse.ir.sym import is_sym
+from vfuse.schedule.kernel import LINE, Kernel, Program, Segment, SizeGate
 
 SIGNATURE = "(void* const* bufs, char* arena, const int64_t* seeds, int nt)"
 NO_PRE = "no-tree-pre"  # Kernel.no_pre: g++ only (clang ignores the attribute)
@@ -20,18 +22,49 @@ PROFILED_SUFFIX = "_prof"  # the timing entry of segment `s` is `s_prof(..., int
 def kernel_function(w: KernelWriter, body: Callable[[KernelWriter], None]) -> str:
     """`static void kN(...)`: pointers, fault prologue, then `body(w)`."""
     w.pointers()
-    for line in (*kernel_prologue(w.k, w.program), *stream_flag(w.k), *thread_gate(w.k)):
+    for line in (*kernel_prologue(w.k, w.program), *stream_flag(w.k), *thread_gate(w.k), *prefetch_gate(w.k)):
         w.w(line)
     body(w)
     doc = f"// group {w.k.group} ({w.k.label}): {w.describe()}"
     return "\n".join([doc, *_attributes(w.k), f"static void {w.k.name}{SIGNATURE} {{", *w.lines, "}"])
 
 
+def condition(gate: SizeGate) -> str:
+    """The C++ test of a per-call choice (`schedule.gates.SizeGate`) over this call's sizes."""
+    return gate.text(
+        lambda moved, limit: f"(int64_t)({moved}) >= (int64_t){limit}LL",
+        lambda a: f"(int64_t)({a}) % {LINE} == 0",
+        " && ",
+        " || ",
+    )
+
+
+def stream_flag(k: Kernel) -> list[str]:
+    """The kernel's first line when it streams per call: whether this call's sizes pass the
+    gate (`Kernel.stream_gate`: its bytes, `schedule.nest.StreamGate`); none for a fixed choice."""
+    gate = k.stream_gate
+    return [] if gate is None else [f"const bool {STREAM_FLAG} = {condition(gate)};"]
+
+
 def thread_gate(k: Kernel) -> list[str]:
     """One thread for this call when its sizes give fewer loop points than the schedule's gate
     (`Kernel.thread_gate`: symbolic sizes whose range holds both); none for a fixed choice."""
     gate = k.thread_gate
-    return [] if gate is None else [f"if ((int64_t)({gate.moved}) < (int64_t){gate.limit}LL) nt = 1;"]
+    if gate is None:
+        return []
+    if gate.single:
+        return [f"if ((int64_t)({gate.moved}) < (int64_t){gate.limit}LL) nt = 1;"]
+    return [f"if (!({condition(gate)})) nt = 1;"]
+
+
+def prefetch_gate(k: Kernel) -> list[str]:
+    """The rows ahead this call prefetches and whether it prefetches at all, where the schedule
+    left them to the call's sizes (`RowPrefetch.distance` a size, `RowPrefetch.gate`)."""
+    pf = k.prefetch
+    if pf is None:
+        return []
+    lines = [f"const int64_t {PREFETCH_ROWS} = (int64_t)({pf.distance});"] if is_sym(pf.distance) else []
+    return lines + ([f"const bool {PREFETCH_FLAG} = {condition(pf.gate)};"] if pf.gate is not None else [])
 
 
 def _attributes(k: Kernel) -> list[str]:

@@ -17,17 +17,10 @@ from __future__ import annotations
 from vfuse.codegen.cpp.rules import COMPUTE_TYPE, STORAGE_TYPE, STORE_CONVERT
 from vfuse.codegen.cpp.writer import KernelWriter, pointer
 from vfuse.schedule import expr
-from vfuse.schedule.kernel import Kernel, Loop, Pass, Store
+from vfuse.schedule.kernel import Loop, Pass, Store
 
 CHUNK = 1024  # elements per chunk: at most 8 KiB per output, so the buffers stay in L1
 STREAM_FLAG = "vf_streamed"  # a gated kernel's per-call choice (symbols are vf_s0, ...: no clash)
-
-
-def stream_flag(k: Kernel) -> list[str]:
-    """The kernel's first line when it streams per call: whether this call's sizes move the
-    gate's bytes (`schedule.nest.StreamGate`); none for a fixed choice."""
-    gate = k.stream_gate
-    return [] if gate is None else [f"const bool {STREAM_FLAG} = (int64_t)({gate.moved}) >= (int64_t){gate.limit}LL;"]
 
 
 def _outputs(w: KernelWriter, stores: list[Store], vec: Loop) -> list[str]:

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from vfuse.codegen.cpp.function import kernel_function
 from vfuse.codegen.cpp.rules import LOAD_CONVERT, STORAGE_TYPE, STORE_CONVERT
+from vfuse.codegen.cpp.streaming import STREAM_FLAG
 from vfuse.codegen.cpp.writer import KernelWriter, pointer
 from vfuse.ir.sym import hint
 from vfuse.schedule import expr
@@ -189,7 +190,7 @@ def _tiles(w: TransposeWriter) -> None:
         w.close()
     w.close(3 + len(others))
     if p.streamed:
-        w.w("vf_stream_fence();")
+        w.w(f"if ({STREAM_FLAG}) vf_stream_fence();" if k.stream_gate is not None else "vf_stream_fence();")
         if k.threaded:
             w.close()
     w.end_pass()
@@ -197,22 +198,32 @@ def _tiles(w: TransposeWriter) -> None:
 
 def _streamed_row(w: TransposeWriter) -> None:
     """One tile row: the body with its stores into L1 row buffers, then each copied out around
-    the caches (`vf_stream`: whole lines non-temporal, a partial head or tail line plain)."""
+    the caches (`vf_stream`: whole lines non-temporal, a partial head or tail line plain). Where
+    the choice is per call (`Kernel.stream_gate`), one loop stores into the row buffers or
+    straight into the outputs, as the call's STREAM_FLAG says (as `streaming.py`'s chunks)."""
     (p,) = w.k.passes
     stores = [s for s in p.body if isinstance(s, Store)]
+    gated = w.k.stream_gate is not None
+    starts = [f"&{pointer(s.buf)}[{expr.render(s.index, {**w.names, w.k.inner[-1].var: 'vb'})}]" for s in stores]
     for j, s in enumerate(stores):
         w.w(f"alignas(64) {STORAGE_TYPE[s.dtype]} sb{j}[{w.t.cols}];")
+        if gated:
+            w.w(f"{STORAGE_TYPE[s.dtype]}* const sd{j} = {STREAM_FLAG} ? sb{j} : {starts[j]};")
     w.w("#pragma omp simd")
     w.open(f"for (int64_t {w.iv} = vb; {w.iv} < ve; ++{w.iv}) {{")
     for s in p.body:
         if isinstance(s, Store):
-            w.w(f"sb{stores.index(s)}[{w.iv} - vb] = {STORE_CONVERT.get(s.dtype, '{0}').format(s.arg)};")
+            dst = f"{'sd' if gated else 'sb'}{stores.index(s)}"
+            w.w(f"{dst}[{w.iv} - vb] = {STORE_CONVERT.get(s.dtype, '{0}').format(s.arg)};")
         else:
             w.stmt(s)
     w.close()
-    for j, s in enumerate(stores):
-        start = expr.render(s.index, {**w.names, w.k.inner[-1].var: "vb"})
-        w.w(f"vf_stream(&{pointer(s.buf)}[{start}], sb{j}, (size_t)(ve - vb) * sizeof(sb{j}[0]));")
+    if gated:
+        w.open(f"if ({STREAM_FLAG}) {{")
+    for j, start in enumerate(starts):
+        w.w(f"vf_stream({start}, sb{j}, (size_t)(ve - vb) * sizeof(sb{j}[0]));")
+    if gated:
+        w.close()
 
 
 def _next_tile(w: TransposeWriter, u_size: int, v_size: int) -> None:
@@ -238,13 +249,16 @@ def _prefetch_row(w: TransposeWriter) -> None:
     for s in p.body:
         if not isinstance(s, Load | Store) or (isinstance(s, Load) and s.var in t.staged):
             continue
-        if isinstance(s, Store) and p.streamed:
-            continue  # a prefetch for writing reads the line: what streaming stores save
+        # A prefetch for writing reads the line: what streaming stores save (a gated kernel
+        # prefetches in the calls that do not stream).
+        if isinstance(s, Store) and p.streamed and w.k.stream_gate is None:
+            continue
+        unless = f"!{STREAM_FLAG} && " if isinstance(s, Store) and p.streamed else ""
         step, row = line // s.dtype.itemsize, w.stride(s, t.u)
         if w.stride(s) == 1 and row and not _streams(t.cols, row, s):
             rw = 1 if isinstance(s, Store) else 0
             at = f"{w.corner(s, 'un', 'vn')} + r * {row} + l"
-            w.w(f"if (un + r < une) for (int64_t l = 0; l < {_run(t.cols, row, s)}; l += {step})")
+            w.w(f"if ({unless}un + r < une) for (int64_t l = 0; l < {_run(t.cols, row, s)}; l += {step})")
             w.w(f"  __builtin_prefetch({at}, {rw}, 1);")
     for s in p.body:
         if isinstance(s, Load) and s.var in t.staged and not _streams(t.rows, w.stride(s), s):
