@@ -142,7 +142,7 @@ def test_compile_time_children_share_fresh_cache_dirs(monkeypatch: pytest.Monkey
 
     def fake_child(argv: list[str], env: dict[str, str]) -> dict[str, float]:
         cache = Path(env["VFUSE_CACHE_DIR"]).parent
-        seen.append((argv, env, any(cache.iterdir())))
+        seen.append((argv, env, any(p.is_file() for p in cache.rglob("*"))))
         (cache / "marker").write_text("populated by the cold run")
         first, backend = [(2.0, 1.5), (0.5, 0.2), (0.3, 0.05)][len(seen) - 1]
         return {"first_call_s": first, "backend_s": backend, "gc_s": 0.01 * len(seen), "steady_call_s": 0.1}
@@ -152,8 +152,9 @@ def test_compile_time_children_share_fresh_cache_dirs(monkeypatch: pytest.Monkey
     (cold_argv, cold_env, cold_populated), (warm_argv, warm_env, warm_populated), (proc_argv, proc_env, _) = seen
     assert cold_argv[:2] == ["vfuse", "ln_gelu"] and "--quick" in cold_argv
     assert not cold_populated and warm_populated  # cold starts empty, warm reuses the same dirs
-    for key in ("VFUSE_CACHE_DIR", "TORCHINDUCTOR_CACHE_DIR"):
+    for key in ("VFUSE_CACHE_DIR", "TORCHINDUCTOR_CACHE_DIR", "TMPDIR"):  # TMPDIR: Inductor's header
         assert cold_env[key] == warm_env[key] == proc_env[key]
+        assert Path(cold_env[key]).parent == Path(cold_env["VFUSE_CACHE_DIR"]).parent
     # cold compiles the other function after its measurement, so the warm-process probe,
     # which compiles it before the clock, finds it cached too
     assert cold_argv[-2:] == ["--other", "after"] and "--other" not in warm_argv

@@ -4,7 +4,7 @@ In-process "cold" numbers lie: Dynamo, Inductor and vfuse all keep in-memory cac
 imports warm up lazily. So each measurement is a child process (`python -m
 vfuse.bench.compile_times ...`) that builds the workload, makes the first (compiling) call
 and a few more, and prints one JSON line. Three children per contender, on one pair of cache
-directories (VFUSE_CACHE_DIR, TORCHINDUCTOR_CACHE_DIR):
+directories (VFUSE_CACHE_DIR, TORCHINDUCTOR_CACHE_DIR, and TMPDIR: `cache_env`):
 
 - cold: the directories are empty;
 - warm: a new process on the directories the cold child filled;
@@ -213,6 +213,21 @@ def run_probe(module: str, argv: list[str], env: dict[str, str], timeout_s: floa
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
+def cache_env(tmp: str) -> dict[str, str]:
+    """The children's environment: every compile cache of both contenders under `tmp`. Inductor
+    keeps its precompiled header (~150 MB, ~8 s of g++ CPU to build) under
+    `$TMPDIR/torchinductor_<user>/precompiled_headers` whatever TORCHINDUCTOR_CACHE_DIR says
+    (`torch._inductor.codecache._HEADER_DIR`), so a "cold" Inductor child found one left by any
+    earlier run; TMPDIR is moved under `tmp` too, as vfuse's header is in VFUSE_CACHE_DIR."""
+    (Path(tmp) / "tmp").mkdir(exist_ok=True)
+    return {
+        **os.environ,
+        "VFUSE_CACHE_DIR": str(Path(tmp) / "vfuse"),
+        "TORCHINDUCTOR_CACHE_DIR": str(Path(tmp) / "inductor"),
+        "TMPDIR": str(Path(tmp) / "tmp"),
+    }
+
+
 def measure_compile_time(
     contender: str, workload: str, quick: bool, threads: int, allow_fallback: bool = False
 ) -> CompileTime:
@@ -222,11 +237,7 @@ def measure_compile_time(
     argv += ["--quick"] if quick else []
     argv += ["--allow-fallback"] if allow_fallback else []
     with tempfile.TemporaryDirectory(prefix="vfuse-bench-cache-") as tmp:
-        env = {
-            **os.environ,
-            "VFUSE_CACHE_DIR": str(Path(tmp) / "vfuse"),
-            "TORCHINDUCTOR_CACHE_DIR": str(Path(tmp) / "inductor"),
-        }
+        env = cache_env(tmp)
         try:
             cold = _run_child([*argv, "--other", "after"], env)
             warm = _run_child(argv, env)

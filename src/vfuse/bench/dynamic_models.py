@@ -12,9 +12,9 @@ what a size never seen costs). It counts the graphs compiled: vfuse's `backend.s
 one per Dynamo graph, every size inside Inductor's kernels).
 
 Cold and warm compile times need fresh processes (caches in memory lie), so the parent runs
-each probe as a child (`python -m vfuse.bench.dynamic_models ...`) on a pair of cache
-directories of its own (VFUSE_CACHE_DIR, TORCHINDUCTOR_CACHE_DIR): cold on empty ones, warm
-on the ones cold filled. `--smoke` runs the probe in-process instead (cache "in-process").
+each probe as a child (`python -m vfuse.bench.dynamic_models ...`) on cache directories of
+its own (VFUSE_CACHE_DIR, TORCHINDUCTOR_CACHE_DIR, TMPDIR: `compile_times.cache_env`): cold on
+empty ones, warm on the ones cold filled. `--smoke` runs the probe in-process instead (cache "in-process").
 """
 
 from __future__ import annotations
@@ -22,7 +22,6 @@ from __future__ import annotations
 import argparse
 import gc
 import json
-import os
 import statistics
 import subprocess
 import tempfile
@@ -35,7 +34,7 @@ from torch import Tensor
 
 from vfuse.bench import models as model_registry
 from vfuse.bench.checks import compare
-from vfuse.bench.compile_times import _preimport, run_probe
+from vfuse.bench.compile_times import _preimport, cache_env, run_probe
 
 TEXT_MODELS = ("hf_gpt2", "hf_llama", "hf_bert")
 MODES = ("dynamic", "auto")
@@ -138,7 +137,7 @@ def measure(contender: str, model: str, mode: str, quick: bool, threads: int, st
     argv += [] if strict else ["--allow-fallback"]
     rows = []
     with tempfile.TemporaryDirectory(prefix="vfuse-bench-dyn-") as tmp:
-        env = {**os.environ, "VFUSE_CACHE_DIR": f"{tmp}/vfuse", "TORCHINDUCTOR_CACHE_DIR": f"{tmp}/inductor"}
+        env = cache_env(tmp)
         for cache in ("cold", "warm"):
             try:
                 rows.append(_run_child(argv, env) | {"cache": cache})
