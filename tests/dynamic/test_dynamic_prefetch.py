@@ -64,7 +64,8 @@ def test_softmax_prefetch_distance_and_gate_per_call(built: list, first: tuple[i
     assert source.count(f"const int64_t {PREFETCH_ROWS} =") == 1
 
 
-def test_row_groups_prefetch_from_a_row_count(built: list) -> None:
+@pytest.mark.parametrize("first", [(300, 256), (2000, 256)])
+def test_row_groups_prefetch_from_a_row_count(built: list, first: tuple[int, int]) -> None:
     # Row groups (256-wide rows): prefetched only where the input is 1 MiB or more (1024 rows).
     torch.manual_seed(0)
     ln = torch.nn.LayerNorm(256)
@@ -72,13 +73,13 @@ def test_row_groups_prefetch_from_a_row_count(built: list) -> None:
         ln.weight.uniform_(0.5, 1.5)
         ln.bias.uniform_(-1, 1)
     c = torch.compile(ln, backend=vfuse.backend(strict=True), dynamic=True)
-    shapes = [(300, 256), (2000, 256), (9, 256), (1500, 256), (1023, 256)]
+    shapes = [first, (9, 256), (1500, 256), (1023, 256), (1024, 256)]
     _check(ln, c, shapes)
     ((program, source),) = built
     k = _prefetched(program)
     assert k.walk is Walk.ROW_GROUPS and k.prefetch is not None and k.prefetch.gate is not None
     on = [holds(k.prefetch.gate, sizes_of(program, s)) for s in shapes]
-    assert on == [False, True, False, True, False]
+    assert on == [first[0] >= 1024, False, True, False, True]
     assert f"if ({PREFETCH_FLAG}) for" in source and PREFETCH_ROWS not in source  # a fixed distance
 
 
