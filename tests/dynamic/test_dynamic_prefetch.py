@@ -92,3 +92,19 @@ def test_fixed_sizes_plan_once_without_a_flag(built: list, shape: tuple[int, int
     assert all(k.prefetch is None or not k.prefetch.per_call for k in kernels)
     assert [k.prefetch is not None for k in kernels] == [shape[1] == 700]
     assert PREFETCH_FLAG not in source and PREFETCH_ROWS not in source
+
+
+@pytest.mark.parametrize("dynamic", [False, True])
+def test_row_kernels_with_dropout_plan_their_prefetch(built: list, dynamic: bool) -> None:
+    # A RandKey has a var but no dtype: the prefetch plan's L1 budget (`_resident_bytes`) reads
+    # every statement of the passes, now for short rows too (the gate's room test).
+    def f(x: torch.Tensor) -> torch.Tensor:
+        return torch.nn.functional.dropout(torch.softmax(x, -1), 0.5, training=True)
+
+    c = torch.compile(f, backend=vfuse.backend(strict=True), dynamic=dynamic)
+    for shape in [(64, 100), (33, 700)] if dynamic else [(64, 100)]:
+        x = torch.randn(*shape)
+        out = c(x)
+        kept = out != 0
+        torch.testing.assert_close(out[kept], (torch.softmax(x, -1) * 2)[kept])
+        assert 0.3 < kept.float().mean() < 0.7

@@ -146,7 +146,9 @@ def _resident_bytes(k: Kernel, rows: int = 1) -> int:
             if isinstance(s, (Load, Store)) and s.index.coef(vec) != 0:
                 share = s.dtype.itemsize * (rows if s.index.coef(row) != 0 else 1)
                 bufs[s.buf] = max(bufs.get(s.buf, 0), share)
-    computed = {s.var: s.dtype for p in k.passes for s in (*p.before, *p.body) if hasattr(s, "var")}
+    computed = {
+        s.var: s.dtype for p in k.passes for s in (*p.before, *p.body) if hasattr(s, "var") and hasattr(s, "dtype")
+    }
     buffered = {v for p in k.passes for v in p.buffered}
     row_buffers = sum(max(4, computed[v].itemsize) if v in computed else 4 for v in buffered)
     return size * (sum(bufs.values()) + rows * row_buffers)
