@@ -148,7 +148,7 @@ def cat(g: Gen) -> int | None:
         s = v.shape  # type: ignore[attr-defined]
         return len(s) == len(vx.shape) and all(a == b for i, (a, b) in enumerate(zip(s, vx.shape)) if i != d)
 
-    srcs = [x] + [g.pick(fits) for _ in range(g.draw(st.integers(1, 2)))]
+    srcs = [x] + [g.pick(fits) for _ in range(g.draw(st.integers(1, 3)))]
     vals = [g.vals[i] for i in srcs]  # type: ignore[index]
     bound = max(v.bound for v in vals)
     return g.add(

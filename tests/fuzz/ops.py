@@ -388,7 +388,25 @@ def _pool(step: Step, values: list[torch.Tensor]) -> torch.Tensor:
 def _sdpa(step: Step, values: list[torch.Tensor]) -> torch.Tensor:
     q, k, v, *mask = (values[i] for i in step.srcs)
     causal, scale = step.params
+    if not torch.compiler.is_compiling():  # eager and the float64 reference: the definition (see below)
+        return _attention_definition(q, k, v, mask[0] if mask else None, causal, scale)
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask[0] if mask else None, is_causal=causal, scale=scale)
+
+
+def _attention_definition(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None, causal: bool, scale: float | None
+) -> torch.Tensor:
+    """softmax(q k^T s + mask) v with masked keys left out, as the compiled graphs' SDPA must compute it. Eager's
+    CPU flash kernel differs on NaN scores (0 in some columns of an all-NaN row), and the math backend adds the causal
+    mask, so a NaN score it hides still makes its row NaN. A row with no key kept is 0, as in both."""
+    s = q @ k.transpose(-1, -2) * (q.shape[-1] ** -0.5 if scale is None else scale)
+    if mask is not None and mask.dtype == torch.bool:
+        s = s.masked_fill(~mask, float("-inf"))
+    elif mask is not None:
+        s = s + mask
+    if causal:
+        s = s.masked_fill(~torch.ones(s.shape[-2:], dtype=torch.bool).tril(), float("-inf"))
+    return torch._safe_softmax(s, -1) @ v
 
 
 def apply(step: Step, values: list[torch.Tensor]) -> torch.Tensor:
