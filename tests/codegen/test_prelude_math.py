@@ -77,6 +77,17 @@ def test_gelu_saturates_exactly() -> None:
     assert torch.all(erf.abs() == 1)
 
 
+def test_gelu_budget_where_it_binds() -> None:
+    # Every float in [-5.3, -3.5]: eager's gelu is tiny there, so the absolute part of the budget
+    # binds (the rational's worst over every float, 0.51 of it, is at x = -5.14).
+    lo, hi = (torch.tensor([v], dtype=torch.float32).view(torch.int32).item() for v in (3.5, 5.3))
+    x = -torch.arange(lo, hi + 1, dtype=torch.int32).view(torch.float32)
+    gelu = run_f32(x)[0].double()
+    xd = x.double()
+    ref = 0.5 * xd * torch.erfc(-xd / 2**0.5)
+    assert ((gelu - ref).abs() / (2e-6 + 1e-5 * ref.abs())).max() < 0.6
+
+
 def test_silu_sigmoid_edges() -> None:
     x = torch.tensor([-88.0, -88.00001, -88.5, -100.0, -1e30, -INF, 88.0, 88.5, 1e30, INF, NAN, -0.0, 0.0])
     _, _, silu, sigmoid = run_f32(x)

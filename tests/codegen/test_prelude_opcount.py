@@ -44,3 +44,15 @@ def test_multiplies_and_fmas_per_vector_within_budget(tmp_path: Path) -> None:
         body = asm.split(f"\nt_{fn}:", 1)[1].split(".cfi_endproc", 1)[0]
         ops = [line.strip() for line in body.splitlines() if MUL_FMA.match(line)]
         assert "call" not in body and 0 < len(ops) <= budget, (fn, len(ops), ops)
+
+
+INT_OPS = re.compile(r"^\s+vp(and|andn|or|xor|min|max|ternlog)\w*\s")
+
+
+@pytest.mark.skipif(isa_for(None).tier is Isa.GENERIC, reason="no FMA at the generic tier: other counts")
+def test_gelu_takes_abs_and_clamp_in_two_integer_ops(tmp_path: Path) -> None:
+    # |x| and min(|x|, 5.6) on the bits; the sign is never put back (gelu = |x| e + x/2): a
+    # symmetric clamp took two more integer ops per vector in ln_gelu's FMA-bound output loop.
+    body = _assembly(tmp_path).split("\nt_vf_gelu_none:", 1)[1].split(".cfi_endproc", 1)[0]
+    ops = [line.strip() for line in body.splitlines() if INT_OPS.match(line)]
+    assert 0 < len(ops) <= 2, ops

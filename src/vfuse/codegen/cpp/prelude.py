@@ -208,15 +208,9 @@ template <class T> static inline T vf_silu(T x) {
 // clamp(x, -c, c) for lim = bits of c > 0, in the integer domain: |x|'s bits order like its value.
 // g++ 12 turns float clamps written as ternaries into compare masks and blends inside `omp simd`
 // loops, and specializes the polynomial that follows with blended constants (6+ mask ops per
-// vector, ~50 of 265 ns per row in ln_gelu); this is vpandd, vpminud, vpternlogd. NaN becomes
-// +-c: callers keep NaN another way.
-static inline float vf_clamp_sym(float x, uint32_t lim) {
-  uint32_t a = vf_f2bits(x) & 0x7fffffffu;
-  a = a < lim ? a : lim;
-  return vf_bits2f(a | (vf_f2bits(x) & 0x80000000u));
-}
-// The same, but NaN stays NaN (two more integer adds, still no mask): |x|'s bits are rotated so
-// that NaN patterns (above 0x7f800000) sort below every number, clamped, and rotated back.
+// vector, ~50 of 265 ns per row in ln_gelu); this is vpandd, vpminud, vpternlogd (GELU clamps
+// |x| alone, one vpminud). NaN stays NaN (two more integer adds, still no mask): |x|'s bits are
+// rotated so that NaN patterns (above 0x7f800000) sort below every number, clamped, and rotated back.
 static inline float vf_clamp_sym_nan(float x, uint32_t lim) {
   const uint32_t rot = 0x7f800001u;
   uint32_t b = (vf_f2bits(x) & 0x7fffffffu) - rot;
@@ -291,34 +285,37 @@ static inline float vf_erf(float x) {
 }
 static inline double vf_erf(double x) { return std::erf(x); }
 template <class T> static inline T vf_gelu_none(T x) { return (T)0.5 * x * ((T)1 + vf_erf(x * (T)M_SQRT1_2)); }
-// fp32 GELU with vf_erf's rational folded in: for xc = clamp(x, -5.6, 5.6) and w = xc^2,
-// erf(x/sqrt2) = xc * P~(w) / Q~(w) with P~(w) = P(w/2)/sqrt2, Q~(w) = Q(w/2) (no x/sqrt2 multiply),
-// then gelu = h * e + h for h = x/2. At |xc| = 5.6 the FMA-evaluated rational is +-1 exactly, so
+// fp32 GELU with vf_erf's rational folded in: for a = min(|x|, 5.6) and w = a^2,
+// erf(a/sqrt2) / 2 = e = a * P~(w) / Q~(w) with P~(w) = P(w/2)/(2 sqrt2), Q~(w) = Q(w/2) (no x/sqrt2
+// multiply), then gelu = |x| * e + x/2. At a = 5.6 the FMA-evaluated rational is 0.5 exactly, so
 // gelu(x) = 0 for x <= -5.6 (eager: erf rounds to -1; we give +0 where eager gives -0) and x for
-// x >= 5.6; NaN and +-inf propagate through h (gelu(-inf) = NaN, as in eager). Every step is an
-// explicit FMA so that exactness does not depend on contraction. Max error vs float64 over every
+// x >= 5.6; NaN and +-inf propagate through x/2 and |x| (gelu(-inf) = NaN, as in eager). Every step
+// is an explicit FMA so that exactness does not depend on contraction. Max error vs float64 over every
 // float with |x| < 20: 1.19e-6 abs, 1.02 in units of 1e-6 + 1e-6|ref| (tests allow 2e-6 + 1e-5|ref|).
 // 25% faster than erf(x * sqrt1_2) in an L1 loop; ln_gelu row kernel 309 -> 241 ns/row.
+// The sign is never applied to e: |x| and a are one integer `and` and min, where a symmetric clamp
+// and h * e + h (h = x/2) took two more integer ops per vector; the results are bit-identical to
+// that form's (checked over all 2^32 inputs; |x| * e = h * erf exactly, e being erf/2 rounded).
 static inline float vf_gelu_none(float x) {
-  const float xc = vf_clamp_sym(x, 0x40b33333u);  // 5.6f
+  const uint32_t ab = vf_f2bits(x) & 0x7fffffffu;
+  const float ax = vf_bits2f(ab), a = vf_bits2f(ab < 0x40b33333u ? ab : 0x40b33333u);  // 5.6f
   // Estrin's scheme for P (degree 6) and Q (degree 4) in w: 4 dependent fmas after w instead of
   // Horner's 6, one multiply (w^2) more. The loop is bound by latency x operations in flight: 9 %
-  // faster in an L1 loop (AVX2). This order is +-1 exactly at |xc| = 5.6 too.
-  const float w = xc * xc, w2 = w * w;
-  const float p0 = vf_fmaf(-0.001044608780155643f, w, -0.011381614315190025f);
-  const float p2 = vf_fmaf(-5.031512341982542e-06f, w, -0.00012992921470317354f);
-  const float p4 = vf_fmaf(6.122398825300405e-10f, w, -9.285302078507751e-08f);
-  const float p = vf_fmaf(w2, vf_fmaf(w2, vf_fmaf(w2, -3.0119901205003774e-12f, p4), p2), p0);
+  // faster in an L1 loop (AVX2). This order is 0.5 exactly at a = 5.6 too.
+  const float w = a * a, w2 = w * w;
+  const float p0 = vf_fmaf(-0.0005223043900778215f, w, -0.0056908071575950125f);
+  const float p2 = vf_fmaf(-2.515756170991271e-06f, w, -6.496460735158677e-05f);
+  const float p4 = vf_fmaf(3.0611994126502025e-10f, w, -4.6426510392538755e-08f);
+  const float p = vf_fmaf(w2, vf_fmaf(w2, vf_fmaf(w2, -1.5059950602501887e-12f, p4), p2), p0);
   const float q0 = vf_fmaf(-0.00368666458360234f, w, -0.0142647390514189f);
   const float q2 = vf_fmaf(-2.6671756909863124e-05f, w, -0.0004207067435955075f);
   const float q = vf_fmaf(w2, vf_fmaf(w2, -9.10379490406225e-07f, q2), q0);
-  float e = xc * p / q;  // erf(x / sqrt2)
+  float e = a * p / q;  // erf(|x| / sqrt2) / 2
 #if !defined(__FMA__)
-  // Unfused, the rational at |xc| = 5.6 is 1 - 2^-24, not 1: gelu(-1e30) came out as -6e22.
-  e = vf_abs(x) >= 5.6f ? (x > 0 ? 1.0f : -1.0f) : e;
+  // Unfused, the rational at a = 5.6 is 0.5 - 2^-25, not 0.5: gelu(-1e30) came out as -6e22.
+  e = ab >= 0x40b33333u ? 0.5f : e;
 #endif
-  const float h = 0.5f * x;
-  return vf_fmaf(h, e, h);
+  return vf_fmaf(ax, e, 0.5f * x);
 }
 template <class T> static inline T vf_gelu_tanh(T x) {
   const T k = (T)(M_2_SQRTPI * M_SQRT1_2);
