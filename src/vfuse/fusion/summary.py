@@ -20,6 +20,7 @@ from vfuse.fusion.cost import (
     chain_factor,
     cost_from,
     fixed_rate,
+    gather_flops,
     register_budget,
     registers,
     time_weight,
@@ -66,6 +67,7 @@ def node_facts(node: Node, graph: Graph, target: Target) -> Facts:
             sig = (first.shape, tuple(node.attrs["axes"]), numel_of(node))
     # In cheap-arithmetic flops: transcendental ops weigh more on a calibrated target (cost.time_weight).
     pe = 0.0 if fixed else per_element_flops(node, graph) * time_weight(node, graph, target)
+    pe += gather_flops(node, graph, target)  # an interleave's gathered loads (fusion/gathers.py)
     layout = opdef(node.op).layout_only
     return Facts(
         node.kind,
