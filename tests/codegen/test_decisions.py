@@ -51,6 +51,31 @@ def test_renderer_imports_no_schedule_decisions() -> None:
         assert _schedule_imports(f) <= SCHEDULE_DATA, f"{f.relative_to(root)} imports {_schedule_imports(f)}"
 
 
+# Size choices a renderer must not make: taking a symbolic size at its hint, or proving a relation
+# of sizes, is deciding (schedule/gates.py, the schedule's `hint`s). Files that still do, and why.
+AT_SIZES = {"hint", "proved"}
+STILL_DECIDING: dict[str, set[str]] = {
+    "contraction.py": {"hint"},  # GEMM cache blocks at the hints (issue 15: to become per call)
+}
+
+
+def _sym_imports(path: Path) -> set[str]:
+    tree = ast.parse(path.read_text())
+    found = (
+        a.name for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module == "vfuse.ir.sym" for a in n.names
+    )
+    return set(found) & AT_SIZES
+
+
+def test_renderers_take_no_size_at_its_hint() -> None:
+    """The tiled transposes' prefetch (which runs, how long), the row prefetch's empty shares: the
+    schedule's (`TransposeTiles.prefetches`, `PrefetchLoad.live`); a renderer importing `hint` or
+    `proved` again decides on sizes."""
+    root = Path(vfuse.codegen.cpp.__file__).parent
+    deciding = {f.name: _sym_imports(f) for f in sorted(root.rglob("*.py")) if _sym_imports(f)}
+    assert deciding == STILL_DECIDING
+
+
 def _one(graph: Graph) -> FusionPlan:
     return hand_plan(graph, [[n.name for n in graph.compute_nodes]])
 
@@ -162,3 +187,43 @@ def test_avx2_column_tile_computes_right() -> None:
     assert "cb += 32)" in ex.source
     xs = torch.randn(300, 77)
     torch.testing.assert_close(ex([xs])[0], xs.sum(0), rtol=1e-5, atol=1e-4)
+
+
+def _transpose_chain(n: int, m: int) -> Graph:
+    """relu(x.t() + y) * sigmoid(y), x: n x m, y: m x n (a tiled transpose)."""
+    b = GraphBuilder()
+    x, y = inputs(b, ((n, m), DType.F32), ((m, n), DType.F32))
+    s = b.add(Op.RELU, [b.add(Op.ADD, [b.add(Op.PERMUTE, [x], perm=(1, 0)), y])])
+    return b.build([b.add(Op.MUL, [s, b.add(Op.SIGMOID, [y])])])
+
+
+def _transpose_body(ex: NativeExecutor) -> str:
+    src = _kernel_source(ex)
+    return src[src.index("const int64_t r = ") :]
+
+
+@pytest.mark.parametrize("edit", ["none", "staged only", "longer runs"])
+def test_transpose_prefetches_render_as_decided(edit: str) -> None:
+    """Which accesses a tiled transpose prefetches and how far along each run are the schedule's
+    (`TransposeTiles.prefetches`): a Program edited by hand renders exactly those, and still
+    computes eager's numbers (80 x 144 fp32: rows on whole lines, three prefetched accesses)."""
+    graph = _transpose_chain(144, 80)
+    plan = _one(graph)
+    prog = build(plan, AVX2)
+    (k,) = prog.kernels
+    assert isinstance(k, Kernel) and k.transpose is not None and len(k.transpose.prefetches) == 3
+    t = k.transpose
+    staged = tuple(pf for pf in t.prefetches if getattr(pf.access, "var", None) in t.staged)
+    chosen = {
+        "none": (),
+        "staged only": staged,
+        "longer runs": tuple(dataclasses.replace(pf, run=pf.run + 48) for pf in t.prefetches),
+    }[edit]
+    prog = _edit(prog, lambda k: dataclasses.replace(k, transpose=dataclasses.replace(t, prefetches=chosen)))
+    ex = _load(plan, prog)
+    body = _transpose_body(ex)
+    assert body.count("__builtin_prefetch(") == len(chosen)
+    for pf in chosen:
+        assert f"l < {pf.run}; l += 16" in body
+    x, y = torch.randn(144, 80), torch.randn(80, 144)
+    torch.testing.assert_close(ex([x, y])[0], torch.relu(x.t() + y) * torch.sigmoid(y))

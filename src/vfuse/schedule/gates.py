@@ -1,4 +1,4 @@
-"""Choices a kernel makes per call over symbolic sizes, and the row prefetch plan that may hold one.
+"""Choices a kernel makes per call over symbolic sizes, and the prefetch plans (rows, transpose tiles).
 
 Over symbolic sizes whose range holds both sides of a limit, a choice taken at the hint serves
 every later size as the first call's did (a 5-row first call left every later call on one
@@ -19,7 +19,7 @@ from torch.utils._sympy.value_ranges import bound_sympy
 from vfuse.ir.sym import SymSize, hint, is_sym
 
 if TYPE_CHECKING:
-    from vfuse.schedule.kernel import Load
+    from vfuse.schedule.kernel import Load, Store
 
 LINE = 64  # bytes: `SizeGate.aligned` offsets are multiples of a cache line
 
@@ -105,11 +105,13 @@ def either(a: bool | SizeGate, b: bool | SizeGate) -> bool | SizeGate:
 class PrefetchLoad:
     """One buffer a row kernel prefetches: `load` reads it (contiguous along the row, moving
     with the row); one prefetch per `step` elements (a cache line); before pass i, the
-    elements `shares[i]` = [lo, hi) of the row `RowPrefetch.distance` rows ahead."""
+    elements `shares[i]` = [lo, hi) of the row `RowPrefetch.distance` rows ahead, where
+    `live[i]` (false: the share is empty at every size, and nothing is rendered for it)."""
 
     load: Load
     step: int
     shares: tuple[tuple[SymSize | int, SymSize | int], ...]
+    live: tuple[bool, ...]
 
 
 @dataclass(frozen=True)
@@ -128,3 +130,15 @@ class RowPrefetch:
     @property
     def per_call(self) -> bool:
         return self.gate is not None or is_sym(self.distance)
+
+
+@dataclass(frozen=True)
+class TilePrefetch:
+    """One access whose rows of the next tile a tiled transpose prefetches into L2
+    (`TransposeTiles.prefetches`, schedule/transpose.py): `run` elements from the start of each
+    of its runs (a tile edge, a line more where runs start mid-line); a store of a kernel that
+    streams per call, only in the calls that do not stream (`unless_streamed`)."""
+
+    access: Load | Store
+    run: int
+    unless_streamed: bool = False

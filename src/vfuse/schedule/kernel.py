@@ -16,6 +16,7 @@ from vfuse.schedule.expr import Lin, Range
 from vfuse.schedule.gates import LINE as LINE  # re-exported: renderers read the schedule's data here
 from vfuse.schedule.gates import PrefetchLoad as PrefetchLoad  # re-exported with RowPrefetch
 from vfuse.schedule.gates import RowPrefetch, SizeGate
+from vfuse.schedule.gates import TilePrefetch as TilePrefetch  # re-exported with TransposeTiles
 from vfuse.schedule.gpu_types import GpuLaunch, GpuTiles
 from vfuse.schedule.gpu_types import GpuWalk as GpuWalk  # re-exported: the schedule's types live here
 from vfuse.targets.isa import Isa
@@ -239,6 +240,7 @@ class TransposeTiles:
     block: int  # register transpose block (elements of 4 bytes per vector)
     staged: tuple[str, ...]  # Load vars read through a transposed tile buffer
     prefetch: bool = False  # into L2, spread over each tile's rows: the next tile's rows of every load
+    prefetches: tuple[TilePrefetch, ...] = ()  # what `prefetch` fetches (after the stream choice)
 
 
 @dataclass(frozen=True)

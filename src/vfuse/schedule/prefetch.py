@@ -21,7 +21,7 @@ import math
 import sympy
 from torch.utils._sympy.functions import FloorDiv
 
-from vfuse.ir.sym import SymSize, env_of, hint, is_sym
+from vfuse.ir.sym import SymSize, env_of, hint, is_sym, proved
 from vfuse.schedule import expr
 from vfuse.schedule.gates import PrefetchLoad, RowPrefetch, SizeGate, both, size_choice
 from vfuse.schedule.kernel import Kernel, Load, Store
@@ -157,12 +157,13 @@ def _resident_bytes(k: Kernel, rows: int = 1) -> int:
 def _shares(s: Load, size: SymSize | int, parts: int) -> PrefetchLoad:
     """The row's cache lines of `s` in `parts` shares of about equal size, in order. Only the last
     share reaches the row's end (the others end at least a line before it): no min() of sizes,
-    which would guard on a symbolic width."""
+    which would guard on a symbolic width. A share empty at every size is not live (a symbolic
+    share may be empty at some: it stays, its loop then runs no iteration)."""
     step = LINE // s.dtype.itemsize
     lines = -(-size // step)
     ends = [lines * (part + 1) // parts * step for part in range(parts - 1)] + [size]
     shares = tuple((lines * part // parts * step, end) for part, end in enumerate(ends))
-    return PrefetchLoad(s, step, shares)
+    return PrefetchLoad(s, step, shares, tuple(not proved(hi, "<=", lo) for lo, hi in shares))
 
 
 def _streams_rows(index: expr.Lin, row: expr.Var, vec: expr.Var) -> bool:

@@ -23,7 +23,7 @@ from vfuse.schedule.nest import stream_choice, stream_fixed, streamable_stores, 
 from vfuse.schedule.peel import interior, threaded_selects
 from vfuse.schedule.prefetch import SMALL_L2, plan_group_prefetch, plan_prefetch
 from vfuse.schedule.rowfacts import below_row_max, pass_invariant_divisors
-from vfuse.schedule.transpose import plan_transpose, stream_tiles
+from vfuse.schedule.transpose import plan_transpose, stream_tiles, with_tile_prefetches
 
 BLOCK = 1024  # elements per partial sum: bounds the float rounding error of long sums
 # Below this many elements a kernel runs on one thread (fork/join costs more than it saves).
@@ -66,7 +66,7 @@ def decide(k: Kernel, vector: int, l1: int = 48 << 10, llc: int = 0, l2: int = 0
     if k.walk is Walk.SINGLE_ROW and (tiles := plan_transpose(k, vector, l1)):
         # Streamed or not by the tiles' own rule (their traffic, not the stores' alone).
         k = dataclasses.replace(k, walk=Walk.TILED_TRANSPOSE, transpose=tiles, stream=False, stream_gate=None)
-        k = with_stream_choice(k, stream_tiles(k, tiles, llc))
+        k = with_tile_prefetches(with_stream_choice(k, stream_tiles(k, tiles, llc)))
     if k.walk is Walk.ROW_GROUPS:
         k = dataclasses.replace(stream_fixed(k), row_group=ROW_GROUP, prefetch=plan_group_prefetch(k, ROW_GROUP, l1))
     elif k.walk is Walk.ROWS:

@@ -7,7 +7,7 @@ lines of the row `distance` ahead. Over symbolic sizes the distance may be compu
 from __future__ import annotations
 
 from vfuse.codegen.cpp.writer import KernelWriter, pointer
-from vfuse.ir.sym import is_sym, proved
+from vfuse.ir.sym import is_sym
 from vfuse.schedule import expr
 from vfuse.schedule.kernel import RowPrefetch
 
@@ -28,7 +28,7 @@ def render_prefetch(w: KernelWriter, pf: RowPrefetch, part: int, declare: bool =
     gate = f"if ({PREFETCH_FLAG}) " if pf.gate is not None else ""
     for pl in pf.loads:
         lo, hi = pl.shares[part]
-        if not proved(hi, "<=", lo):  # empty at every size (a symbolic share may be empty at some)
+        if pl.live[part]:
             addr = f"{pointer(pl.load.buf)} + {expr.render(pl.load.index, names)}"
             loop = f"for (int64_t c = {lo}; c < {hi}; c += {pl.step})"
             w.w(f"{gate}{loop} __builtin_prefetch({addr}, 0, {pf.locality});")

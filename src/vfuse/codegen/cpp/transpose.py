@@ -18,10 +18,9 @@ from vfuse.codegen.cpp.function import kernel_function
 from vfuse.codegen.cpp.rules import LOAD_CONVERT, STORAGE_TYPE, STORE_CONVERT
 from vfuse.codegen.cpp.streaming import STREAM_FLAG
 from vfuse.codegen.cpp.writer import KernelWriter, pointer
-from vfuse.ir.sym import hint
 from vfuse.schedule import expr
 from vfuse.schedule.expr import Var
-from vfuse.schedule.kernel import Kernel, Load, Program, Stmt, Store, TransposeTiles
+from vfuse.schedule.kernel import LINE, Kernel, Load, Program, Stmt, Store, TransposeTiles
 
 
 def transpose_helper(w: int) -> str:
@@ -107,9 +106,6 @@ def _rounds(w: int) -> str:
           }}
           for (int i = 0; i < {w}; ++i) x[i] = y[i];
         }}"""
-
-
-LONG_RUN = 512  # bytes: runs this long, or rows one after another, are streams the hardware follows
 
 
 class TransposeWriter(KernelWriter):
@@ -237,51 +233,28 @@ def _next_tile(w: TransposeWriter, u_size: int, v_size: int) -> None:
 
 
 def _prefetch_row(w: TransposeWriter) -> None:
-    """Into L2 (`Kernel.transpose.prefetch`), in tile row r: the next tile's row r of the loads
-    (and plain stores) contiguous along v, and its share of the next tile's staged rows (runs
-    along u). Spread over the rows, one tile ahead, so the misses overlap this tile's arithmetic.
-    Each run is a whole tile edge long, even at a partial tile (prefetches never fault): with a
-    run-time trip count (vne - vn) the same prefetches ran 1.4x slower (transpose_add, g++ 12, Zen 3)."""
+    """Into L2 (`Kernel.transpose.prefetches`, as the schedule chose them), in tile row r: the next
+    tile's row r of the loads and stores contiguous along v, and its share of the next tile's
+    staged rows (runs along u). Spread over the rows, one tile ahead, so the misses overlap this
+    tile's arithmetic. Each run is `run` elements long, even at a partial tile (prefetches never
+    fault): with a run-time trip count (vne - vn) the same prefetches ran 1.4x slower
+    (transpose_add, g++ 12, Zen 3)."""
     t = w.t
-    (p,) = w.k.passes
-    line = 64
     w.w(f"const int64_t r = {w.iu} - ub;")
-    for s in p.body:
-        if not isinstance(s, Load | Store) or (isinstance(s, Load) and s.var in t.staged):
-            continue
-        # A prefetch for writing reads the line: what streaming stores save (a gated kernel
-        # prefetches in the calls that do not stream).
-        if isinstance(s, Store) and p.streamed and w.k.stream_gate is None:
-            continue
-        unless = f"!{STREAM_FLAG} && " if isinstance(s, Store) and p.streamed else ""
-        step, row = line // s.dtype.itemsize, w.stride(s, t.u)
-        if w.stride(s) == 1 and row and not _streams(t.cols, row, s):
-            rw = 1 if isinstance(s, Store) else 0
-            at = f"{w.corner(s, 'un', 'vn')} + r * {row} + l"
-            w.w(f"if ({unless}un + r < une) for (int64_t l = 0; l < {_run(t.cols, row, s)}; l += {step})")
-            w.w(f"  __builtin_prefetch({at}, {rw}, 1);")
-    for s in p.body:
-        if isinstance(s, Load) and s.var in t.staged and not _streams(t.rows, w.stride(s), s):
-            step, at = line // s.dtype.itemsize, f"{w.corner(s, 'un', 'vn')} + j * {w.stride(s)} + l"
+    for pf in t.prefetches:
+        s = pf.access
+        step = LINE // s.dtype.itemsize
+        if isinstance(s, Load) and s.var in t.staged:
+            at = f"{w.corner(s, 'un', 'vn')} + j * {w.stride(s)} + l"
             share = "(vne - vn) * {0} / (ue - ub)"
             w.w(f"if (un < une) for (int64_t j = {share.format('r')}; j < {share.format('(r + 1)')}; ++j)")
-            run = _run(t.rows, w.stride(s), s)
-            w.w(f"  for (int64_t l = 0; l < {run}; l += {step}) __builtin_prefetch({at}, 0, 1);")
-
-
-def _streams(edge: int, row: object, s: Load | Store) -> bool:
-    """Whether runs of `edge` elements `row` apart are a stream the hardware prefetchers follow:
-    long runs, or runs one after another (NCHW -> NHWC with 3 channels: 3 planes read in runs of
-    1368, the 12-byte rows of the output back to back; prefetching them: 1.4x slower)."""
-    return edge * s.dtype.itemsize >= LONG_RUN or abs(hint(row)) == edge
-
-
-def _run(edge: int, row: object, s: Load | Store) -> int:
-    """Elements prefetched from the start of a run of `edge` elements: one line more where rows
-    (`row` elements apart) start mid-line, as the run then touches one line more (1999 x 3001 fp32
-    on Zen 3, one thread: 7.0 -> 6.3 ms)."""
-    line = 64 // s.dtype.itemsize
-    return edge if hint(row) % line == 0 else edge + line
+            w.w(f"  for (int64_t l = 0; l < {pf.run}; l += {step}) __builtin_prefetch({at}, 0, 1);")
+            continue
+        unless = f"!{STREAM_FLAG} && " if pf.unless_streamed else ""
+        rw = 1 if isinstance(s, Store) else 0
+        at = f"{w.corner(s, 'un', 'vn')} + r * {w.stride(s, t.u)} + l"
+        w.w(f"if ({unless}un + r < une) for (int64_t l = 0; l < {pf.run}; l += {step})")
+        w.w(f"  __builtin_prefetch({at}, {rw}, 1);")
 
 
 def _stage(w: TransposeWriter) -> None:
