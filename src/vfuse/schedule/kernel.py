@@ -222,6 +222,7 @@ class Pass:
     streamed: bool = False  # the pass's stores bypass the caches (`Kernel.stream`)
     recips: tuple[str, ...] = ()  # divisors fixed for the pass: x / d is x * (1/d), 1/d computed before the loop
     nonpos: tuple[str, ...] = ()  # values known to be <= 0 or NaN (x - rowmax(x)): exp cannot overflow
+    muladds: tuple[tuple[str, str, str, str], ...] = ()  # (var, a, b, c): var = a * b + c as one fma (`rowfacts.py`)
     peel: tuple[int, int] | None = None  # SIMD loop's [lo, hi) without active index clamps (`peel.py`)
     ranges: tuple[Range, ...] = ()  # the SIMD loop split where a CAT's selects switch (`peel.py`)
 

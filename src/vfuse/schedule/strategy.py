@@ -22,7 +22,7 @@ from vfuse.schedule.kernel import Accumulate, Compute, Kernel, Load, Loop, Pass,
 from vfuse.schedule.nest import stream_choice, stream_fixed, streamable_stores, streams_at_hint, with_stream_choice
 from vfuse.schedule.peel import interior, threaded_selects
 from vfuse.schedule.prefetch import SMALL_L2, plan_group_prefetch, plan_prefetch
-from vfuse.schedule.rowfacts import below_row_max, pass_invariant_divisors
+from vfuse.schedule.rowfacts import affine_fmas, below_row_max, pass_invariant_divisors
 from vfuse.schedule.transpose import plan_transpose, stream_tiles, with_tile_prefetches
 
 BLOCK = 1024  # elements per partial sum: bounds the float rounding error of long sums
@@ -216,6 +216,7 @@ def _pass(k: Kernel, i: int, vector: int) -> Pass:
         reduction=_reduction(k, p, serial, vector),
         recips=tuple(sorted(pass_invariant_divisors(k, i))),
         nonpos=tuple(sorted(below_row_max(k, p))),
+        muladds=affine_fmas(k, i),
         peel=_peel(k, p, serial),
     )
 

@@ -94,6 +94,7 @@ class KernelWriter:
         self._depth = 1
         self._recips: dict[str, str] = {}  # divisors of the current pass -> their 1/d's variable
         self._nonpos: frozenset[str] = frozenset()  # values of the current pass known <= 0 or NaN
+        self._fmas: dict[str, str] = {}  # values of the current pass rendered as one fma -> that fma
         self._made = 0  # helper variables named so far (`fresh`)
         self._exact: set[str] = set()  # fp16/bf16 values known representable (loads, casts into them)
         self.unclamped: int | None = None  # loop var whose index clamps are inactive here (a peel's interior)
@@ -190,6 +191,8 @@ class KernelWriter:
         return self.compute(s)
 
     def compute(self, s: Compute) -> str:
+        if s.var in self._fmas:
+            return self._fmas[s.var]
         if s.op is Op.DIV and s.args[1] in self._recips:
             return f"({s.args[0]} * {self._recips[s.args[1]]})"
         if s.op is Op.EXP and s.args[0] in self._nonpos:
@@ -222,14 +225,16 @@ class KernelWriter:
     # ---- a pass's row facts ----
     def begin_pass(self, p: Pass) -> None:
         """Hoist the reciprocals of `p`'s pass-invariant divisors; note its values known to be
-        <= 0 (the schedule's `Pass.recips` and `Pass.nonpos`)."""
+        <= 0 (the schedule's `Pass.recips` and `Pass.nonpos`); note its products whose add is
+        rendered as one fma (`Pass.muladds`)."""
         self._recips = {d: self.fresh(f"{d}_rcp") for d in p.recips}
         for d, name in self._recips.items():
             self.w(f"const float {name} = 1.0f / (float){d};")
         self._nonpos = frozenset(p.nonpos)
+        self._fmas.update({var: f"vf_fmaf({a}, {b}, {c})" for var, a, b, c in p.muladds})
 
     def end_pass(self) -> None:
-        self._recips, self._nonpos = {}, frozenset()
+        self._recips, self._nonpos, self._fmas = {}, frozenset(), {}
 
     # ---- reductions ----
     def acc_type(self, r: Reduce) -> str:
@@ -339,6 +344,7 @@ class StatementWriter(KernelWriter):
         self._depth = 0
         self._recips = {}
         self._nonpos = frozenset()
+        self._fmas = {}
         self._made = 0
         self._exact = set()
         self.unclamped = None
