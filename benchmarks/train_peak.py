@@ -5,6 +5,13 @@
 Walks torch's profiler allocation events (pointer, size, the ops around each) of one step after
 three warm-up steps, finds the step's peak and lists the allocations live there (>= 64 KiB) with
 the op that made them; vfuse's retained bytes (idle arenas and output-pool buffers) are printed apart.
+Blocks that are a parameter's `.grad` after the step are marked `grad`: the bench counts them in
+`state` too, and only eager and Inductor allocate them during the step (`zero_grad(set_to_none=True)`
+freed the last ones); vfuse writes them into output-pool buffers held across steps (`held grads`:
+in neither its step peak nor its retained bytes, as they are a `.grad` when those are measured).
+The other figures compare alike: the bench's peak with no contender's gradients in it (the step's
+highest sum leaving the grad blocks out), and all bytes live at the peak but weights and optimizer
+state (vfuse's held grads added).
 """
 
 from __future__ import annotations
@@ -24,6 +31,38 @@ def _walk(nodes, chain: tuple[str, ...], out: list) -> None:
             _walk(n.children, (*chain, n.name), out)
 
 
+def _peak(events: list, skip: set) -> tuple[int, dict]:
+    """The most bytes live at once and the blocks live then, leaving out the blocks in `skip`
+    ((address, allocation time) pairs)."""
+    live: dict = {}
+    skipped: set = set()  # addresses of skipped blocks not freed yet
+    cur = peak = 0
+    snap: dict = {}
+    for t, ptr, size, chain in events:
+        if size > 0 and (ptr, t) in skip:
+            skipped.add(ptr)
+            continue
+        if size > 0:
+            live[ptr] = (size, chain, t)
+        elif ptr in skipped:
+            skipped.discard(ptr)
+            continue
+        else:
+            live.pop(ptr, None)
+        cur += size  # as the bench sums them (a free of a block from before the step too)
+        if cur > peak:
+            peak, snap = cur, dict(live)
+    return peak, snap
+
+
+def _grad_blocks(events: list, model: torch.nn.Module) -> set:
+    """(address, allocation time) of the step's blocks that are a parameter's `.grad` after it:
+    the last block allocated at its address (an earlier one there was freed before it)."""
+    last = {ptr: t for t, ptr, size, _ in events if size > 0}
+    ptrs = {p.grad.untyped_storage().data_ptr() for p in model.parameters() if p.grad is not None}
+    return {(ptr, last[ptr]) for ptr in ptrs if ptr in last}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("name")
@@ -41,23 +80,24 @@ def main() -> None:
     events: list = []
     _walk(prof.profiler.kineto_results.experimental_event_tree(), (), events)
     events.sort(key=lambda e: e[0])
-    live: dict = {}
-    cur = peak = 0
-    snap: dict = {}
-    for t, ptr, size, chain in events:
-        if size > 0:
-            live[ptr] = (size, chain, t)
-        else:
-            live.pop(ptr, None)
-        cur += size
-        if cur > peak:
-            peak, snap = cur, dict(live)
+    peak, snap = _peak(events, set())
+    grads = _grad_blocks(events, tr.model)
+    no_grads, _ = _peak(events, grads)
     kept = T.retained_bytes(tr.backend)
-    print(f"{args.name} {args.contender}: step peak {peak / 2**20:.2f} MiB, retained {kept / 2**20:.2f} MiB")
+    held = 0  # vfuse: gradient buffers of its output pool, held through the whole step
+    if args.contender == "vfuse":
+        held = sum(p.grad.untyped_storage().nbytes() for p in tr.model.parameters() if p.grad is not None)
+    mib = 2**20
+    print(
+        f"{args.name} {args.contender}: step peak {peak / mib:.2f} MiB, retained {kept / mib:.2f}, "
+        f"bench peak {(peak + kept) / mib:.2f}; without grads {(no_grads + kept) / mib:.2f}; "
+        f"held grads {held / mib:.2f}, all live but weights and optimizer state {(peak + kept + held) / mib:.2f}"
+    )
     t0 = events[0][0] if events else 0
-    for size, chain, t in sorted(snap.values(), key=lambda v: v[2]):
+    for ptr, (size, chain, t) in sorted(snap.items(), key=lambda v: v[1][2]):
         if size >= 64 * 1024:
-            print(f"  {size / 2**20:7.3f} MiB  t={(t - t0) / 1e6:8.2f} ms  {' > '.join(chain[-5:])}")
+            mark = " grad" if (ptr, t) in grads else ""
+            print(f"  {size / mib:7.3f} MiB{mark}  t={(t - t0) / 1e6:8.2f} ms  {' > '.join(chain[-5:])}")
 
 
 if __name__ == "__main__":
