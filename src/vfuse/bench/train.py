@@ -134,7 +134,8 @@ class TrainResult:
     step_ms_q3: float = math.nan
     step_peak_bytes: int = 0  # allocated during a step and live at once, at most
     retained_bytes: int = 0  # kept by the compiled code between steps (vfuse arenas and pools)
-    peak_bytes: int = 0  # step_peak_bytes + retained_bytes
+    pooled_grad_bytes: int = 0  # vfuse: gradient buffers its output pool holds through the step
+    peak_bytes: int = 0  # step_peak_bytes + retained_bytes + pooled_grad_bytes
     state_bytes: int = 0  # weights, gradients, optimizer state: the same for every contender
     saved_bytes: int | None = None  # vfuse: bytes its partition saves for backward (entry/remat.py)
     loss: float = math.nan
@@ -235,6 +236,25 @@ def retained_bytes(backend: Any) -> int:
     return sum(storages.values())
 
 
+def pool_pointers(backend: Any) -> set[int]:
+    """Data pointers of every output-pool buffer vfuse's compiled graphs hold now."""
+    if backend is None:
+        return set()
+    pools = [getattr(g.executor, "_pool", None) for g in backend.compiled]
+    return {slot[3] for pool in pools for ring in getattr(pool, "_slots", {}).values() for slot in ring}
+
+
+def pooled_grad_bytes(model: nn.Module, before: set[int]) -> int:
+    """Bytes of the parameters' gradients that live in pool buffers which existed before the step:
+    they were never allocated inside it, so its profile misses them, while eager's and Inductor's
+    gradients are allocated inside their steps and counted in their peaks."""
+    storages = {}
+    for p in model.parameters():
+        if p.grad is not None and p.grad.untyped_storage().data_ptr() in before:
+            storages[p.grad.untyped_storage().data_ptr()] = p.grad.untyped_storage().nbytes()
+    return sum(storages.values())
+
+
 def _state_bytes(tr: _Trainer) -> int:
     tensors = [*tr.model.parameters(), *(p.grad for p in tr.model.parameters() if p.grad is not None)]
     tensors += [v for s in tr.opt.state.values() for v in s.values() if isinstance(v, Tensor)]
@@ -287,9 +307,11 @@ def _finish(tr: _Trainer, stats: Stats) -> TrainResult:
     res = tr.result
     res.step_ms, res.step_ms_min = stats.median_s * 1e3, stats.min_s * 1e3
     res.step_ms_q1, res.step_ms_q3 = stats.q1_s * 1e3, stats.q3_s * 1e3
+    before = pool_pointers(tr.backend)
     res.step_peak_bytes = step_peak_bytes(tr.step)
     res.retained_bytes = retained_bytes(tr.backend)
-    res.peak_bytes = res.step_peak_bytes + res.retained_bytes
+    res.pooled_grad_bytes = pooled_grad_bytes(tr.model, before)
+    res.peak_bytes = res.step_peak_bytes + res.retained_bytes + res.pooled_grad_bytes
     res.state_bytes = _state_bytes(tr)
     if tr.backend is not None:
         res.saved_bytes = sum(p.saved_bytes for p in tr.backend.remat)
