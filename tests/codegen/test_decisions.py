@@ -22,13 +22,15 @@ from vfuse.fusion import FusionPlan
 from vfuse.ir import DType, Graph, GraphBuilder, Op
 from vfuse.runtime.native import NativeExecutor
 from vfuse.schedule import build
-from vfuse.schedule.kernel import Accumulate, Kernel, Pass, Program, Reduction, Segment, Walk
+from vfuse.schedule.blocks import Blocking, CallBlocks
+from vfuse.schedule.kernel import Accumulate, ContractionKernel, Kernel, Pass, Program, Reduction, Segment, Walk
 from vfuse.schedule.strategy import lanes
 
 # What a renderer may read of the schedule: its data and index expressions, no decision. The GEMM/conv
-# templates also read schedule.microtile, for its VectorUnit type and the default register tile of a
-# template rendered outside a Program (template tests); a Program's tile is ContractionKernel.mr/nr.
-SCHEDULE_DATA = {"vfuse.schedule.kernel", "vfuse.schedule.expr", "vfuse.schedule.microtile"}
+# templates also read schedule.microtile and schedule.blocks, for their VectorUnit, Blocking and
+# CallBlocks types and the default register tile and cache blocks of a template rendered outside a
+# Program (template tests); a Program's are ContractionKernel.mr/nr and .gemm_blocks.
+SCHEDULE_DATA = {"vfuse.schedule.kernel", "vfuse.schedule.expr", "vfuse.schedule.microtile", "vfuse.schedule.blocks"}
 
 
 def _schedule_imports(path: Path) -> set[str]:
@@ -55,7 +57,7 @@ def test_renderer_imports_no_schedule_decisions() -> None:
 # of sizes, is deciding (schedule/gates.py, the schedule's `hint`s). Files that still do, and why.
 AT_SIZES = {"hint", "proved"}
 STILL_DECIDING: dict[str, set[str]] = {
-    "contraction.py": {"hint"},  # GEMM cache blocks at the hints (issue 15: to become per call)
+    "contraction.py": {"hint"},  # a conv's cache blocks at the hints; the report's GEMM blocks
 }
 
 
@@ -227,3 +229,32 @@ def test_transpose_prefetches_render_as_decided(edit: str) -> None:
         assert f"l < {pf.run}; l += 16" in body
     x, y = torch.randn(144, 80), torch.randn(80, 144)
     torch.testing.assert_close(ex([x, y])[0], torch.relu(x.t() + y) * torch.sigmoid(y))
+
+
+def test_gemm_blocks_render_as_decided() -> None:
+    """A GEMM's cache blocks are the schedule's (`ContractionKernel.gemm_blocks`): blocks edited by
+    hand render as edited (K in blocks of 64, N of 2 slivers) and compute eager's numbers."""
+    b = GraphBuilder()
+    x, w = inputs(b, ((100, 300), DType.F32), ((300, 70), DType.F32))
+    graph = b.build([b.add(Op.RELU, [b.add(Op.MATMUL, [x, w])])])
+    plan = _one(graph)
+    prog = build(plan, AVX2)
+    (k,) = prog.kernels
+    assert isinstance(k, ContractionKernel) and k.gemm_blocks is not None
+    mine = Blocking(k.mr, k.nr, 4 * k.mr, 64, 2 * k.nr, k.vector)
+    assert mine not in k.gemm_blocks.blocks
+    prog = _edit_any(prog, lambda k: dataclasses.replace(k, gemm_blocks=CallBlocks(100, (mine,))))
+    ex = _load(plan, prog)
+    assert "pc += 64)" in ex.source and f"jc += {2 * k.nr})" in ex.source
+    xs = [torch.randn(100, 300), torch.randn(300, 70)]
+    torch.testing.assert_close(ex(xs)[0], torch.relu(xs[0] @ xs[1]), rtol=1e-4, atol=1e-4)
+
+
+def _edit_any(program: Program, edit: Callable[[ContractionKernel], ContractionKernel]) -> Program:
+    steps = tuple(
+        dataclasses.replace(s, kernels=tuple(edit(k) if isinstance(k, ContractionKernel) else k for k in s.kernels))
+        if isinstance(s, Segment)
+        else s
+        for s in program.steps
+    )
+    return dataclasses.replace(program, steps=steps)

@@ -87,7 +87,7 @@ def sym_env(gm: torch.fx.GraphModule, args: Sequence[Any] | None = None) -> SymE
 
 def _range(shape_env: Any, s: sympy.Symbol) -> ValueRanges:
     r = shape_env.var_to_range.get(s)
-    lo = int(r.lower) if r is not None and r.lower.is_finite else 0
+    lo = int(r.lower) if r is not None and r.lower.is_Integer else 0  # int_oo.is_finite is True
     hi = r.upper if r is not None else sympy.oo
     return ValueRanges(max(lo, 0), hi)
 

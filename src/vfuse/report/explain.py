@@ -99,7 +99,7 @@ def _choices(program: Any) -> dict[str, str]:
 
 
 def _range(r: Any) -> str:
-    hi = "inf" if not r.upper.is_finite else str(int(r.upper))
+    hi = str(int(r.upper)) if r.upper.is_Integer else "inf"  # torch's int_oo says is_finite
     return f"{int(r.lower)}..{hi}"
 
 

@@ -5,13 +5,15 @@ prefetch distance, row buffers, reductions, transpose tiles, register tiles) at 
 (`ir/sym.hint`, no guard). `kernel_choices` names them per kernel so that `fusion.flips.size_flips`
 can schedule the plan again at other sizes and report those that change within the range;
 `per_call_choices` lists the choices a kernel makes per call instead (`gates.SizeGate`: streamed
-stores, threads, row prefetch). GEMM cache blocks are the C++ renderer's
-(`codegen/cpp/contraction.gemm_choices`), which the report adds.
+stores, threads, row prefetch; a GEMM's cache blocks over a symbolic M, `blocks.CallBlocks`).
+GEMM cache blocks at the hints are named by `codegen/cpp/contraction.gemm_choices`, which the
+report adds.
 """
 
 from __future__ import annotations
 
-from vfuse.ir.sym import pretty
+from vfuse.ir.sym import hint, pretty
+from vfuse.schedule.blocks import describe_per_call
 from vfuse.schedule.gates import LINE, SizeGate
 from vfuse.schedule.kernel import ContractionKernel, Kernel, Pass, Program, Segment, TorchStep
 
@@ -36,6 +38,11 @@ def per_call_choices(program: Program) -> list[str]:
     row prefetch (where its distance, or whether it prefetches at all, follows the sizes)."""
     out = []
     for k in program.kernels:
+        blocks = k.gemm_blocks if isinstance(k, ContractionKernel) and k.int8 is None else None
+        if blocks is not None and len(blocks.blocks) > 1:
+            a = k.shapes[0]
+            how = describe_per_call(blocks, hint(k.out_shape[-1]), hint(a[-1]))
+            out.append(f"{k.name} ({k.label}) GEMM blocks: chosen per call, {how}")
         if not isinstance(k, Kernel):
             continue
         name = f"{k.name} ({k.label})"

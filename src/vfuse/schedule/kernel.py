@@ -12,6 +12,7 @@ from typing import Any
 
 from vfuse.ir import DType, Op
 from vfuse.ir.types import TensorType
+from vfuse.schedule.blocks import CallBlocks
 from vfuse.schedule.expr import Lin, Range
 from vfuse.schedule.gates import LINE as LINE  # re-exported: renderers read the schedule's data here
 from vfuse.schedule.gates import PrefetchLoad as PrefetchLoad  # re-exported with RowPrefetch
@@ -410,6 +411,7 @@ class ContractionKernel:
     scatter: ScatterWalk | None = None  # SCATTER_ADD: how its threads share the output
     stores: tuple[Store, ...] = ()  # GEMM on CPU: more outputs shaped like `out`, from the same tile
     colsum: Store | None = None  # GEMM on CPU: `buf` gets the column sums of var `arg` (schedule/colsum.py)
+    gemm_blocks: CallBlocks | None = None  # MATMUL on CPU: cache blocks, per call over a symbolic M (blocks.py)
     written = property(lambda self: (self.out, *(s.buf for s in (*self.stores, *filter(None, [self.colsum])))))
 
     def prologue(self, i: int) -> OperandPrologue | None:

@@ -40,6 +40,7 @@ from vfuse.codegen.cpp.writer import StatementWriter, pointer, pointer_line
 from vfuse.ir import DType, Op
 from vfuse.ir.defs.attention_grad import grad_row_strides
 from vfuse.ir.sym import hint, same
+from vfuse.schedule.blocks import describe
 from vfuse.schedule.kernel import ContractionKernel, Program
 from vfuse.schedule.microtile import VectorUnit
 
@@ -130,9 +131,13 @@ def _gemm(k: ContractionKernel, program: Program) -> tuple[str, str]:
     a, b = k.shapes
     pa, pb = _prologue(k, 0), _prologue(k, 1)
     m, n, kk = a[-2], k.out_shape[-1], a[-1]
+    # The schedule's blocks (per call over a symbolic M: `schedule/blocks.py`); the first piece
+    # names the register tile.
+    blocks = k.gemm_blocks
+    blocking = blocks.blocks[0] if blocks is not None else _blocking(k, m, n, kk)
     spec = GemmSpec.from_shapes(
-        f"{k.name}_mm", a, b, k.trans_b, linkage="static", blocking=_blocking(k, m, n, kk), a_prologue=pa,
-        b_prologue=pb, prepack=k.prepacked_b,
+        f"{k.name}_mm", a, b, k.trans_b, linkage="static", blocking=blocking, a_prologue=pa,
+        b_prologue=pb, prepack=k.prepacked_b, call=blocks,
     )  # fmt: skip
     out = program.buffers[k.out].type.dtype
     stmts = tuple(_statements(k, _gemm_names(k), out))
@@ -178,16 +183,17 @@ def gemm_choices(program: Program) -> dict[str, str]:
     """The cache blocks each float GEMM is rendered with (`_blocking`, at the hints of symbolic
     sizes), by the regime they put M, K and N in: `"k2 (linear) GEMM blocks"` -> `"M in one
     block, K in blocks of 512, N in blocks of 1536"`. For the report's choices that change within
-    the range (`fusion.flips.size_flips`): the driver's loops serve any size with these blocks."""
+    the range (`fusion.flips.size_flips`): the driver's loops serve any size with these blocks.
+    Blocks chosen per call (`schedule/blocks.py`) are named by `schedule.choices.per_call_choices`."""
     out: dict[str, str] = {}
     for k in program.kernels:
         if isinstance(k, ContractionKernel) and k.op is Op.MATMUL and k.int8 is None and k.gpu is None:
             a = k.shapes[0]
             m, n, kk = hint(a[-2]), hint(k.out_shape[-1]), hint(a[-1])
-            b = _blocking(k, m, n, kk)
-            dims = ((b.mc, m, "M"), (b.kc, kk, "K"), (b.nc, n, "N"))
-            blocks = (f"{d} in one block" if size >= whole else f"{d} in blocks of {size}" for size, whole, d in dims)
-            out[f"{k.name} ({k.label}) GEMM blocks"] = ", ".join(blocks)
+            per_call = k.gemm_blocks is not None and len(k.gemm_blocks.blocks) > 1
+            b = k.gemm_blocks.blocks[0] if k.gemm_blocks is not None else _blocking(k, m, n, kk)
+            how = "per call" if per_call else describe(b, m, n, kk)
+            out[f"{k.name} ({k.label}) GEMM blocks"] = how
     return out
 
 

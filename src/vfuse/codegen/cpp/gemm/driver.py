@@ -33,7 +33,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from vfuse.codegen.cpp.gemm.blocking import Blocking
+from vfuse.codegen.cpp.gemm.blocking import Blocking, CallBlocks
 from vfuse.codegen.cpp.gemm.epilogue import Epilogue
 from vfuse.codegen.cpp.gemm.microkernel import microkernel_name
 from vfuse.codegen.cpp.gemm.prepack import HEADER, PREPACK_ONCE, padded_n
@@ -74,13 +74,32 @@ class Driver:
     # entry takes `char* vg_pre` (its slot of the arena's persistent region, `prepack.py`), packs
     # all of B there on the first call and never packs a panel again.
     prepack: bool = False
+    # Cache blocks chosen per call (`CallBlocks`, over a symbolic M): each of MC, KC, NC that
+    # differs between the pieces is rendered as the test of M that picks it (`_block`).
+    call: CallBlocks | None = None
 
 
-def _workspace(d: Driver, blk: Blocking, epi: Epilogue) -> int:
+def _pieces(d: Driver, blk: Blocking) -> tuple[Blocking, ...]:
+    return d.call.blocks if d.call is not None and len(d.call.blocks) > 1 else (blk,)
+
+
+def _block(d: Driver, blk: Blocking, field: str) -> int | str:
+    """MC, KC or NC: an int where every call has the same, else the C++ expression picking the
+    call's piece by M (`CallBlocks.upto`). Each is a multiple of MR (MC) or NR (NC)."""
+    values = [getattr(b, field) for b in _pieces(d, blk)]
+    if len(set(values)) == 1:
+        return values[0]
+    assert d.call is not None
+    tests = "".join(f"{d.m} <= {t} ? {v} : " for t, v in zip(d.call.upto, values, strict=False))
+    return f"({tests}{values[-1]})"
+
+
+def _workspace(d: Driver, blk: Blocking, epi: Epilogue) -> int | str:
     """Floats of fp32 partial-sum workspace (0: none, partial sums stay in C or never exist)."""
-    if epi.out_ctype == "float" or blk.kc >= d.k:
+    if epi.out_ctype == "float" or all(b.kc >= d.k for b in _pieces(d, blk)):
         return 0
-    return d.m * _panel(blk)
+    panel = _panel(d, blk)
+    return d.m * panel if isinstance(panel, int) else f"{d.m} * {panel}"
 
 
 def _colsum_rows(d: Driver, blk: Blocking, epi: Epilogue) -> int:
@@ -129,13 +148,13 @@ def _one_k_block(d: Driver, blk: Blocking) -> bool:
     """K fits one KC block (fixed sizes): every tile is the first and the last of its K loop, so
     the writebacks that add a previous partial sum are dead code. Not rendering them saves g++
     a quarter of a GEMM's optimization time (compile time, docs/perf-log.md)."""
-    return isinstance(d.k, int) and d.k <= blk.kc
+    return isinstance(d.k, int) and all(d.k <= b.kc for b in _pieces(d, blk))
 
 
 def _full_slivers(d: Driver, blk: Blocking) -> bool:
     """Every NR-column sliver is whole (fixed N, a multiple of NR, panels of whole slivers): the
     edge-sliver writebacks are dead code."""
-    return isinstance(d.n, int) and d.n % blk.nr == 0 and blk.nc % blk.nr == 0
+    return isinstance(d.n, int) and d.n % blk.nr == 0 and all(b.nc % blk.nr == 0 for b in _pieces(d, blk))
 
 
 def _own_value(d: Driver, blk: Blocking) -> str:
@@ -150,9 +169,11 @@ def _own_value(d: Driver, blk: Blocking) -> str:
     return "true" if -(-d.m // mc_max) == 1 else "false"
 
 
-def _panel(blk: Blocking) -> int:
-    """Columns of one packed B panel (NC rounded up to whole slivers)."""
-    return -(-blk.nc // blk.nr) * blk.nr
+def _panel(d: Driver, blk: Blocking) -> int | str:
+    """Columns of one packed B panel (NC rounded up to whole slivers; per call, NC's expression:
+    `choose_blocking`'s NC is whole slivers)."""
+    nc = _block(d, blk, "nc")
+    return -(-nc // blk.nr) * blk.nr if isinstance(nc, int) else nc
 
 
 def _writeback(d: Driver, blk: Blocking, epi: Epilogue) -> str:
@@ -160,7 +181,7 @@ def _writeback(d: Driver, blk: Blocking, epi: Epilogue) -> str:
     nr_expr = f"(FULL ? {blk.nr} : nr)"
     ws = _workspace(d, blk, epi)
     wparam = ", float* __restrict vg_pw" if ws else ""
-    wrow = f"    float* __restrict prow = vg_pw + r * {_panel(blk)};\n" if ws else ""
+    wrow = f"    float* __restrict prow = vg_pw + r * {_panel(d, blk)};\n" if ws else ""
     # Where partial sums live: C for fp32, the workspace otherwise; none when K fits one block.
     part = "prow" if ws else ("crow" if epi.out_ctype == "float" else "")
     partial = f"""    if (!last) {{
@@ -196,7 +217,7 @@ static inline void {d.name}_wb(const float* __restrict t, {epi.out_ctype}* __res
 def _tile_loop(d: Driver, blk: Blocking, epi: Epilogue) -> str:
     """The work-item loop: pack an A block, then jr (B slivers) x ir (A slivers) micro-kernel calls."""
     wb = f"{d.name}_wb"
-    wp = f", vg_ws + (ic + ir) * {_panel(blk)} + (j - jc)" if _workspace(d, blk, epi) else ""
+    wp = f", vg_ws + (ic + ir) * {_panel(d, blk)} + (j - jc)" if _workspace(d, blk, epi) else ""
     wp += ", vg_cs" if _colsum_rows(d, blk, epi) else ""
     call = f"(t, c_b{wp}, co, bi, ic + ir, j, mr, nr, last{epi.names()})"
     pack_a = d.pack_a or f"vg_pack_a<{blk.mr}>(a_b + ic * {d.lda} + pc, {d.lda}, mcur, kc, ap);"
@@ -248,7 +269,7 @@ def _panel_step(d: Driver, blk: Blocking, epi: Epilogue) -> str:
         return f"""      const long bstride = {blk.kc};
       const float* __restrict bq = bp;
 {_tile_loop(d, blk, epi)}"""
-    return f"""      const long bstride = own ? {blk.kc} : kc;
+    return f"""      const long bstride = own ? {_block(d, blk, "kc")} : kc;
       if (!own) {{
         for (long s = tid; s < nsl; s += nth) {{
           const long j = jc + s * {blk.nr}, nr = vg_min({blk.nr}, {d.n} - j);
@@ -278,7 +299,7 @@ def _own_slivers(d: Driver, blk: Blocking) -> str:
     return f"""        if (own) {{
           for (long s = s0; s < s1; ++s) {{
             const long j = jc + s * {blk.nr}, nr = vg_min({blk.nr}, {d.n} - j);
-            float* __restrict bps = bp + s * {blk.nr} * {blk.kc};
+            float* __restrict bps = bp + s * {blk.nr} * {_block(d, blk, "kc")};
             {d.pack_b}
           }}
         }}
@@ -308,12 +329,15 @@ static void {d.name}_prepack(float* __restrict bp, long nth, {d.params}{epi.para
 def _one(d: Driver, blk: Blocking, epi: Epilogue) -> str:
     """NAME_one: one batch entry, run by thread `tid` of `nth` (coop: all threads share `bp`)."""
     m, mr = d.m, blk.mr
-    mc_max = -(-blk.mc // mr) * mr  # no row block below is longer: mb >= m / mc_max
+    mc_max, kc, nc = _block(d, blk, "mc"), _block(d, blk, "kc"), _block(d, blk, "nc")
+    if isinstance(mc_max, int):
+        mc_max = -(-mc_max // mr) * mr  # no row block below is longer: mb >= m / mc_max
+    ablock = mc_max * kc if isinstance(mc_max, int) and isinstance(kc, int) else f"{mc_max} * {kc}"
     ws = ", float* __restrict vg_ws" if _workspace(d, blk, epi) else ""
     ws += ", float* __restrict vg_cs" if _colsum_rows(d, blk, epi) else ""
     return f"""
 static void {d.name}_one(long bi, long tid, long nth, bool coop, float* __restrict bp{ws}, {d.params}{epi.params()}) {{
-{d.batch_setup}  float* __restrict ap = vg_scratch(0, {mc_max * blk.kc});
+{d.batch_setup}  float* __restrict ap = vg_scratch(0, {ablock});
   alignas(64) float t[{blk.mr * blk.nr}];
   // Work split: enough (MC block x column chunk) items for every thread, in equal numbers.
   long mb = ({m} + {mc_max} - 1) / {mc_max}, nsplit = 1;
@@ -326,14 +350,14 @@ static void {d.name}_one(long bi, long tid, long nth, bool coop, float* __restri
   const long items = mb * nsplit;
   // One MC block: each thread's items are column chunks no other thread reads (_own_slivers).
   [[maybe_unused]] const bool own = {_own_value(d, blk)};
-  for (long jc = 0; jc < {d.n}; jc += {blk.nc}) {{
+  for (long jc = 0; jc < {d.n}; jc += {nc}) {{
     if (own && coop && jc > 0) {{
 #pragma omp barrier
     }}
-    const long nsl = (vg_min({blk.nc}, {d.n} - jc) + {blk.nr - 1}) / {blk.nr};
+    const long nsl = (vg_min({nc}, {d.n} - jc) + {blk.nr - 1}) / {blk.nr};
     const long per = (nsl + nsplit - 1) / nsplit;
-    for (long pc = 0; pc < {d.k}; pc += {blk.kc}) {{
-      const long kc = vg_min({blk.kc}, {d.k} - pc);
+    for (long pc = 0; pc < {d.k}; pc += {kc}) {{
+      const long kc = vg_min({kc}, {d.k} - pc);
       const bool first = pc == 0, last = pc + kc == {d.k};
 {_panel_step(d, blk, epi)}    }}
   }}
@@ -342,7 +366,8 @@ static void {d.name}_one(long bi, long tid, long nth, bool coop, float* __restri
 
 
 def _entry(d: Driver, blk: Blocking, epi: Epilogue) -> str:
-    bsize = blk.kc * _panel(blk)
+    kc, panel = _block(d, blk, "kc"), _panel(d, blk)
+    bsize = kc * panel if isinstance(kc, int) and isinstance(panel, int) else f"{kc} * {panel}"
     wsize = _workspace(d, blk, epi)
     panel = "bp" if d.prepack else f"vg_scratch(1, {bsize})"  # prepacked: all of B, in the arena
     private = panel + (f", vg_scratch(2, {wsize})" if wsize else "")

@@ -20,7 +20,7 @@ import math
 import re
 from dataclasses import dataclass, field
 
-from vfuse.codegen.cpp.gemm.blocking import Blocking, choose_blocking
+from vfuse.codegen.cpp.gemm.blocking import Blocking, CallBlocks, choose_blocking
 from vfuse.codegen.cpp.gemm.driver import Driver, render_driver
 from vfuse.codegen.cpp.gemm.epilogue import Epilogue
 from vfuse.codegen.cpp.gemm.microkernel import PACKERS, render_microkernel
@@ -46,7 +46,8 @@ class GemmSpec:
     batch: batch dims (possibly empty); a/b/c_batch_strides: one element stride per batch dim,
     0 where that operand broadcasts. lda/ldb/ldc default to the dense row length.
     caches: (l1, l2, l3) bytes for blocking; unit: the vector unit the register tile is for;
-    blocking overrides the choice entirely.
+    blocking overrides the choice entirely; `call` (blocks per call over a symbolic M, the
+    schedule's) overrides it in each call, `blocking` being its first piece.
     a_prologue / b_prologue: compute that operand while packing (B then has no trans_b).
     """
 
@@ -69,6 +70,7 @@ class GemmSpec:
     a_prologue: Prologue | None = None
     b_prologue: Prologue | None = None
     prepack: bool = False  # B packed once into the caller's `char* vg_pre` (driver.py, prepack.py)
+    call: CallBlocks | None = None
 
     def __post_init__(self) -> None:
         check_kernel_name(self.name)
@@ -252,6 +254,7 @@ def _instance(spec: GemmSpec, epilogue: Epilogue) -> str:
         row_names="    [[maybe_unused]] const long b = bi;\n",
         pack_a=pack_a,
         prepack=spec.prepack,
+        call=spec.call,
     )
     return (
         packers
@@ -290,6 +293,8 @@ def render_gemm(spec: GemmSpec, epilogue: Epilogue) -> str:
     canonical = dataclasses.replace(spec, name=_INSTANCE, linkage="__attribute__((noinline))\nstatic")
     body = _renamed(_instance(canonical, epilogue), epilogue)
     header = f"// vfuse gemm {spec.name}: {spec.m}x{spec.k} @ {spec.k}x{spec.n}, epilogue {epilogue.name}, {blk}\n"
+    if spec.call is not None and len(spec.call.blocks) > 1:
+        header += f"// blocks per call: {spec.call.blocks[1:]} above M = {spec.call.upto}\n"
     common = render_prelude() + PACKERS + render_microkernel(blk.mr, blk.nr, blk.lanes) + header
     if body is None:
         return common + _instance(spec, epilogue)

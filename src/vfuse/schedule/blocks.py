@@ -1,0 +1,171 @@
+"""Cache blocks of the packed GEMM (Goto/BLIS loop order jc -> pc -> ic -> jr -> ir): the schedule's.
+
+Why these sizes: the micro-kernel streams an MR x KC sliver of packed A and a KC x NR sliver of
+packed B. The B sliver is reused by every MR-row sliver of the MC block, so it should stay in
+L1 (or at worst L2); the MC x KC block of A is reused by every NR-column sliver, so it should
+stay in L2; the KC x NC panel of B is shared by all threads and reused by every MC block, so it
+should stay in the shared L3. A large KC matters too: C is read and rewritten once per KC step,
+so ceil(K / KC) is the number of passes over C.
+
+Over a symbolic M (K and N fixed: a batch or token count) the blocks that suit a first call of 64
+rows (M in one block, K in L1-sized blocks) cost a larger call passes over C it need not make
+(K in blocks of 352 at 2048 x 1024 x 4096 instead of one). `call_blocks` splits M's range where
+`choose_blocking` changes regime; the GEMM driver picks the piece per call, from the size
+(codegen/cpp/gemm/driver.py), so every size runs the blocks a static build of it would.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from torch.utils._sympy.value_ranges import bound_sympy
+
+from vfuse.ir.sym import SymSize, hint, is_sym, pretty
+from vfuse.schedule.microtile import AVX512, VectorUnit, pick_micro_tile
+
+
+@dataclass(frozen=True, slots=True)
+class Blocking:
+    """Tile sizes in elements. mr x nr is the register tile of `lanes`-wide fp32 vectors (nr whole vectors)."""
+
+    mr: int
+    nr: int
+    mc: int
+    kc: int
+    nc: int
+    lanes: int = 16
+
+    def __post_init__(self) -> None:
+        if min(self.mr, self.nr, self.mc, self.kc, self.nc, self.lanes) < 1 or self.nr % self.lanes:
+            raise ValueError(f"bad blocking {self}: sizes must be positive and nr a multiple of lanes")
+
+
+def _round_up(x: int, m: int) -> int:
+    return -(-x // m) * m
+
+
+def _split(k: int, cap: int) -> int:
+    """A KC <= cap (roughly) that cuts k into equal blocks, a multiple of 16 unless it is k itself."""
+    if k <= cap:
+        return k
+    blocks = -(-k // cap)
+    return min(k, _round_up(-(-k // blocks), 16))
+
+
+def choose_blocking(
+    m: int,
+    n: int,
+    k: int,
+    l1_bytes: int,
+    l2_bytes: int,
+    l3_bytes: int,
+    micro: tuple[int, int] | None = None,
+    unit: VectorUnit = AVX512,
+) -> Blocking:
+    """Tile sizes for an m x k @ k x n fp32 GEMM from per-core L1/L2 and shared L3 sizes.
+
+    Two regimes, because extra K blocks cost a read-modify-write pass over the C panel:
+    * one MC block (small m, e.g. a conv's output channels): C panel m x NC is small and stays
+      in L1/L2, so extra passes are cheap; KC keeps the B sliver in 3/4 of L1 and NC keeps the
+      B panel in half of L2 (it is consumed right after packing). Measured ~15% on conv 3x3.
+    * otherwise C passes go to DRAM: KC = K up to 1280 (one pass; the epilogue sees the final
+      sum straight from the micro-kernel), else the B sliver in half of L2; MC x KC in half of
+      L2; the shared KC x NC panel in half of L3. Measured: KC=1024 beats 256 on 2048x1024x4096.
+    """
+    mr, nr = micro or pick_micro_tile(m, n, unit)
+    kc_l1 = max(16, (3 * l1_bytes // 4) // (4 * nr) // 16 * 16)
+    if _round_up(m, mr) * min(k, kc_l1) * 4 <= l2_bytes // 2:
+        kc = _split(k, kc_l1)
+        mc, shared = _round_up(m, mr), l2_bytes
+    else:
+        kc = k if k <= 1280 else _split(k, max(16, min(1024, (l2_bytes // 2) // (4 * nr))))
+        mc = max(mr, min(_round_up(m, mr), (l2_bytes // 2) // (4 * kc) // mr * mr))
+        shared = l2_bytes if m <= mc else l3_bytes
+    nc = max(nr, min(_round_up(n, nr), (shared // 2) // (4 * kc) // nr * nr))
+    return Blocking(mr, nr, mc, kc, nc, unit.lanes)
+
+
+@dataclass(frozen=True, slots=True)
+class CallBlocks:
+    """A GEMM's cache blocks: `blocks[i]` in calls where `m` <= `upto[i]`, the last one above
+    them all (one piece: the same blocks at every size). Each piece's MC covers every M it
+    serves that `choose_blocking` puts in one row block (the driver then runs one block of
+    rows, as with MC = M rounded up), so a piece behaves as `choose_blocking` at each M."""
+
+    m: SymSize | int
+    blocks: tuple[Blocking, ...]
+    upto: tuple[int, ...] = ()
+
+
+def call_blocks(
+    m: SymSize | int,
+    n: SymSize | int,
+    k: SymSize | int,
+    caches: tuple[int, int, int],
+    micro: tuple[int, int],
+    unit: VectorUnit,
+) -> CallBlocks:
+    """The blocks of an m x k @ k x n fp32 GEMM: at fixed sizes `choose_blocking`'s; over a symbolic
+    M alone, one piece per regime M's range reaches (`_pieces`); other symbolic sizes at their hints."""
+    if not is_sym(m) or is_sym(n) or is_sym(k):
+        return CallBlocks(m, (choose_blocking(hint(m), hint(n), hint(k), *caches, micro=micro, unit=unit),))
+    r = bound_sympy(m.expr, m.env.ranges)
+    lo, hi = _bound(r.lower) or 1, _bound(r.upper)
+    pieces = [(t, b) for t, b in _pieces(n, k, caches, micro, unit) if t is None or t >= lo]
+    last = next(i for i, (t, _) in enumerate(pieces) if t is None or (hi is not None and t >= hi))
+    pieces = pieces[: last + 1]
+    if len(pieces) == 1:  # one regime over the whole range: as a fixed size would get at the hint
+        return CallBlocks(m, (choose_blocking(hint(m), n, k, *caches, micro=micro, unit=unit),))
+    return CallBlocks(m, tuple(b for _, b in pieces), tuple(t for t, _ in pieces[:-1]))
+
+
+def _bound(x: object) -> int | None:
+    """A range's end as an int, None where unbounded (sympy's oo, torch's int_oo: no int of theirs)."""
+    try:
+        return int(x)  # type: ignore[call-overload]
+    except (TypeError, ValueError, AttributeError, OverflowError):
+        return None
+
+
+def _pieces(
+    n: int, k: int, caches: tuple[int, int, int], micro: tuple[int, int], unit: VectorUnit
+) -> list[tuple[int | None, Blocking]]:
+    """(largest M, blocks) per regime of `choose_blocking` over M, ascending (None: no limit). One
+    block of rows while the A block fits half of L2 at the L1 KC (up to `one`); then the L2 KC,
+    rows in one block sharing NC with L2 (up to `rows`, MC's cap), then MC-row blocks with the
+    L3's NC. Each piece is `choose_blocking` at its largest M (the last: just past the others)."""
+    l1, l2, _ = caches
+    mr, nr = micro
+    kc_l1 = max(16, (3 * l1 // 4) // (4 * nr) // 16 * 16)
+    one = (l2 // 2) // (4 * min(k, kc_l1)) // mr * mr
+    kc = k if k <= 1280 else _split(k, max(16, min(1024, (l2 // 2) // (4 * nr))))
+    rows = max(mr, (l2 // 2) // (4 * kc) // mr * mr)
+    limits = [t for t in (one, rows if rows > one else 0) if t >= 1]
+    past = max(limits, default=0) + mr
+    at = [*limits, past]
+    return [(t if t != past else None, choose_blocking(t, n, k, *caches, micro=micro, unit=unit)) for t in at]
+
+
+def gemm_blocks(
+    shapes: tuple[tuple[int, ...], ...],
+    out: tuple[int, ...],
+    caches: tuple[int, int, int],
+    micro: tuple[int, int],
+    lanes: int,
+) -> CallBlocks:
+    """`call_blocks` of a MATMUL ContractionKernel: A read as `shapes[0]` (... x M x K), C as `out`."""
+    a = shapes[0]
+    return call_blocks(a[-2], out[-1], a[-1], caches, micro, VectorUnit(lanes))
+
+
+def describe(b: Blocking, m: int, n: int, k: int) -> str:
+    """`"M in one block, K in blocks of 352, N in blocks of 1536"`: the regime `b` puts each size in."""
+    dims = ((b.mc, m, "M"), (b.kc, k, "K"), (b.nc, n, "N"))
+    return ", ".join(f"{d} in one block" if size >= whole else f"{d} in blocks of {size}" for size, whole, d in dims)
+
+
+def describe_per_call(c: CallBlocks, n: int, k: int) -> str:
+    """Each piece of `c` described at its largest M (the last: above the others), with its range."""
+    parts = [f"{describe(b, t, n, k)} up to {pretty(c.m)} = {t}" for t, b in zip(c.upto, c.blocks, strict=False)]
+    past = c.upto[-1] + c.blocks[-1].mr
+    return "; ".join([*parts, f"{describe(c.blocks[-1], past, n, k)} above"])
