@@ -1,6 +1,7 @@
 """The cost model's price of an interleave's gathered loads (fusion/gathers.py, cost.gather_flops):
 a RESHAPE merging a CAT's last axis into a longer last axis (a strided conv's data gradient
-interleaving its phases) loads every piece's taps at every point, lane by lane."""
+interleaving its phases) loads every piece's taps at every point, lane by lane, unless the
+schedule splits the loop by phase (up to MAX_RESIDUE phases: schedule/residue.py)."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from vfuse.entry.trace import trace_aten
 from vfuse.frontend.lower import lower
 from vfuse.fusion import estimate, plan_fusion
 from vfuse.fusion.cost import GATHER_LANE_SLOTS, gather_flops
-from vfuse.fusion.gathers import interleave_loads
+from vfuse.fusion.gathers import MAX_RESIDUE, interleave_loads, interleave_sites
 from vfuse.ir import Graph, verify
 from vfuse.targets import get_target
 
@@ -34,7 +35,7 @@ def _dgrad_graph(c: int, hw: tuple[int, int], k: tuple[int, int], s: tuple[int, 
 
 
 def _loads(graph: Graph) -> list[int]:
-    return sorted(n for n in (interleave_loads(v, graph) for v in graph.compute_nodes) if n)
+    return sorted(n for n in (interleave_sites(v, graph) for v in graph.compute_nodes) if n)
 
 
 @pytest.mark.parametrize(
@@ -64,10 +65,22 @@ def test_a_stack_along_a_leading_axis_is_not_an_interleave() -> None:
     assert _loads(graph) == []
 
 
+@pytest.mark.parametrize("stride", [2, 3, MAX_RESIDUE, MAX_RESIDUE + 1])
+def test_only_an_interleave_the_schedule_does_not_split_is_charged(stride: int) -> None:
+    """Up to MAX_RESIDUE phases the schedule splits the loop (contiguous loads: no charge); past
+    it every site gathers. Stride s > 3 with a 3-wide kernel: 3 column phases hold 3 row taps."""
+    graph = _dgrad_graph(3, (9, 23), (3, 3), (1, stride), (1, 1))
+    sites = [interleave_sites(v, graph) for v in graph.compute_nodes if interleave_sites(v, graph)]
+    loads = [interleave_loads(v, graph) for v in graph.compute_nodes if interleave_sites(v, graph)]
+    assert sites == [9]
+    assert loads == ([0] if stride <= MAX_RESIDUE else [9])
+
+
 def test_the_col2im_kernel_is_priced_with_its_gathers_consistently() -> None:
-    """The interleave's kernel pays loads * lanes * slots flops per point on a CPU, none on a GPU,
-    and the planner's compositional figures equal the exact model's."""
-    graph = _dgrad_graph(7, (17, 11), (3, 3), (2, 2), (1, 1))
+    """An interleave the schedule does not split pays loads * lanes * slots flops per point on a
+    CPU, none on a GPU, and the planner's compositional figures equal the exact model's."""
+    s = MAX_RESIDUE + 1
+    graph = _dgrad_graph(7, (17, 23), (3, 3), (1, s), (1, 1))
     (node,) = [v for v in graph.compute_nodes if interleave_loads(v, graph)]
     assert gather_flops(node, graph, FIXED_CPU) == 9 * FIXED_CPU.simd_lanes * GATHER_LANE_SLOTS
     assert gather_flops(node, graph, get_target("h100")) == 0
@@ -77,5 +90,5 @@ def test_the_col2im_kernel_is_priced_with_its_gathers_consistently() -> None:
     assert (group.cost.flops, group.cost.bytes) == (exact.flops, exact.bytes)
     if group.cost.pressure == exact.pressure:
         assert group.cost.time_s == pytest.approx(exact.time_s, rel=1e-9)
-    points = 2 * 7 * 17 * 11  # the kernel's domain: the gradient cut to the input's size
+    points = 2 * 7 * 17 * 23  # the kernel's domain: the gradient cut to the input's size
     assert group.cost.flops >= 9 * FIXED_CPU.simd_lanes * GATHER_LANE_SLOTS * points

@@ -24,7 +24,7 @@ from typing import Any
 
 import sympy
 from torch.utils._sympy.functions import FloorDiv, PythonMod
-from torch.utils._sympy.value_ranges import ValueRanges, bound_sympy
+from torch.utils._sympy.value_ranges import ValueRangeError, ValueRanges, bound_sympy
 
 CPP_PREFIX = "vf_"  # C++ name of symbol s0: vf_s0 (generated code uses s0, s1 for its own locals)
 
@@ -104,7 +104,10 @@ class SymEnv:
             lhs, rhs = cond.lhs, cond.rhs
             diff = lhs - rhs if cond.rel_op in (">=", ">", "==", "!=") else rhs - lhs
             for form in (sympy.expand(diff), sympy.factor(diff)):  # s0*s1 - s0 bounds only as s0*(s1 - 1)
-                r = bound_sympy(form, self.ranges)
+                try:
+                    r = bound_sympy(form, self.ranges)
+                except ValueRangeError:  # torch's interval maths on a negative power (s0**-1) raised
+                    continue
                 result = _NONNEG[cond.rel_op](r.lower, r.upper)
                 if result is not None:
                     break

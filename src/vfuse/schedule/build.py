@@ -55,6 +55,7 @@ from vfuse.schedule.memory import plan_memory, reuse_in_place
 from vfuse.schedule.microtile import AVX512, VectorUnit, vector_unit
 from vfuse.schedule.nest import make_kernel, with_streaming
 from vfuse.schedule.peel import with_ranges
+from vfuse.schedule.residue import with_residues
 from vfuse.schedule.strategy import decide
 from vfuse.schedule.table import with_table
 
@@ -338,7 +339,9 @@ def build(plan: FusionPlan, target: object, templates: bool = True, triton: bool
         items += group_steps(graph, g, caches, templates, unit, gpu, efficiency)  # type: ignore[arg-type]
     vector = int(getattr(target, "simd_lanes", 16))
     items = [
-        with_ranges(decide(with_streaming(with_table(k), caches[2]), vector, caches[0], caches[2], caches[1]))
+        with_ranges(
+            with_residues(decide(with_streaming(with_table(k), caches[2]), vector, caches[0], caches[2], caches[1]))
+        )
         if isinstance(k, Kernel)
         else k
         for k in items

@@ -340,6 +340,27 @@ def blockable(arg: Lin, d: int, var: int, lo: int, block: int) -> bool:
     return (lo + arg.const) % block == 0 and lo + arg.const >= 0
 
 
+def substitute(e: Lin, var: int, form: Lin, sizes: Mapping[int, int]) -> Lin:
+    """`e` with loop `var` replaced by `form`, each div / mod / clamp refolded over `sizes` (a
+    residue split's v = s * q + b: `(s * q + b) / s` folds to q, `% s` to b: `schedule/residue.py`)."""
+    if var not in var_ids(e):
+        return e
+    out = Lin(e.const)
+    for a, c in e.terms:
+        if a == Var(var):
+            term = form
+        elif isinstance(a, Div):
+            term = floordiv(substitute(a.arg, var, form, sizes), a.divisor, sizes)
+        elif isinstance(a, Mod):
+            term = mod(substitute(a.arg, var, form, sizes), a.divisor, sizes)
+        elif isinstance(a, Clamp):
+            term = clamp(substitute(a.arg, var, form, sizes), a.lo, a.hi, sizes)
+        else:
+            term = Lin(0, ((a, 1),))
+        out = out + term * c
+    return out
+
+
 def render(e: Lin, name: Mapping[int, str]) -> str:
     """C++ text of `e` (int64_t arithmetic); `name` maps var ids to loop variable names."""
     parts = [_term(a, c, name) for a, c in e.terms]

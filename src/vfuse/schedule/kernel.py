@@ -210,6 +210,22 @@ class Reduction:
 
 
 @dataclass(frozen=True)
+class Residue:
+    """A pass's SIMD loop `var` walked as v = stride * q + b, b unrolled, and its enclosing loop `row` as
+    row_stride * rvar + a, a branch per a (`bodies[a * stride + b]`, `pieces[j][...]`): `residue.py`."""
+
+    var: int
+    stride: int
+    qvar: int
+    groups: int
+    bodies: tuple[tuple[Stmt | Store, ...], ...]
+    pieces: tuple[tuple[Range, ...], ...]
+    row: int = -1
+    row_stride: int = 1
+    rvar: int = -1
+
+
+@dataclass(frozen=True)
 class Pass:
     """A walk over the row: `before` once per row, `body` per element; after `reloaded`: decisions (`strategy.py`)."""
 
@@ -226,6 +242,7 @@ class Pass:
     muladds: tuple[tuple[str, str, str, str], ...] = ()  # (var, a, b, c): var = a * b + c as one fma (`rowfacts.py`)
     peel: tuple[int, int] | None = None  # SIMD loop's [lo, hi) without active index clamps (`peel.py`)
     ranges: tuple[Range, ...] = ()  # the SIMD loop split where a CAT's selects switch (`peel.py`)
+    residue: Residue | None = None  # the SIMD loop v split as stride * q + b, b unrolled (`residue.py`)
 
 
 @dataclass(frozen=True)

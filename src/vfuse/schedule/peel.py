@@ -80,10 +80,11 @@ def threaded_selects(k: Kernel) -> bool:
 def with_ranges(k: Kernel) -> Kernel:
     """`k` with the SIMD loop of each plain pointwise pass split at its CAT's pieces (`ranges`)
     where it has no window peel: a padded window's selects (a CAT with the pad value) keep the
-    peel measured for pools, whose interior already reads one piece."""
+    peel measured for pools, whose interior already reads one piece. A residue split
+    (`residue.py`) already splits its loop at the pieces."""
     passes = []
     for p in k.passes:
-        found = () if p.peel is not None else ranges(k, p)
+        found = () if p.peel is not None or p.residue is not None else ranges(k, p)
         passes.append(dataclasses.replace(p, ranges=found) if found else p)
     return dataclasses.replace(k, passes=tuple(passes)) if passes != list(k.passes) else k
 

@@ -5,11 +5,13 @@ reductions), or a streamed store loop (`streaming.py`)."""
 
 from __future__ import annotations
 
+import dataclasses
+
 from vfuse.codegen.cpp.lanes import render_lanes
 from vfuse.codegen.cpp.streaming import render_streamed
 from vfuse.codegen.cpp.strips import render_strips
 from vfuse.codegen.cpp.writer import KernelWriter
-from vfuse.schedule.kernel import Accumulate, Loop, Pass, Range
+from vfuse.schedule.kernel import Accumulate, Loop, Pass, Range, Residue
 
 PARALLEL = "num_threads(nt) schedule(static)"
 BLOCKED = (Accumulate.SIMD, Accumulate.LANES, Accumulate.STRIPS)
@@ -43,6 +45,8 @@ def _nest(w: KernelWriter, p: Pass) -> None:
     vec_par = vec.parallel and not p.serial
     if p.reduction.kind in BLOCKED:
         _blocked(w, p, vec, vec_par)
+    elif p.residue is not None:
+        _residue(w, p, vec, p.residue)
     elif p.ranges:
         for r in p.ranges:
             _range(w, p, vec, r)
@@ -73,6 +77,38 @@ def _range(w: KernelWriter, p: Pass, vec: Loop, r: Range) -> None:
     w.body(p, "_acc")
     w.range = None
     w.close(2 if r.block else 1)
+
+
+def _residue(w: KernelWriter, p: Pass, vec: Loop, r: Residue) -> None:
+    """The schedule's residue split (schedule/residue.py): per phase of the enclosing loop (one
+    branch each, when split), per range of q, a SIMD loop over q whose body is the `stride`
+    copies (each in its own scope: they declare the same values); then the tail of v past the
+    last whole group, unsplit."""
+    q = f"{w.names[vec.var]}q"
+    w.names[r.qvar] = q
+    for a in range(r.row_stride):
+        if r.row_stride > 1:
+            row = w.names[r.row]
+            w.open(f"{'if' if a == 0 else 'else if'} ({row} % {r.row_stride} == {a}) {{")
+            w.names[r.rvar] = f"{row}r"
+            w.w(f"const int64_t {row}r = {row} / {r.row_stride};")
+        copies = r.bodies[a * r.stride : (a + 1) * r.stride]
+        for piece in r.pieces:
+            w.w("#pragma omp simd")
+            w.open(f"for (int64_t {q} = {piece[0].lo}; {q} < {piece[0].hi}; ++{q}) {{")
+            for body, rng in zip(copies, piece[a * r.stride : (a + 1) * r.stride], strict=True):
+                w.open("{")
+                w.range = (r.qvar, rng)
+                w.body(dataclasses.replace(p, body=body), "_acc")
+                w.range = None
+                w.close()
+            w.close()
+        if r.row_stride > 1:
+            w.close()
+    if r.stride * r.groups != vec.size:
+        w.open_loop(vec, str(r.stride * r.groups))
+        w.body(p, "_acc")
+        w.close()
 
 
 def _pieces(p: Pass, vec: Loop) -> list[tuple[object, object, bool]]:
