@@ -18,6 +18,7 @@ from typing import Any
 
 import torch
 from torch._dynamo.backends.common import aot_autograd
+from torch._dynamo.exc import TensorifyScalarRestartAnalysis
 from torch._functorch.aot_autograd import make_boxed_func
 from torch._subclasses.fake_tensor import unset_fake_temporarily
 
@@ -26,7 +27,7 @@ from torch._subclasses.fake_tensor import unset_fake_temporarily
 from vfuse.codegen.cpp.toolchain import prepare
 from vfuse.compiler import compile_fx
 from vfuse.context import Options
-from vfuse.entry import dropout, observe
+from vfuse.entry import dropout, observe, warm
 from vfuse.entry.attention_rewrite import AttentionDecision, rewrite_attention
 from vfuse.entry.devices import devices_for, foreign_device
 from vfuse.entry.direct import may_skip_wrappers, unboxed, wrappers_are_identity
@@ -68,6 +69,8 @@ class VfuseBackend:
         self.attention: list[AttentionDecision] = []  # written-out training attention: SDPA or not, and why
         self._ids = itertools.count()
         self.arenas = ArenaLender()  # one arena lent to its graphs in turn (runtime/arenas.py)
+        # ATen graphs AOTAutograd traced in earlier processes (entry/warm.py)
+        self.graph_cache = warm.GraphCache(self.options.cache_dir) if warm.enabled() else None
         self._prepare()  # torch.compile time: the prelude's header is built while Dynamo traces
 
     def _prepare(self) -> None:
@@ -84,11 +87,18 @@ class VfuseBackend:
         attention = None  # before AOTAutograd, which would save the N x N probabilities:
         if _needs_grad(gm, example_inputs):
             attention = rewrite_attention(gm, example_inputs, self._target, self.attention.append)
+        key = self._warm_key(gm, example_inputs, frozen)
+        hit = self.graph_cache.load(key, gm, example_inputs) if key is not None else None  # type: ignore[union-attr]
+        if hit is not None:  # what AOTAutograd traced in an earlier process, as it returned it
+            return unboxed(self.compile_aten(*hit, kind="inference"))
         forward = functools.partial(self.compile_aten, frozen=frozen, kind="forward")
-        direct: list[Callable] = []  # the inference forward, when AOTAutograd's wrappers add nothing
+        # the inference forward, when AOTAutograd's wrappers add nothing, and its ATen graph's bytes
+        direct: list[tuple[Callable, bytes | None]] = []
         inference = functools.partial(self.compile_aten, frozen=frozen, kind="inference")
         if may_skip_wrappers(gm, example_inputs):
-            inference = functools.partial(self._compile_inference, inference, len(example_inputs), direct)
+            inference = functools.partial(
+                self._compile_inference, inference, len(example_inputs), direct, key is not None
+            )
         compiler = aot_autograd(
             fw_compiler=forward,
             bw_compiler=functools.partial(self.compile_aten, kind="backward"),
@@ -100,22 +110,56 @@ class VfuseBackend:
             keep_inference_input_mutations=not _needs_grad(gm, example_inputs)
             and not any(_is_symbolic(x) for x in example_inputs),
         )
-        wrapped = compiler(gm, example_inputs)
+        wrapped = self._traced(compiler, gm, example_inputs, key)
         wrapped = attention.guard(wrapped) if attention is not None else wrapped
-        return unboxed(direct[0]) if direct else wrapped
+        if not direct:
+            return wrapped
+        fn, graph = direct[0]
+        if key is not None and graph is not None:
+            self.graph_cache.save(key, graph, gm)  # type: ignore[union-attr]
+        return unboxed(fn)
+
+    def _traced(
+        self, compiler: Callable, gm: torch.fx.GraphModule, example_inputs: Sequence[Any], key: str | None
+    ) -> Callable:
+        """AOTAutograd's trace and our compile; a restart of Dynamo's analysis it asks for is
+        remembered under `key` (entry/warm.py)."""
+        if key is None:
+            return compiler(gm, example_inputs)
+        before = warm.specialized_floats()
+        try:
+            return compiler(gm, example_inputs)
+        except TensorifyScalarRestartAnalysis:
+            self.graph_cache.save_restart(key, sorted(warm.specialized_floats() - before))  # type: ignore[union-attr]
+            raise
+
+    def _warm_key(self, gm: torch.fx.GraphModule, example_inputs: Sequence[Any], frozen: dict) -> str | None:
+        """The graph cache's key for this Dynamo graph (entry/warm.py), or None where it is off or
+        does not apply: graphs AOTAutograd's wrappers may change, frozen parameters."""
+        if self.graph_cache is None or frozen or not may_skip_wrappers(gm, example_inputs):
+            return None
+        mutations = not any(_is_symbolic(x) for x in example_inputs)  # as keep_inference_input_mutations
+        return warm.cache_key(gm, example_inputs, repr((self.options, mutations)))
 
     def _target(self) -> Target:
         return get_target(self.options.target, self.options.cache_dir, isa=self.options.isa)
 
     @staticmethod
     def _compile_inference(
-        forward: Callable, dynamo_inputs: int, direct: list[Callable], gm: torch.fx.GraphModule, example_inputs: Any
+        forward: Callable,
+        dynamo_inputs: int,
+        direct: list[tuple[Callable, bytes | None]],
+        keep: bool,
+        gm: torch.fx.GraphModule,
+        example_inputs: Any,
     ) -> Callable:
         """AOTAutograd's inference compiler: compiles as usual and, where its runtime wrappers
-        would pass everything through unchanged, keeps the result to hand to Dynamo directly."""
+        would pass everything through unchanged, keeps the result to hand to Dynamo directly
+        (and, with `keep`, the graph as traced, for the graph cache)."""
+        graph = warm.snapshot(gm) if keep else None  # before compiling, which may rewrite it
         fn = forward(gm, example_inputs)
         if wrappers_are_identity(len(example_inputs), dynamo_inputs):  # symbolic sizes too: ~5 us a call
-            direct.append(fn)
+            direct.append((fn, graph))
         return fn
 
     def compile_aten(
