@@ -13,6 +13,8 @@ from typing import Any
 from vfuse.ir import DType, Op
 from vfuse.ir.types import TensorType
 from vfuse.schedule.blocks import CallBlocks
+from vfuse.schedule.dots import DotKind as DotKind  # re-exported: the schedule's types live here
+from vfuse.schedule.dots import Fp8Dot, Int8Dot
 from vfuse.schedule.expr import Lin, Range
 from vfuse.schedule.gates import LINE as LINE  # re-exported: renderers read the schedule's data here
 from vfuse.schedule.gates import PrefetchLoad as PrefetchLoad  # re-exported with RowPrefetch
@@ -338,42 +340,6 @@ class OperandPrologue:
     result: str
     loads: tuple[str, ...]
     inner: int = -1
-
-
-@dataclass(frozen=True)
-class Fp8Dot:
-    """A MATMUL whose operands are fp8 buffers widened in the group (`x.to(f32) * s`, per-tensor
-    `s`), computed as an fp8 dot (`schedule/fp8dot.py`): the operands are the fp8 buffers
-    themselves, and the accumulator is multiplied by `scales` (per operand: a literal, or a
-    one-element fp32 buffer among `extras`) before the epilogue."""
-
-    scales: tuple[float | str, float | str]
-
-
-class DotKind(enum.Enum):
-    """The int8 dot-product instruction an `Int8Dot` GEMM is built on (codegen/cpp/gemm/int8.py)."""
-
-    VNNI = "vpdpbusd"  # AVX-512 VNNI: u8 x s8 -> s32, 4 products per 32-bit lane
-    SDOT = "sdot"  # AArch64 dot product: s8 x s8 -> s32, 4 products per 32-bit lane
-
-
-@dataclass(frozen=True)
-class Int8Dot:
-    """A MATMUL of dequantized int8 operands computed as an exact int32 dot product
-    (`schedule/int8dot.py`): A = (x - x_zero) * x_scale (x: M x K int8), B = ((w - w_zero) *
-    scale)^T (w: N x K int8, nn.Linear's weight; scale per tensor, or per output channel from
-    `w_scales`). The epilogue sees v = x_scale * scale[j] * sum_k (x - x_zero)(w - w_zero)."""
-
-    kind: DotKind
-    x: str
-    x_zero: int
-    x_scale: float
-    w: str
-    w_zero: int
-    w_scale: float  # per-tensor scale (1.0 with per-channel scales)
-    w_scales: str  # per-channel fp32 scales, N of them ("" when per-tensor)
-    mr: int  # register tile: rows x columns (whole vectors of int32 lanes)
-    nr: int
 
 
 class ScatterWalk(enum.Enum):
