@@ -199,3 +199,33 @@ def test_cache_off_by_environment(traces: list[int], cache_dir: Path, monkeypatc
             torch.testing.assert_close(fn(x, w), _ln_gelu(x, w))
             assert backend.graph_cache is None
     assert len(traces) == 2
+
+
+class _Block(torch.nn.Module):
+    """Submodules put module paths in the traced graph's node metadata, which the pickle drops."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.norm = torch.nn.LayerNorm(24)
+        self.proj = torch.nn.Linear(24, 24)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.nn.functional.gelu(self.proj(self.norm(x))) + x
+
+
+def test_a_hit_compiles_no_kernel_the_saving_process_did_not(traces: list[int], cache_dir: Path) -> None:
+    # The saving process compiles the graph as a later one loads it: before, the first warm
+    # process ran g++ again (its kernels' sources differed), and only the next one was warm.
+    block = _Block()
+    with torch.no_grad():
+        first, b1 = _process(block, cache_dir, dynamic=True)
+        x = torch.randn(11, 24)
+        torch.testing.assert_close(first(x), block(x))
+        assert b1.graph_cache.saved >= 1
+        libraries = sorted(cache_dir.rglob("*.so"))
+        second, b2 = _process(block, cache_dir, dynamic=True)
+        torch.testing.assert_close(second(x), block(x))
+        y = torch.randn(5, 24)
+        torch.testing.assert_close(second(y), block(y))
+    assert b2.graph_cache.hits >= 1 and b2.graph_cache.misses == 0, (b1.graph_cache.saved, b2.graph_cache.misses)
+    assert sorted(cache_dir.rglob("*.so")) == libraries
