@@ -91,14 +91,19 @@ def private_dir() -> Path:
     return path
 
 
-def write_json_atomic(path: Path, payload: object) -> None:
-    """Write `payload` as JSON to `path` through a temp file and a rename, so a reader (or a
-    concurrent writer) never sees half a file; the temp file is removed when anything fails."""
+def write_bytes_atomic(path: Path, data: bytes) -> None:
+    """Write `data` to `path` through a temp file and a rename, so a reader (or a concurrent
+    writer) never sees half a file; the temp file is removed when anything fails."""
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
     try:
-        with os.fdopen(fd, "w") as f:
-            json.dump(payload, f, indent=1)
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def write_json_atomic(path: Path, payload: object) -> None:
+    """`payload` as JSON, written atomically (`write_bytes_atomic`)."""
+    write_bytes_atomic(path, json.dumps(payload, indent=1).encode())

@@ -35,7 +35,6 @@ import operator
 import os
 import pickle
 import sys
-import tempfile
 import warnings
 from collections.abc import Sequence
 from pathlib import Path
@@ -47,7 +46,7 @@ from torch._subclasses.fake_tensor import FakeTensor
 from torch.fx.passes.fake_tensor_prop import FakeTensorProp
 
 import vfuse
-from vfuse.cachedir import usable_dir
+from vfuse.cachedir import usable_dir, write_bytes_atomic
 
 FORMAT = 1  # of an entry: a dict with these keys
 _FIELDS = ("format", "key", "graph", "guards", "restart")
@@ -133,7 +132,7 @@ class GraphCache:
             return
         try:
             entry = {"format": FORMAT, "key": key, **fields}
-            _write_atomic(self.root / f"{key}.pkl", pickle.dumps(entry, protocol=pickle.HIGHEST_PROTOCOL))
+            write_bytes_atomic(self.root / f"{key}.pkl", pickle.dumps(entry, protocol=pickle.HIGHEST_PROTOCOL))
             self.saved += 1
         except Exception as e:
             warnings.warn(f"vfuse: graph cache entry not written: {type(e).__name__}: {e}", stacklevel=3)
@@ -354,14 +353,3 @@ def propagate(graph: torch.fx.GraphModule, values: Sequence[Any]) -> None:
     if mode is None:
         mode = torch._subclasses.fake_tensor.FakeTensorMode()
     _Propagate(graph, mode).propagate_dont_convert_inputs(*values)
-
-
-def _write_atomic(path: Path, data: bytes) -> None:
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise

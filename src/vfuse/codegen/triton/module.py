@@ -18,11 +18,10 @@ import hashlib
 import importlib.util
 import inspect
 import os
-import tempfile
 from pathlib import Path
 from types import ModuleType
 
-from vfuse.cachedir import private_dir, usable_dir
+from vfuse.cachedir import private_dir, usable_dir, write_bytes_atomic
 
 
 def module_path(source: str, cache_dir: Path) -> Path:
@@ -31,14 +30,7 @@ def module_path(source: str, cache_dir: Path) -> Path:
     folder = usable_dir(cache_dir / "triton") or private_dir()
     path = folder / f"vt_{key}.py"
     if _read_nofollow(path) != source.encode():
-        fd, tmp = tempfile.mkstemp(dir=folder, prefix=f"vt_{key}.", suffix=".tmp")
-        try:
-            with os.fdopen(fd, "w") as f:
-                f.write(source)
-            os.replace(tmp, path)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
+        write_bytes_atomic(path, source.encode())
     return path
 
 
