@@ -157,9 +157,7 @@ class VfuseBackend:
         would pass everything through unchanged, keeps the result to hand to Dynamo directly
         (and, with `keep`, the graph as traced, for the graph cache)."""
         graph = warm.snapshot(gm) if keep else None  # before compiling, which may rewrite it
-        replayed = warm.replay(graph, example_inputs) if graph is not None else None
-        graph = graph if replayed is not None else None  # compiled as a warm process will compile it
-        fn = forward(replayed if replayed is not None else gm, example_inputs)
+        fn = forward(gm, example_inputs)
         if wrappers_are_identity(len(example_inputs), dynamo_inputs):  # symbolic sizes too: ~5 us a call
             direct.append((fn, graph))
         return fn

@@ -189,18 +189,6 @@ def snapshot(gm: torch.fx.GraphModule) -> bytes | None:
         gm.meta = meta
 
 
-def replay(data: bytes, values: Sequence[Any]) -> torch.fx.GraphModule | None:
-    """The graph `snapshot` saved, as a later process loads it (meta['val'] over `values`); None
-    if it does not replay. The saving process compiles this one too: node metadata the pickle
-    drops (module paths) reaches kernel sources, and the first warm process compiled new kernels."""
-    try:
-        graph = pickle.loads(data)
-        propagate(graph, values)
-    except Exception:
-        return None
-    return graph
-
-
 def example_values(gm: torch.fx.GraphModule) -> list[Any]:
     """Dynamo's fake example value of each input (symbolic sizes as SymInts)."""
     return [n.meta.get("example_value") for n in gm.graph.nodes if n.op == "placeholder"]
