@@ -19,7 +19,7 @@ from vfuse.ir.sym import hint, is_sym
 from vfuse.schedule.expr import Clamp, Lin, Var, walk
 from vfuse.schedule.gates import SizeGate, both, either, size_choice
 from vfuse.schedule.kernel import Accumulate, Compute, Kernel, Load, Loop, Pass, RandKey, Reduction, Store, Walk
-from vfuse.schedule.nest import stream_choice, stream_fixed, streamable_stores, streams_at_hint, with_stream_choice
+from vfuse.schedule.nest import STREAM_MIN_LLCS, stream_fixed, streamable_stores, streams_at_hint, with_stream_choice
 from vfuse.schedule.peel import interior, threaded_selects
 from vfuse.schedule.prefetch import SMALL_L2, plan_group_prefetch, plan_prefetch
 from vfuse.schedule.rowfacts import affine_fmas, below_row_max, pass_invariant_divisors
@@ -40,6 +40,11 @@ FIRST_CHAINS = 4  # strips of a first pass over prefetched rows (8 gained nothin
 # rate one AVX-512 chain has (more lost from DRAM on Zen 5); narrower vectors get that many chains
 # (AVX2: 2, rms_silu 8192x1024 one thread 4.75 -> 4.2 ms; docs/perf-log.md).
 UNPREFETCHED_FLOATS = 16
+# Short rows in groups (LayerNorm 256 wide) stream their stores from half an LLC of loads and
+# stores on small-L2 cores: Zen 3 (32 MiB L3, where a copy of 16 MiB ran at half its in-cache
+# rate), one thread, streamed / cached kernel time: 8192 rows (16 MiB) 0.79, 16384 rows 0.81,
+# 4096 rows (8 MiB, still cached) 1.12 (docs/perf-log.md, 2026-12-02).
+GROUP_STREAM_LLCS = 0.5
 # A few instructions per element, so the accumulator chain is what a pass waits on.
 CHEAP = frozenset({Op.ADD, Op.SUB, Op.MUL, Op.NEG, Op.ABS, Op.MAXIMUM, Op.MINIMUM, Op.CAST, Op.WHERE})
 # Inline arithmetic in the C++ prelude: g++ vectorizes the strips' lane loop around them. A
@@ -69,6 +74,7 @@ def decide(k: Kernel, vector: int, l1: int = 48 << 10, llc: int = 0, l2: int = 0
         k = with_tile_prefetches(with_stream_choice(k, stream_tiles(k, tiles, llc)))
     if k.walk is Walk.ROW_GROUPS:
         k = dataclasses.replace(stream_fixed(k), row_group=ROW_GROUP, prefetch=plan_group_prefetch(k, ROW_GROUP, l1))
+        k = stream_fixed(with_prefetched_streaming(k, stream_prefetched_rows(k, llc, l2, GROUP_STREAM_LLCS)))
     elif k.walk is Walk.ROWS:
         k = dataclasses.replace(k, prefetch=plan_prefetch(k, l1, l2))
         k = with_prefetched_streaming(k, stream_prefetched_rows(k, llc, l2))
@@ -88,13 +94,14 @@ def with_prefetched_streaming(k: Kernel, choice: bool | SizeGate) -> Kernel:
     return k if k.stream_gate is None else with_stream_choice(k, either(k.stream_gate, choice))
 
 
-def stream_prefetched_rows(k: Kernel, llc: int, l2: int) -> bool | SizeGate:
+def stream_prefetched_rows(k: Kernel, llc: int, l2: int, llcs: float = STREAM_MIN_LLCS) -> bool | SizeGate:
     """Whether a row walk with prefetched rows streams its stores although they are under
     `nest.with_streaming`'s STREAM_MIN_LLCS: on cores with a small L2 (`prefetch.SMALL_L2`, where
     it was measured), where its loads and stores together move that many LLCs (as tiled
     transposes, `transpose.stream_tiles`) and the storing pass is CHEAP (softmax's normalization:
-    bound by memory, not by the chunk copy streaming adds). Zen 3, softmax 8192x1024 (32 MiB in,
-    32 MiB out): 1.19x faster; LayerNorm+GELU 1.18x slower, RMSNorm+SiLU the same. Zen 5's
+    bound by memory, not by the chunk copy streaming adds); row groups from `llcs` = GROUP_STREAM_LLCS.
+    Zen 3, softmax 8192x1024 (32 MiB in, 32 MiB out): 1.19x faster; LayerNorm+GELU 1.18x slower,
+    RMSNorm+SiLU the same. Zen 5's
     streamed softmax had lost 10-30 % (nest.py), Zen 4's won with row prefetch (docs/perf-log.md).
     Over symbolic sizes, a gate where the bytes may end on either side (`nest.stream_choice`), and
     only in calls that prefetch where that is chosen per call (`RowPrefetch.gate`)."""
@@ -106,7 +113,7 @@ def stream_prefetched_rows(k: Kernel, llc: int, l2: int) -> bool | SizeGate:
     rows = [Var(lp.var) for lp in k.outer]
     moving = (s for p in k.passes for s in p.body if isinstance(s, Load) and any(s.index.coef(r) for r in rows))
     loads = {s.buf: s.dtype.itemsize for s in moving}  # not the weights every row reads again
-    moved = stream_choice(_total(k) * (sum(loads.values()) + sum(s.dtype.itemsize for s in stores)), llc)
+    moved = size_choice(_total(k) * (sum(loads.values()) + sum(s.dtype.itemsize for s in stores)), int(llcs * llc))
     return both(moved, k.prefetch.gate or True) if k.prefetch is not None else moved
 
 
