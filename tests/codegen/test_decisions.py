@@ -22,9 +22,11 @@ from vfuse.fusion import FusionPlan
 from vfuse.ir import DType, Graph, GraphBuilder, Op
 from vfuse.runtime.native import NativeExecutor
 from vfuse.schedule import build
-from vfuse.schedule.blocks import Blocking, CallBlocks
+from vfuse.schedule.blocks import Blocking, CallBlocks, ConvBlocks
+from vfuse.schedule.choices import kernel_choices
 from vfuse.schedule.kernel import Accumulate, ContractionKernel, Kernel, Pass, Program, Reduction, Segment, Walk
 from vfuse.schedule.strategy import lanes
+from vfuse.targets.isa import Isa, IsaExtra
 
 # What a renderer may read of the schedule: its data and index expressions, no decision. The GEMM/conv
 # templates also read schedule.microtile and schedule.blocks, for their VectorUnit, Blocking and
@@ -56,9 +58,7 @@ def test_renderer_imports_no_schedule_decisions() -> None:
 # Size choices a renderer must not make: taking a symbolic size at its hint, or proving a relation
 # of sizes, is deciding (schedule/gates.py, the schedule's `hint`s). Files that still do, and why.
 AT_SIZES = {"hint", "proved"}
-STILL_DECIDING: dict[str, set[str]] = {
-    "contraction.py": {"hint"},  # a conv's cache blocks at the hints; the report's GEMM blocks
-}
+STILL_DECIDING: dict[str, set[str]] = {}
 
 
 def _sym_imports(path: Path) -> set[str]:
@@ -258,3 +258,135 @@ def _edit_any(program: Program, edit: Callable[[ContractionKernel], ContractionK
         for s in program.steps
     )
     return dataclasses.replace(program, steps=steps)
+
+
+def _contraction_kernel(program: Program) -> ContractionKernel:
+    (k,) = [k for k in program.kernels if isinstance(k, ContractionKernel)]
+    return k
+
+
+def _linear(m: int, k: int, n: int) -> Graph:
+    """relu(x @ w.T), x: m x k, w: n x k."""
+    b = GraphBuilder()
+    x, w = inputs(b, ((m, k), DType.F32), ((n, k), DType.F32))
+    return b.build([b.add(Op.RELU, [b.add(Op.MATMUL, [x, b.add(Op.PERMUTE, [w], perm=(1, 0))])])])
+
+
+@pytest.mark.parametrize(("m", "k", "n"), [(130, 256, 48), (300, 600, 37)])
+def test_gemm_a_packing_renders_as_decided(m: int, k: int, n: int) -> None:
+    """Whether a GEMM packs all of A once per call is the schedule's (`ContractionKernel.shared_a`):
+    flipped by hand, the source packs A once (`_pack_all`) or per block, with eager's numbers."""
+    graph = _linear(m, k, n)
+    plan = _one(graph)
+    prog = build(plan, AVX2)
+    once = _contraction_kernel(prog).shared_a
+    assert once == (m == 130)  # 130 rows in one block: A would be packed by every thread; 300 x 600: past 512 KiB
+    prog = _edit_any(prog, lambda c: dataclasses.replace(c, shared_a=not once))
+    ex = _load(plan, prog)
+    assert ("_pack_all(" in ex.source) is not once
+    x, w = torch.randn(m, k), torch.randn(n, k)
+    torch.testing.assert_close(ex([x, w])[0], torch.relu(x @ w.T), rtol=1e-4, atol=1e-4)
+
+
+def _conv(x: tuple[int, ...], w: tuple[int, ...], stride: int = 1, padding: int = 0) -> Graph:
+    b = GraphBuilder()
+    xi, wi = inputs(b, (x, DType.F32), (w, DType.F32))
+    y = b.add(Op.CONV2D, [xi, wi], stride=(stride, stride), padding=(padding, padding), dilation=(1, 1), groups=1)
+    return b.build([b.add(Op.RELU, [y])])
+
+
+def _check_conv(ex: NativeExecutor, x: tuple[int, ...], w: tuple[int, ...], stride: int = 1, padding: int = 0) -> None:
+    xs = [torch.randn(x), torch.randn(w)]
+    want = torch.relu(torch.nn.functional.conv2d(*xs, stride=stride, padding=padding))
+    torch.testing.assert_close(ex(xs)[0], want, rtol=1e-4, atol=1e-4)
+
+
+def test_conv_cache_blocks_render_as_decided() -> None:
+    """A conv's implicit-GEMM cache blocks are the schedule's (`ContractionKernel.gemm_blocks`, no
+    longer taken at the hints by the renderer): K in blocks of 32 and N of one sliver render so."""
+    x, w = (2, 72, 9, 11), (40, 72, 1, 1)  # a pointwise conv: the implicit GEMM
+    plan = _one(_conv(x, w))
+    prog = build(plan, AVX2)
+    c = _contraction_kernel(prog)
+    assert c.gemm_blocks is not None and c.gemm_blocks.blocks[0].kc == 72
+    mine = Blocking(c.mr, c.nr, c.mr, 32, c.nr, c.vector)
+    prog = _edit_any(prog, lambda c: dataclasses.replace(c, gemm_blocks=CallBlocks(40, (mine,))))
+    ex = _load(plan, prog)
+    assert "pc += 32)" in ex.source and f"jc += {c.nr})" in ex.source
+    _check_conv(ex, x, w)
+
+
+def test_direct_conv_channel_blocks_render_as_decided() -> None:
+    """The direct conv's input channels per K block and output channels per M block are the
+    schedule's (`ConvBlocks.icb` / `.mb`): edited by hand, the loops step by them."""
+    x, w = (2, 20, 9, 13), (19, 20, 3, 3)
+    plan = _one(_conv(x, w, padding=1))
+    prog = build(plan, AVX2)
+    c = _contraction_kernel(prog)
+    assert c.conv_blocks is not None and (c.conv_blocks.icb, c.conv_blocks.mb) == (20, -(-19 // c.mr) * c.mr)
+    mine = ConvBlocks(icb=7, mb=c.mr)
+    prog = _edit_any(prog, lambda c: dataclasses.replace(c, conv_blocks=mine))
+    ex = _load(plan, prog)
+    assert "conv2d (direct" in ex.source and "ic0 += 7)" in ex.source and f"ir0 += {c.mr})" in ex.source
+    _check_conv(ex, x, w, padding=1)
+
+
+@pytest.mark.parametrize("threaded", [False, True])
+def test_folded_conv_threads_render_as_decided(threaded: bool) -> None:
+    """The folded weight-gradient template's threaded passes are the schedule's (`ConvBlocks`): a
+    small one is serial; forced onto threads it renders so and computes the same numbers."""
+    x, w = (3, 8, 10, 10), (4, 8, 8, 8)  # a 3x3 output plane under an 8x8 kernel: folded
+    plan = _one(_conv(x, w))
+    prog = build(plan, AVX2)
+    c = _contraction_kernel(prog)
+    assert c.attrs.get("folded") and c.conv_blocks == ConvBlocks()  # serial: 2400 and 108 elements
+    mine = ConvBlocks(threaded_transpose=threaded, threaded_scatter=threaded)
+    prog = _edit_any(prog, lambda c: dataclasses.replace(c, conv_blocks=mine))
+    ex = _load(plan, prog)
+    flag = "nth > 1" if threaded else "false"
+    assert f"const bool par = {flag};" in ex.source and f"schedule(static) if ({flag})" in ex.source
+    _check_conv(ex, x, w)
+
+
+def _qlinear(m: int, k: int, n: int) -> Graph:
+    """relu(dequant(xq) @ dequant(wq).T), int8 operands, per-tensor zero points and scales."""
+    b = GraphBuilder()
+    xq, wq = inputs(b, ((m, k), DType.I8), ((n, k), DType.I8))
+
+    def deq(v: str, zero: float, scale: float) -> str:
+        f = b.add(Op.SUB, [b.add(Op.CAST, [v], dtype=DType.F32), b.add(Op.FULL, value=zero, shape=(), dtype=DType.F32)])
+        return b.add(Op.MUL, [f, b.add(Op.FULL, value=scale, shape=(), dtype=DType.F32)])
+
+    y = b.add(Op.MATMUL, [deq(xq, 3.0, 0.02), b.add(Op.PERMUTE, [deq(wq, 0.0, 0.01)], perm=(1, 0))])
+    return b.build([b.add(Op.RELU, [y])])
+
+
+VNNI = dataclasses.replace(
+    target(), isa=Isa.AVX512, simd_lanes=16, regs_per_thread=32, isa_extras=frozenset({IsaExtra.VNNI})
+)
+
+
+def test_int8_row_slivers_render_as_decided() -> None:
+    """The int8 template's row slivers per work item are the schedule's (`Int8Dot.mcb`, from L2):
+    rendered only (this test runs on any CPU; the VNNI kernels' numbers: tests/codegen/gemm/test_int8dot.py)."""
+    graph = _qlinear(200, 1024, 64)
+    plan = _one(graph)
+    prog = build(plan, dataclasses.replace(VNNI, l2_bytes=256 << 10))
+    q = _contraction_kernel(prog).int8
+    assert q is not None and q.mcb == (256 << 10) // 2 // (q.mr * 1024) and q.mcb < -(-200 // q.mr)
+    assert f"ic += {q.mcb})" in vfuse.codegen.cpp.render(prog)
+    prog = _edit_any(prog, lambda c: dataclasses.replace(c, int8=dataclasses.replace(q, mcb=3)))
+    assert "ic += 3)" in vfuse.codegen.cpp.render(prog)
+
+
+def test_explain_names_the_template_blocks() -> None:
+    """`vfuse explain`'s kernel choices (the flips it reports over symbolic sizes) name each block."""
+    gemm = kernel_choices(build(_one(_linear(130, 256, 48)), AVX2))
+    assert gemm["k0_c (gemm) A packing"] == "once per call"
+    assert gemm["k0_c (gemm) GEMM blocks"] == "M in one block, K in one block, N in one block"
+    direct = kernel_choices(build(_one(_conv((2, 20, 9, 13), (19, 20, 3, 3), padding=1)), AVX2))
+    assert direct["k0_c (gemm) channel blocks"].startswith("20 in, ")
+    folded = kernel_choices(build(_one(_conv((3, 8, 10, 10), (4, 8, 8, 8))), AVX2))
+    assert folded["k0_c (gemm) threaded passes"] == "none"
+    qdot = kernel_choices(build(_one(_qlinear(200, 1024, 64)), VNNI))
+    assert qdot["k0_c (gemm) int8 row slivers"].endswith(" per work item")

@@ -91,11 +91,10 @@ def with_symbols(report: FusionReport, graph: Graph, plan: FusionPlan, env: Any,
 
 
 def _choices(program: Any) -> dict[str, str]:
-    """The schedule's choices at the hints, and the C++ GEMMs' cache blocks (the renderer's)."""
-    from vfuse.codegen.cpp.contraction import gemm_choices
+    """The schedule's choices at the hints (the C++ GEMMs' and convs' cache blocks among them)."""
     from vfuse.schedule.choices import kernel_choices
 
-    return {**kernel_choices(program), **gemm_choices(program)}
+    return kernel_choices(program)
 
 
 def _range(r: Any) -> str:

@@ -169,3 +169,61 @@ def describe_per_call(c: CallBlocks, n: int, k: int) -> str:
     parts = [f"{describe(b, t, n, k)} up to {pretty(c.m)} = {t}" for t, b in zip(c.upto, c.blocks, strict=False)]
     past = c.upto[-1] + c.blocks[-1].mr
     return "; ".join([*parts, f"{describe(c.blocks[-1], past, n, k)} above"])
+
+
+# A packed once per call (`shared_a`) while the packed copy stays within this many floats
+# (512 KiB: about half an L2, where the micro-kernels read it back from).
+SHARED_A_FLOATS = 1 << 17
+
+
+def shared_a(m: SymSize | int, n: SymSize | int, k: SymSize | int, batch: SymSize | int, b: Blocking) -> bool:
+    """Whether the GEMM template packs all of A once per call, in parallel, before its driver
+    (`ContractionKernel.shared_a`), where the driver would pack it more than once: with one row
+    block (M <= MC) every thread packs the whole A block for its own column chunk (twice the A
+    packing at two threads: ~1/8 of a 130x256x256 GEMM), and every column panel (N > NC) packs A
+    again. One matrix (`batch` 1), fixed sizes: the buffer's size must bound the driver's own
+    slot-0 request on every call."""
+    if any(is_sym(x) for x in (m, n, k)):
+        return False
+    mc_max = -(-b.mc // b.mr) * b.mr
+    one_block = -(-m // mc_max) == 1
+    fits = -(-m // b.mr) * b.mr * k <= SHARED_A_FLOATS
+    return batch == 1 and fits and (one_block or n > b.nc)
+
+
+# The folded weight gradient's transpose and scatter passes take threads from this many elements:
+# below, a parallel region costs more than it saves.
+THREADED_PASS = 1 << 15
+
+
+@dataclass(frozen=True, slots=True)
+class ConvBlocks:
+    """A conv template's choices beside its GEMM cache blocks (`ContractionKernel.conv_blocks`).
+    Direct path (codegen/cpp/gemm/conv_direct.py): `icb` input channels per K block, `mb` output
+    channels per M block. Folded weight gradient (conv_wgrad.py): whether its transpose of X
+    (`threaded_transpose`) and its scatter into the NCHW output (`threaded_scatter`) run on
+    several threads (when the call has them)."""
+
+    icb: int = 1
+    mb: int = 1
+    threaded_transpose: bool = False
+    threaded_scatter: bool = False
+
+
+def folded_passes(x_elems: int, out_elems: int) -> ConvBlocks:
+    """The folded weight gradient's threaded passes: X's transpose over `x_elems`, the scatter
+    over the GEMM's `out_elems` (THREADED_PASS each)."""
+    return ConvBlocks(threaded_transpose=x_elems >= THREADED_PASS, threaded_scatter=out_elems >= THREADED_PASS)
+
+
+def direct_blocks(cg: int, ocg: int, taps: int, mr: int, caches: tuple[int, int, int]) -> tuple[int, int]:
+    """(icb, mb) of the direct conv with `cg` input and `ocg` output channels per group, `taps`
+    kernel taps, register tile rows `mr`. K blocks of input channels keep the A sliver in half of
+    L1 (B rows stream from L2 fine, the loads are few per FMA; K blocks of 34 channels measured
+    1-2 % slower than all 64). M blocks of output channels keep the block's packed weight in half
+    of L2, so that the slivers after the first read it from L2: with the whole weight past L2
+    (128 -> 128 channels 3x3: 590 KB; Zen 3's L2: 512 KB) every sliver streamed it from the
+    shared L3 again; measured 2-4 % faster on 16x16 and 8x8 planes (AVX2, Zen 3, one thread)."""
+    icb = max(1, min(cg, (caches[0] // 2) // (4 * mr * taps)))
+    mb = min(_round_up(ocg, mr), max(mr, (caches[1] // 2) // (4 * cg * taps) // mr * mr))
+    return icb, mb

@@ -6,14 +6,16 @@ prefetch distance, row buffers, reductions, transpose tiles, register tiles) at 
 can schedule the plan again at other sizes and report those that change within the range;
 `per_call_choices` lists the choices a kernel makes per call instead (`gates.SizeGate`: streamed
 stores, threads, row prefetch; a GEMM's cache blocks over a symbolic M, `blocks.CallBlocks`).
-GEMM cache blocks at the hints are named by `codegen/cpp/contraction.gemm_choices`, which the
-report adds.
+A GEMM's or conv's cache blocks and its template's other blocks are named with the kernel's choices.
 """
 
 from __future__ import annotations
 
-from vfuse.ir.sym import hint, pretty
-from vfuse.schedule.blocks import describe_per_call
+from vfuse.ir import Op
+from vfuse.ir.sym import SymSize, hint, pretty
+from vfuse.schedule.blocks import describe, describe_per_call
+from vfuse.schedule.conv_blocks import conv_gemm_mnk
+from vfuse.schedule.conv_fold import folded_mnk
 from vfuse.schedule.gates import LINE, SizeGate
 from vfuse.schedule.kernel import ContractionKernel, Kernel, Pass, Program, Segment, TorchStep
 
@@ -98,4 +100,40 @@ def _reduction(p: Pass) -> str:
 
 
 def _contraction(k: ContractionKernel) -> dict[str, str]:
-    return {"register tile": f"{k.mr}x{k.nr}", "blocks": "x".join(map(str, k.blocks))}
+    out = {"register tile": f"{k.mr}x{k.nr}", "blocks": "x".join(map(str, k.blocks))}
+    return {**out, **_template_blocks(k)}
+
+
+def _template_blocks(k: ContractionKernel) -> dict[str, str]:
+    """A CPU GEMM's or conv's cache blocks, by the regime they put M, K and N in (`"M in one block, K
+    in blocks of 512, N in blocks of 1536"`, at the hints; `"per call"` where `blocks.CallBlocks`
+    has pieces), whether a GEMM packs A once per call, a direct conv's channel blocks and a folded
+    weight gradient's threaded passes: what the templates render (codegen/cpp/gemm/)."""
+    out: dict[str, str] = {}
+    if k.gemm_blocks is not None and k.int8 is None:
+        b = k.gemm_blocks.blocks[0]
+        per_call = len(k.gemm_blocks.blocks) > 1
+        m, n, kk = (hint(d) for d in _gemm_mnk(k))
+        out["GEMM blocks"] = "per call" if per_call else describe(b, m, n, kk)
+    if k.op is Op.MATMUL and k.gpu is None and k.int8 is None:
+        out["A packing"] = "once per call" if k.shared_a else "per block"
+    if k.int8 is not None:
+        out["int8 row slivers"] = f"{k.int8.mcb} per work item"
+    c = k.conv_blocks
+    if c is not None and k.attrs.get("folded"):
+        out["threaded passes"] = (
+            ", ".join(p for p, t in (("transpose", c.threaded_transpose), ("scatter", c.threaded_scatter)) if t)
+            or "none"
+        )
+    elif c is not None:
+        out["channel blocks"] = f"{c.icb} in, {c.mb} out"
+    return out
+
+
+def _gemm_mnk(k: ContractionKernel) -> tuple[SymSize | int, SymSize | int, SymSize | int]:
+    """M, N, K of the GEMM a MATMUL or conv template runs (conv: per image and group, or folded)."""
+    if k.op is Op.MATMUL:
+        a = k.shapes[0]
+        return a[-2], k.out_shape[-1], a[-1]
+    x, w = k.shapes[:2]
+    return folded_mnk(x, w, k.out_shape) if k.attrs.get("folded") else conv_gemm_mnk(k.attrs, w, k.out_shape)

@@ -38,8 +38,8 @@ from vfuse.ir.defs.contraction import sdpa_dropout, sdpa_has_mask
 from vfuse.ir.shapes import numel
 from vfuse.ir.sym import hint, is_sym, same
 from vfuse.schedule import expr
-from vfuse.schedule.blocks import gemm_blocks
 from vfuse.schedule.colsum import column_store, split_column_sum
+from vfuse.schedule.conv_blocks import template_blocks
 from vfuse.schedule.conv_columns import compact_columns, conv_columns, direct_conv
 from vfuse.schedule.conv_fold import folded_conv, folded_mnk, swapped_base
 from vfuse.schedule.expr import Lin, Var
@@ -392,9 +392,9 @@ def plan_contraction(graph: Graph, nodes: tuple[str, ...], outputs: tuple[str, .
         if op is Op.SCATTER_ADD else None,
         stores=stores,
         colsum=colsum,
-        gemm_blocks=gemm_blocks(tuple(ops.shapes), graph[node].tensor_type.shape, caches, tile, unit.lanes)
-        if op is Op.MATMUL and dtypes is not GPU_DTYPES else None,
     )  # fmt: skip
+    if dtypes is not GPU_DTYPES:  # the C++ templates' cache blocks and other blocks (schedule/blocks.py)
+        kernel = template_blocks(kernel, tile, unit)
     # Split: the leftover kernels recompute the (cheap) prologue values they read, and store
     # those other groups read, as torch used to leave them in its env. A column sum not in the
     # template runs after it, as its own row kernel.

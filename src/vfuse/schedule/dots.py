@@ -41,3 +41,4 @@ class Int8Dot:
     w_scales: str  # per-channel fp32 scales, N of them ("" when per-tensor)
     mr: int  # register tile: rows x columns (whole vectors of int32 lanes)
     nr: int
+    mcb: int = 1  # MR-row slivers per work item (`int8dot.row_slivers`)

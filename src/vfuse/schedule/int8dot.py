@@ -19,6 +19,7 @@ from __future__ import annotations
 import dataclasses
 
 from vfuse.ir import DType, Graph, Op
+from vfuse.ir.sym import hint
 from vfuse.schedule.kernel import ContractionKernel, DotKind, Int8Dot
 from vfuse.targets.isa import IsaExtra
 
@@ -56,9 +57,17 @@ def with_int8_dot(k: ContractionKernel, graph: Graph, extras: frozenset[IsaExtra
         return k
     if ta.shape[1] > MAX_K:  # last: with a symbolic K it takes a guard, only worth it for an int8 GEMM
         return k
-    q = Int8Dot(dot[0], x.buf, x.zero, x.scale, w.buf, w.zero, w.scale, w.scales, *dot[3])
+    mr, nr = dot[3]
+    mcb = row_slivers(hint(ta.shape[0]), hint(ta.shape[1]), mr, k.caches[1])
+    q = Int8Dot(dot[0], x.buf, x.zero, x.scale, w.buf, w.zero, w.scale, w.scales, mr, nr, mcb)
     # Packed once when the int8 weight itself is constant (its scales are read on every call).
     return dataclasses.replace(k, int8=q, prepacked_b=graph[w.buf].op is Op.CONSTANT)
+
+
+def row_slivers(m: int, k: int, mr: int, l2_bytes: int) -> int:
+    """MR-row slivers of packed A per work item of the int8 template: their packed block (K
+    rounded up to groups of 4 bytes) fills half of L2 while one B sliver is reused over them."""
+    return max(1, min(-(-m // mr), l2_bytes // 2 // (mr * ((k + 3) // 4) * 4)))
 
 
 def _affine(graph: Graph, v: str, rows: int) -> _Affine | None:

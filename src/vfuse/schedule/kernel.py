@@ -12,7 +12,7 @@ from typing import Any
 
 from vfuse.ir import DType, Op
 from vfuse.ir.types import TensorType
-from vfuse.schedule.blocks import CallBlocks
+from vfuse.schedule.blocks import CallBlocks, ConvBlocks
 from vfuse.schedule.dots import DotKind as DotKind  # re-exported: the schedule's types live here
 from vfuse.schedule.dots import Fp8Dot, Int8Dot
 from vfuse.schedule.expr import Lin, Range
@@ -394,7 +394,9 @@ class ContractionKernel:
     scatter: ScatterWalk | None = None  # SCATTER_ADD: how its threads share the output
     stores: tuple[Store, ...] = ()  # GEMM on CPU: more outputs shaped like `out`, from the same tile
     colsum: Store | None = None  # GEMM on CPU: `buf` gets the column sums of var `arg` (schedule/colsum.py)
-    gemm_blocks: CallBlocks | None = None  # MATMUL on CPU: cache blocks, per call over a symbolic M (blocks.py)
+    gemm_blocks: CallBlocks | None = None  # MATMUL / CONV2D on CPU: cache blocks, per call over a symbolic M
+    shared_a: bool = False  # MATMUL on CPU: all of A packed once per call before the driver (blocks.shared_a)
+    conv_blocks: ConvBlocks | None = None  # CONV2D on CPU: direct path's channel blocks, folded passes' threads
     written = property(lambda self: (self.out, *(s.buf for s in (*self.stores, *filter(None, [self.colsum])))))
 
     def prologue(self, i: int) -> OperandPrologue | None:

@@ -21,16 +21,14 @@ from vfuse.codegen.cpp.attention import (
     render_flash_attention_backward,
 )
 from vfuse.codegen.cpp.gemm import (
-    Blocking,
     ConvSpec,
     Epilogue,
     EpilogueArg,
     GemmSpec,
-    choose_blocking,
     render_conv2d,
     render_gemm,
 )
-from vfuse.codegen.cpp.gemm.conv_wgrad import render_conv2d_folded, spec_mnk
+from vfuse.codegen.cpp.gemm.conv_wgrad import render_conv2d_folded
 from vfuse.codegen.cpp.gemm.int8 import Int8Spec, render_int8_gemm
 from vfuse.codegen.cpp.gemm.prepack import prepack_layout
 from vfuse.codegen.cpp.gemm.prologue import Prologue, fits_int32
@@ -39,10 +37,8 @@ from vfuse.codegen.cpp.scatter import render_scatter
 from vfuse.codegen.cpp.writer import StatementWriter, pointer, pointer_line
 from vfuse.ir import DType, Op
 from vfuse.ir.defs.attention_grad import grad_row_strides
-from vfuse.ir.sym import hint, same
-from vfuse.schedule.blocks import describe
+from vfuse.ir.sym import same
 from vfuse.schedule.kernel import ContractionKernel, Program
-from vfuse.schedule.microtile import VectorUnit
 
 Names = dict[int, str]  # loop variable id -> C++ expression
 
@@ -130,14 +126,13 @@ def _gemm(k: ContractionKernel, program: Program) -> tuple[str, str]:
         return _int8_gemm(k, program)
     a, b = k.shapes
     pa, pb = _prologue(k, 0), _prologue(k, 1)
-    m, n, kk = a[-2], k.out_shape[-1], a[-1]
     # The schedule's blocks (per call over a symbolic M: `schedule/blocks.py`); the first piece
     # names the register tile.
     blocks = k.gemm_blocks
-    blocking = blocks.blocks[0] if blocks is not None else _blocking(k, m, n, kk)
+    assert blocks is not None, f"{k.name}: a CPU GEMM without the schedule's cache blocks"
     spec = GemmSpec.from_shapes(
-        f"{k.name}_mm", a, b, k.trans_b, linkage="static", blocking=blocking, a_prologue=pa,
-        b_prologue=pb, prepack=k.prepacked_b, call=blocks,
+        f"{k.name}_mm", a, b, k.trans_b, linkage="static", blocking=blocks.blocks[0], a_prologue=pa,
+        b_prologue=pb, prepack=k.prepacked_b, call=blocks, shared_a=k.shared_a,
     )  # fmt: skip
     out = program.buffers[k.out].type.dtype
     stmts = tuple(_statements(k, _gemm_names(k), out))
@@ -164,37 +159,12 @@ def _int8_gemm(k: ContractionKernel, program: Program) -> tuple[str, str]:
     (m, kk), n = k.shapes[0], k.out_shape[-1]
     spec = Int8Spec(
         f"{k.name}_i8", m, n, kk, pointer(q.x), pointer(q.w), q.x_zero, q.x_scale, q.w_zero, q.w_scale,
-        pointer(q.w_scales) if q.w_scales else "", q.kind, q.mr, q.nr, k.caches[1], k.prepacked_b,
+        pointer(q.w_scales) if q.w_scales else "", q.kind, q.mr, q.nr, q.mcb, k.prepacked_b,
     )  # fmt: skip
     out = program.buffers[k.out].type.dtype
     epi = Epilogue(k.op.value, _extras(k, program), tuple(_statements(k, _gemm_names(k), out)), _store(k, out),
                    STORAGE_TYPE[out])  # fmt: skip
     return render_int8_gemm(spec, epi), f"{spec.name}({_out(k)}{epi.names()}{_pre(k, program)}, nt);"
-
-
-def _blocking(k: ContractionKernel, m: int, n: int, kk: int) -> Blocking:
-    """Cache blocking around the register tile and vector width the schedule chose."""
-    # Tiles are a performance choice: taken at a symbolic size's hint, the driver's runtime
-    # blocking (at most MC rows a block) serves any size.
-    return choose_blocking(hint(m), hint(n), hint(kk), *k.caches, micro=(k.mr, k.nr), unit=VectorUnit(k.vector))
-
-
-def gemm_choices(program: Program) -> dict[str, str]:
-    """The cache blocks each float GEMM is rendered with (`_blocking`, at the hints of symbolic
-    sizes), by the regime they put M, K and N in: `"k2 (linear) GEMM blocks"` -> `"M in one
-    block, K in blocks of 512, N in blocks of 1536"`. For the report's choices that change within
-    the range (`fusion.flips.size_flips`): the driver's loops serve any size with these blocks.
-    Blocks chosen per call (`schedule/blocks.py`) are named by `schedule.choices.per_call_choices`."""
-    out: dict[str, str] = {}
-    for k in program.kernels:
-        if isinstance(k, ContractionKernel) and k.op is Op.MATMUL and k.int8 is None and k.gpu is None:
-            a = k.shapes[0]
-            m, n, kk = hint(a[-2]), hint(k.out_shape[-1]), hint(a[-1])
-            per_call = k.gemm_blocks is not None and len(k.gemm_blocks.blocks) > 1
-            b = k.gemm_blocks.blocks[0] if k.gemm_blocks is not None else _blocking(k, m, n, kk)
-            how = "per call" if per_call else describe(b, m, n, kk)
-            out[f"{k.name} ({k.label}) GEMM blocks"] = how
-    return out
 
 
 def _conv(k: ContractionKernel, program: Program) -> tuple[str, str]:
@@ -203,13 +173,12 @@ def _conv(k: ContractionKernel, program: Program) -> tuple[str, str]:
     spec = ConvSpec(
         f"{k.name}_conv", n, c, h, w, o, kh, kw, tuple(a["stride"]), tuple(a["padding"]), tuple(a["dilation"]),
         a["groups"], linkage="static", caches=k.caches, prepack=k.prepacked_b, compact=bool(a.get("compact")),
+        blocking=k.gemm_blocks.blocks[0] if k.gemm_blocks else None, blocks=k.conv_blocks,
     )  # fmt: skip
     epi = Epilogue(k.op.value, _extras(k, program), tuple(_statements(k, _conv_names(k))))
     call = f"{spec.name}({_args(k)}, {_out(k)}{epi.names()}{_pre(k, program)}, nt);"
     if a.get("folded"):  # a weight gradient: one GEMM over all images (decided in schedule/contraction.py)
-        folded = dataclasses.replace(spec, blocking=_blocking(k, *spec_mnk(spec)))
-        return render_conv2d_folded(folded, epi, swapped=bool(a.get("swapped"))), call
-    spec = dataclasses.replace(spec, blocking=_blocking(k, *spec.gemm_mnk))
+        return render_conv2d_folded(spec, epi, swapped=bool(a.get("swapped"))), call
     if k.prepacked_b and spec.tiles().mr != k.mr:  # prepack_bytes sized the weight's slot for k.mr
         raise ValueError(f"{k.name}: blocking mr {spec.tiles().mr} is not the kernel's {k.mr}")
     return render_conv2d(spec, epi), call

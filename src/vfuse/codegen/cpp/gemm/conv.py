@@ -28,6 +28,7 @@ from vfuse.codegen.cpp.gemm.epilogue import Epilogue
 from vfuse.codegen.cpp.gemm.gemm import DEFAULT_CACHES, check_kernel_name
 from vfuse.codegen.cpp.gemm.microkernel import PACKERS, render_microkernel
 from vfuse.codegen.cpp.gemm.prelude import render_prelude
+from vfuse.schedule.blocks import ConvBlocks
 from vfuse.schedule.microtile import AVX512, VectorUnit
 
 Pair = tuple[int, int]
@@ -59,6 +60,10 @@ class ConvSpec:
     # The direct path computes OH x OW compact columns, no garbage ones: decided by the schedule
     # (`ContractionKernel.attrs["compact"]`, schedule/contraction.py, rule microtile.compact_conv_columns).
     compact: bool = False
+    # The direct path's channel blocks and the folded template's threaded passes: the schedule's
+    # (`ContractionKernel.conv_blocks`, schedule/conv_blocks.py); None: its rules at these sizes.
+    # Not in the repr the source's header shows.
+    blocks: ConvBlocks | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
         check_kernel_name(self.name)

@@ -27,6 +27,7 @@ from vfuse.codegen.cpp.gemm.epilogue import Epilogue
 from vfuse.codegen.cpp.gemm.microkernel import check_tile, fma_step
 from vfuse.codegen.cpp.gemm.prelude import render_prelude
 from vfuse.codegen.cpp.simd import vtype
+from vfuse.schedule.blocks import direct_blocks
 
 if TYPE_CHECKING:
     from vfuse.codegen.cpp.gemm.conv import ConvSpec
@@ -71,14 +72,14 @@ class _Geom:
         self.mpad = _round_up(self.ocg, mr)
         # Reads past the last plane: the last sliver's tail plus the largest tap offset.
         self.slack = max(0, self.nsl * nr + max(self.offs) - self.plane) + 16
-        # Input channels per K block: the A sliver in half of L1. B rows stream from L2 fine (the
-        # loads are few per FMA); K blocks of 34 channels measured 1-2% slower than all 64.
-        self.icb = icb or max(1, min(self.cg, (spec.caches[0] // 2) // (4 * mr * self.taps)))
-        # Output channels per M block: the block's packed weight in half of L2, so that the slivers
-        # after the first read it from L2. Why: with the whole weight past L2 (128 -> 128 channels
-        # 3x3: 590 KB; Zen 3's L2: 512 KB) every sliver streams it from the shared L3 again;
-        # measured 2-4 % faster on 16x16 and 8x8 planes (AVX2, Zen 3, one thread, loaded machine).
-        self.mb = min(self.mpad, max(mr, (spec.caches[1] // 2) // (4 * self.k) // mr * mr))
+        # Input channels per K block and output channels per M block: the schedule's (ConvSpec.blocks,
+        # schedule/blocks.direct_blocks: why); a spec rendered outside a Program gets its rule.
+        icb_rule, self.mb = (
+            (spec.blocks.icb, spec.blocks.mb)
+            if spec.blocks is not None
+            else direct_blocks(self.cg, self.ocg, self.taps, mr, spec.caches)
+        )
+        self.icb = icb or icb_rule
 
     def _phase_geometry(self, spec: ConvSpec) -> None:
         """A strided conv as a stride-1 one over phase planes: padded row R = r * SH + a and column

@@ -31,9 +31,8 @@ from vfuse.codegen.cpp.gemm.epilogue import Epilogue
 from vfuse.codegen.cpp.gemm.microkernel import PACKERS, render_microkernel
 from vfuse.codegen.cpp.gemm.prelude import render_prelude
 from vfuse.codegen.cpp.transpose import transpose_helper
+from vfuse.schedule.blocks import folded_passes
 
-# Scatter pass: threads only when the output is big enough to pay for a parallel region.
-_PARALLEL_SCATTER = 1 << 15
 # Columns of X per transpose call: 64 x 4 bytes of each image's row, all images' in L1 at once.
 _CHUNK = 64
 
@@ -182,18 +181,21 @@ def _scatter(spec: ConvSpec, epilogue: Epilogue, swapped: bool) -> str:
     Y[img, oc, t] with the epilogue."""
     m, n_cols, _ = spec_mnk(spec)
     plane, img_n, rows = spec.out_hw[0] * spec.out_hw[1], spec.n, spec.c_in * spec.h * spec.w
+    # Threads where the schedule gave them (ConvSpec.blocks); outside a Program, its rule.
+    b = spec.blocks or folded_passes(img_n * rows, m * n_cols)
+    par, scatter = ("nth > 1" if t else "false" for t in (b.threaded_transpose, b.threaded_scatter))
     return f"""
 {spec.linkage} void {spec.name}(const float* __restrict X, const float* __restrict Wt,
     float* __restrict Y{epilogue.params()}, int nthreads) {{
   const long nth = nthreads > 0 ? nthreads : omp_get_max_threads();
-  const bool par = {img_n * rows} >= {_PARALLEL_SCATTER} && nth > 1;
+  const bool par = {par};
   float* xt = static_cast<float*>(std::malloc(sizeof(float) * {img_n * rows}));
   float* tmp = static_cast<float*>(std::malloc(sizeof(float) * {m * n_cols}));
 {_transpose(spec, swapped)}  {spec.name}_g(xt, Wt, tmp, nthreads);
   // Channel-major: tmp's row c (OH*OW x IMG) stays in L1 while the output lines it fills, one
   // per image, are completed by the next channels (image-major swept tmp once per image: 2 MB
   // at 2x256x8x8 -> 256, 4x slower than torch).
-#pragma omp parallel for num_threads(nth) schedule(static) if ({m * n_cols} >= {_PARALLEL_SCATTER} && nth > 1)
+#pragma omp parallel for num_threads(nth) schedule(static) if ({scatter})
   for (long c = 0; c < {m}; ++c) {{
     for (long n = 0; n < {img_n}; ++n) {{
       const float* __restrict src = tmp + c * {n_cols} + n;

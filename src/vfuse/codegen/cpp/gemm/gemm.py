@@ -26,7 +26,7 @@ from vfuse.codegen.cpp.gemm.epilogue import Epilogue
 from vfuse.codegen.cpp.gemm.microkernel import PACKERS, render_microkernel
 from vfuse.codegen.cpp.gemm.prelude import render_prelude
 from vfuse.codegen.cpp.gemm.prologue import Prologue, packer_name, render_packer
-from vfuse.ir.sym import is_sym
+from vfuse.schedule.blocks import shared_a as shared_a_rule
 from vfuse.schedule.microtile import AVX512, VectorUnit
 
 # This machine's caches (per-core L1d/L2, shared L3): the default when no Target is given.
@@ -71,6 +71,8 @@ class GemmSpec:
     b_prologue: Prologue | None = None
     prepack: bool = False  # B packed once into the caller's `char* vg_pre` (driver.py, prepack.py)
     call: CallBlocks | None = None
+    # A packed once per call before the driver: the schedule's (`ContractionKernel.shared_a`); None: its rule.
+    shared_a: bool | None = None
 
     def __post_init__(self) -> None:
         check_kernel_name(self.name)
@@ -159,27 +161,16 @@ def _packers(spec: GemmSpec, blk: Blocking, epilogue: Epilogue) -> tuple[str, st
     return source, pack_a, pack_b
 
 
-# A packed once per call (`_shared_a`) while the packed copy stays within this many floats
-# (512 KiB: about half an L2, where the micro-kernels read it back from).
-SHARED_A_FLOATS = 1 << 17
-
-
 def _mpad(spec: GemmSpec, blk: Blocking) -> int:
     return -(-spec.m // blk.mr) * blk.mr
 
 
 def _shared_a(spec: GemmSpec, blk: Blocking) -> bool:
-    """Pack all of A once per call, in parallel, into the calling thread's A-panel scratch, when
-    the driver would pack it more than once: with one row block (M <= MC) every thread packs the
-    whole A block for its own column chunk (twice the A packing at two threads: ~1/8 of a
-    130x256x256 GEMM), and every column panel (N > NC) packs A again. One matrix (no batch), fixed
-    sizes: the buffer's size must bound the driver's own slot-0 request on every call."""
-    if any(is_sym(x) for x in (spec.m, spec.n, spec.k)):
-        return False
-    mc_max = -(-blk.mc // blk.mr) * blk.mr
-    one_block = -(-spec.m // mc_max) == 1
-    fits = _mpad(spec, blk) * spec.k <= SHARED_A_FLOATS
-    return math.prod(spec.batch) == 1 and fits and (one_block or spec.n > blk.nc)
+    """The schedule's `shared_a` (`ContractionKernel.shared_a`); a spec rendered outside a Program
+    (template tests) gets the schedule's rule at its sizes."""
+    if spec.shared_a is not None:
+        return spec.shared_a
+    return shared_a_rule(spec.m, spec.n, spec.k, math.prod(spec.batch), blk)
 
 
 def _pack_all_a(spec: GemmSpec, blk: Blocking, epi: Epilogue) -> str:

@@ -95,7 +95,7 @@ class Int8Spec:
     kind: DotKind
     mr: int
     nr: int
-    l2: int = 1 << 20
+    mcb: int = 1  # MR-row slivers per work item: the schedule's (`Int8Dot.mcb`)
     # W constant (a frozen weight): its packed slivers and column sums are made on the first call
     # into the caller's `char* vg_pre` (prepack.py's slot: header, `w_bytes`, then NB x NR sums).
     prepack: bool = False
@@ -232,8 +232,7 @@ def _finish(s: Int8Spec, ops: DotOps, epilogue: Epilogue) -> str:
 def _driver(s: Int8Spec, ops: DotOps, epilogue: Epilogue) -> str:
     kg = (s.k + 3) // 4
     mb, nb = -(-s.m // s.mr), -(-s.n // s.nr)
-    # Row slivers per work item: their packed A block fills half of L2 while one B sliver is reused.
-    mcb = max(1, min(mb, s.l2 // 2 // (s.mr * kg * 4)))
+    mcb = s.mcb
     ncb = 4
     pre, w = ", char* __restrict vg_pre" if s.prepack else "", _w_buffers(s, kg)
     return f"""static void {s.name}({epilogue.out_ctype}* __restrict C{epilogue.params()}{pre}, int nthreads) {{

@@ -1,0 +1,68 @@
+"""A CPU conv template's blocks, the schedule's (`ContractionKernel.gemm_blocks` / `.conv_blocks`):
+the GEMM cache blocks of its implicit GEMM (or of the folded weight gradient's one GEMM over all
+images), the direct path's K and M blocks of channels, the folded template's threaded passes.
+Convs have fixed sizes (a symbolic conv is specialized per shape, docs/dynamic.md): a symbolic
+size would be taken at its hint."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Mapping
+from typing import Any
+
+from vfuse.ir import Op
+from vfuse.ir.shapes import Shape
+from vfuse.ir.sym import hint
+from vfuse.schedule.blocks import (
+    CallBlocks,
+    ConvBlocks,
+    choose_blocking,
+    direct_blocks,
+    folded_passes,
+    gemm_blocks,
+    shared_a,
+)
+from vfuse.schedule.conv_fold import folded_mnk
+from vfuse.schedule.kernel import ContractionKernel
+from vfuse.schedule.microtile import VectorUnit
+
+
+def conv_gemm_mnk(attrs: Mapping[str, Any], w_shape: Shape, out_shape: Shape) -> tuple[int, int, int]:
+    """The per-(image, group) GEMM: M = output channels of a group, N = OH x OW, K = Cg x KH x KW."""
+    g = attrs["groups"]
+    return w_shape[0] // g, out_shape[2] * out_shape[3], w_shape[1] * w_shape[2] * w_shape[3]
+
+
+def conv_blocks(
+    attrs: Mapping[str, Any],
+    shapes: tuple[Shape, ...],
+    out_shape: Shape,
+    caches: tuple[int, int, int],
+    tile: tuple[int, int],
+    unit: VectorUnit,
+) -> tuple[CallBlocks, ConvBlocks]:
+    """(the GEMM cache blocks, the conv's own blocks) of a conv read as `shapes` (x, w), folded
+    where `attrs` say so (schedule/conv_fold.py)."""
+    x, w = shapes[:2]
+    folded = bool(attrs.get("folded"))
+    m, n, k = (hint(d) for d in (folded_mnk(x, w, out_shape) if folded else conv_gemm_mnk(attrs, w, out_shape)))
+    blocks = CallBlocks(m, (choose_blocking(m, n, k, *caches, micro=tile, unit=unit),))
+    if folded:
+        return blocks, folded_passes(hint(x[0] * x[1] * x[2] * x[3]), m * n)
+    icb, mb = direct_blocks(hint(w[1]), m, hint(w[2] * w[3]), tile[0], caches)
+    return blocks, ConvBlocks(icb, mb)
+
+
+def template_blocks(k: ContractionKernel, tile: tuple[int, int], unit: VectorUnit) -> ContractionKernel:
+    """`k` (a CPU contraction) with its template's blocks: a MATMUL's cache blocks (per call over a
+    symbolic M) and whether it packs A once per call; a conv's (`conv_blocks`)."""
+    if k.op is Op.MATMUL:
+        blocks = gemm_blocks(k.shapes, k.out_shape, k.caches, tile, unit.lanes)
+        a = k.shapes[0]
+        once = shared_a(a[-2], k.out_shape[-1], a[-1], math.prod(k.out_shape[:-2]), blocks.blocks[0])
+        return dataclasses.replace(k, gemm_blocks=blocks, shared_a=once)
+    if k.op is Op.CONV2D:
+        blocks, conv = conv_blocks(k.attrs, k.shapes, k.out_shape, k.caches, tile, unit)
+        return dataclasses.replace(k, gemm_blocks=blocks, conv_blocks=conv)
+    return k
