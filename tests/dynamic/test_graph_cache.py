@@ -213,15 +213,9 @@ class _Block(torch.nn.Module):
         return torch.nn.functional.gelu(self.proj(self.norm(x))) + x
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="known (session 12): the pickle drops node metadata that reaches kernel sources, so the first "
-    "warm process compiles its kernels again; compiling the replayed graph in the saving process broke "
-    "OpInfo samples (fake tensors reached a kernel), so that fix was reverted",
-)
 def test_a_hit_compiles_no_kernel_the_saving_process_did_not(traces: list[int], cache_dir: Path) -> None:
-    # The saving process compiles the graph as a later one loads it: before, the first warm
-    # process ran g++ again (its kernels' sources differed), and only the next one was warm.
+    # Unpickling traces the graph's code again and renames its nodes; the names reach kernel
+    # sources, so before they were restored the first warm process ran g++ again.
     block = _Block()
     with torch.no_grad():
         first, b1 = _process(block, cache_dir, dynamic=True)
@@ -235,3 +229,38 @@ def test_a_hit_compiles_no_kernel_the_saving_process_did_not(traces: list[int], 
         torch.testing.assert_close(second(y), block(y))
     assert b2.graph_cache.hits >= 1 and b2.graph_cache.misses == 0, (b1.graph_cache.saved, b2.graph_cache.misses)
     assert sorted(cache_dir.rglob("*.so")) == libraries
+
+
+def _traced_graph() -> tuple[torch.fx.GraphModule, torch.Tensor]:
+    """make_fx's graph with repeated ops (`add`, `add_1`) and a constant it lifts (`lift_fresh_copy`):
+    GraphModule's own pickle renamed the one and folded the other."""
+    c, lift = torch.tensor([1.0, -2.0, 3.0, 0.5, 7.0]), torch.ops.aten.lift_fresh_copy.default
+    x = torch.randn(7, 5)  # a lambda: annotations in this module are strings FX cannot pickle
+    return torch.fx.experimental.proxy_tensor.make_fx(lambda x: ((x + 1) * lift(c) + x).relu() + 3)(x), x
+
+
+def test_snapshot_keeps_the_graph_node_for_node() -> None:
+    gm, x = _traced_graph()
+    nodes = [(n.op, n.name, str(n.target)) for n in gm.graph.nodes]
+    assert "add_1" in gm.code and "lift_fresh_copy" in gm.code
+    back = warm._decode(warm.snapshot(gm))
+    assert [(n.op, n.name, str(n.target)) for n in back.graph.nodes] == nodes
+    assert back.code == gm.code
+    torch.testing.assert_close(back(x), gm(x))
+    fresh = back.graph.call_function(torch.ops.aten.neg.default, (next(iter(back.graph.nodes)),))
+    assert fresh.name not in {name for _, name, _ in nodes}  # the graph's namespace knows every name
+
+
+@pytest.mark.parametrize("change", ["order", "operator", "attribute"])
+def test_a_damaged_snapshot_is_refused(change: str) -> None:
+    gm, _ = _traced_graph()
+    nodes, attrs = pickle.loads(warm.snapshot(gm))
+    if change == "order":
+        nodes.reverse()  # every node used before it is made
+    elif change == "operator":
+        op, name, _, args, kwargs = nodes[2]
+        nodes[2] = (op, name, warm._Op("aten", "no_such_op", "default"), args, kwargs)
+    else:
+        attrs.clear()
+    with pytest.raises((KeyError, AttributeError, RuntimeError, ValueError)):
+        warm._decode(pickle.dumps((nodes, attrs)))

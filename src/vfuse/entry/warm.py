@@ -9,12 +9,14 @@ Dynamo hands the backend: the graph's code and the functions it calls, each inpu
 device, sizes and strides (symbols by name: the graph serves every size its guards admit),
 grad mode, the torch and Python versions, vfuse's options and its installed source files.
 
-On a hit the graph is unpickled and its nodes' `meta['val']` recomputed by fake-tensor
-propagation over Dynamo's own example values (symbolic sizes included). The guards the traced
-graph relied on (those of the shape environment over the size inputs when it was saved) are
-evaluated first: false at these sizes is a miss; true, they are added to Dynamo's shape
-environment, so Dynamo checks them as if AOTAutograd had run. `compile_aten` then compiles the
-graph as on a miss (our own compile is not cached here; its kernels are, by source).
+The graph is kept node for node (`snapshot`: names included, which reach the kernels' sources:
+a hit compiles kernels the saving process already built). On a hit it is rebuilt and its nodes'
+`meta['val']` recomputed by fake-tensor propagation over Dynamo's own example values (symbolic
+sizes included). The guards the traced graph relied on (those of the shape environment over the
+size inputs when it was saved) are evaluated first: false at these sizes is a miss; true, they
+are added to Dynamo's shape environment, so Dynamo checks them as if AOTAutograd had run.
+`compile_aten` then compiles the graph as on a miss (our own compile is not cached here; its
+kernels are, by source).
 
 Anything the key cannot vouch for is not cached: training graphs, frozen parameters, graphs
 calling functions outside torch or reading module attributes, tensor subclasses, float inputs,
@@ -28,6 +30,7 @@ the cache off.
 from __future__ import annotations
 
 import builtins
+import dataclasses
 import functools
 import hashlib
 import math
@@ -48,7 +51,7 @@ from torch.fx.passes.fake_tensor_prop import FakeTensorProp
 import vfuse
 from vfuse.cachedir import usable_dir, write_bytes_atomic
 
-FORMAT = 1  # of an entry: a dict with these keys
+FORMAT = 2  # of an entry: a dict with these keys (2: the graph's nodes as they are, `snapshot`)
 _FIELDS = ("format", "key", "graph", "guards", "restart")
 _PLAIN_MODULES = {builtins.__name__, operator.__name__, "_operator", math.__name__}
 
@@ -105,7 +108,7 @@ class GraphCache:
             if entry["format"] != FORMAT or entry["key"] != key:
                 raise ValueError(f"entry of format {entry['format']} for another key")
             if entry["graph"] is not None:
-                entry["graph"] = pickle.loads(entry["graph"])
+                entry["graph"] = _decode(entry["graph"])
             if not _valid(entry):
                 raise ValueError("not a graph cache entry")
         except Exception as e:  # corrupt, truncated, written by another version: compiled afresh
@@ -178,15 +181,80 @@ def enabled() -> bool:
 
 
 def snapshot(gm: torch.fx.GraphModule) -> bytes | None:
-    """The ATen graph as bytes (its code and constants; node metadata is recomputed on load),
-    or None for one that cannot be pickled (it is then not cached)."""
-    meta, gm.meta = gm.meta, {}
+    """The ATen graph as bytes: its nodes as they are (names included) and its constants; node
+    metadata is recomputed on load. None for one that cannot be pickled (it is then not cached).
+
+    Not GraphModule's own pickle: that keeps the code and traces it again on load, which names
+    nodes after their targets (`add_tensor` for `add_15`) and folds `lift_fresh_copy` of a
+    constant into a new constant. Names reach the kernels' sources (buffer pointers, comments),
+    and a kernel whose source differs is compiled again: the first warm process ran g++."""
+    if type(gm.graph._codegen) is not torch.fx.graph.CodeGen:  # pytree-flattening codegens
+        return None
     try:
-        return pickle.dumps(gm, protocol=pickle.HIGHEST_PROTOCOL)
+        nodes = [(n.op, n.name, _encode(n.target), _encode(n.args), _encode(n.kwargs)) for n in gm.graph.nodes]
+        attrs = {n.target: _attr(gm, n.target) for n in gm.graph.nodes if n.op == "get_attr"}
+        return pickle.dumps((nodes, attrs), protocol=pickle.HIGHEST_PROTOCOL)
     except Exception:
         return None
-    finally:
-        gm.meta = meta
+
+
+@dataclasses.dataclass(frozen=True)
+class _Ref:
+    """A node in a saved node's arguments, by name."""
+
+    name: str
+
+
+@dataclasses.dataclass(frozen=True)
+class _Op:
+    """An ATen (or other namespace's) operator overload, by name: they do not pickle."""
+
+    namespace: str
+    name: str
+    overload: str
+
+    def resolve(self) -> torch._ops.OpOverload:
+        op = getattr(getattr(getattr(torch.ops, self.namespace), self.name), self.overload)
+        if not isinstance(op, torch._ops.OpOverload):
+            raise ValueError(f"{self} is no operator")
+        return op
+
+
+def _encode(value: Any) -> Any:
+    def leaf(v: Any) -> Any:
+        if isinstance(v, torch.fx.Node):
+            return _Ref(v.name)
+        if isinstance(v, torch._ops.OpOverload):
+            return _Op(v.namespace, v._opname, v._overloadname)
+        return v
+
+    return torch.fx.node.map_aggregate(value, leaf)
+
+
+def _attr(gm: torch.fx.GraphModule, target: str) -> Any:
+    value: Any = gm
+    for part in target.split("."):
+        value = getattr(value, part)
+    return value
+
+
+def _decode(data: bytes) -> torch.fx.GraphModule:
+    """`snapshot`'s graph, node for node."""
+    nodes, attrs = pickle.loads(data)
+    if not isinstance(nodes, list) or not isinstance(attrs, dict):
+        raise ValueError("not a graph cache entry")
+    graph = torch.fx.Graph()
+    made: dict[str, torch.fx.Node] = {}
+
+    def leaf(v: Any) -> Any:
+        if isinstance(v, _Ref):
+            return made[v.name]  # a node defined later or not at all: a corrupt entry (KeyError)
+        return v.resolve() if isinstance(v, _Op) else v
+
+    for op, name, target, args, kwargs in nodes:
+        args, kwargs = torch.fx.node.map_aggregate((args, kwargs), leaf)
+        made[name] = graph.create_node(op, leaf(target), args, kwargs, name=name)
+    return torch.fx.GraphModule(attrs, graph)
 
 
 def example_values(gm: torch.fx.GraphModule) -> list[Any]:
