@@ -102,3 +102,39 @@ def test_layer_norm_of_a_view_through_torch_compile(threads: int) -> None:
                 torch.testing.assert_close(f(x), norm(x), rtol=1e-5, atol=1e-5)
         finally:
             torch.set_num_threads(before)
+
+
+def test_symbolic_rows_stream_per_call(monkeypatch: pytest.MonkeyPatch) -> None:
+    # A first call under the limit (the dynamic bench's hint, 3/4 of the rows + 1) must not leave
+    # larger calls unstreamed: the choice is the call's (one flag), both sides run and match eager.
+    import vfuse
+    import vfuse.compiler as compiler
+    from vfuse.codegen.cpp.streaming import STREAM_FLAG
+
+    small = dataclasses.replace(get_target("cpu"), l1_bytes=32 << 10, l2_bytes=512 << 10, l3_bytes=4 << 20)
+    monkeypatch.setattr(compiler, "target_of", lambda ctx: small)
+    built: list[tuple[object, str]] = []
+    real = compiler.render
+
+    def render(program: object, ctx: object) -> str:
+        built.append((program, real(program, ctx)))  # type: ignore[arg-type]
+        return built[-1][1]
+
+    monkeypatch.setattr(compiler, "render", render)
+    torch._dynamo.reset()
+    norm = torch.nn.LayerNorm(256)
+    shapes = [1023, 1500, 4097, 1031, 2048]  # 8 bytes a row element: 2 MiB (half the LLC) is 1024 rows
+    with torch.no_grad():
+        norm.weight.uniform_(0.5, 1.5)
+        norm.bias.uniform_(-1, 1)
+        c = torch.compile(norm, backend=vfuse.backend(), dynamic=True)
+        for i, rows in enumerate(shapes):
+            x = torch.randn(rows, 256, generator=torch.Generator().manual_seed(i)) * 2 + 5
+            torch.testing.assert_close(c(x), norm(x), rtol=1e-5, atol=1e-5)
+    torch._dynamo.reset()
+    ((program, source),) = built
+    (k,) = [k for k in program.kernels if isinstance(k, Kernel) and k.stream_gate is not None]  # type: ignore[attr-defined]
+    assert k.walk is Walk.ROW_GROUPS and f"const bool {STREAM_FLAG} =" in source and "vf_stream(&" in source
+    env = k.stream_gate.moved.env
+    moved = [env.evaluator(k.stream_gate.moved.expr)(rows) for rows in shapes]
+    assert min(moved) < k.stream_gate.limit <= max(moved)
