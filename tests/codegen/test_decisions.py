@@ -324,7 +324,7 @@ def test_direct_conv_channel_blocks_render_as_decided() -> None:
     prog = build(plan, AVX2)
     c = _contraction_kernel(prog)
     assert c.conv_blocks is not None and (c.conv_blocks.icb, c.conv_blocks.mb) == (20, -(-19 // c.mr) * c.mr)
-    mine = ConvBlocks(icb=7, mb=c.mr)
+    mine = dataclasses.replace(c.conv_blocks, icb=7, mb=c.mr)
     prog = _edit_any(prog, lambda c: dataclasses.replace(c, conv_blocks=mine))
     ex = _load(plan, prog)
     assert "conv2d (direct" in ex.source and "ic0 += 7)" in ex.source and f"ir0 += {c.mr})" in ex.source
@@ -385,8 +385,53 @@ def test_explain_names_the_template_blocks() -> None:
     assert gemm["k0_c (gemm) A packing"] == "once per call"
     assert gemm["k0_c (gemm) GEMM blocks"] == "M in one block, K in one block, N in one block"
     direct = kernel_choices(build(_one(_conv((2, 20, 9, 13), (19, 20, 3, 3), padding=1)), AVX2))
-    assert direct["k0_c (gemm) channel blocks"].startswith("20 in, ")
+    assert direct["k0_c (gemm) channel blocks"].startswith("20 in, ") and direct["k0_c (gemm) conv path"] == "direct"
     folded = kernel_choices(build(_one(_conv((3, 8, 10, 10), (4, 8, 8, 8))), AVX2))
     assert folded["k0_c (gemm) threaded passes"] == "none"
     qdot = kernel_choices(build(_one(_qlinear(200, 1024, 64)), VNNI))
     assert qdot["k0_c (gemm) int8 row slivers"].endswith(" per work item")
+
+
+def test_conv_path_renders_as_decided() -> None:
+    """Direct path or implicit GEMM is the schedule's (`ConvBlocks.direct`, within the direct path's
+    buffer limits, `conv_columns.direct_fits`): switched off by hand, the conv gathers im2col slivers."""
+    x, w = (2, 20, 9, 13), (19, 20, 3, 3)
+    plan = _one(_conv(x, w, padding=1))
+    prog = build(plan, AVX2)
+    c = _contraction_kernel(prog)
+    assert c.conv_blocks is not None and c.conv_blocks.direct
+    prog = _edit_any(
+        prog, lambda c: dataclasses.replace(c, conv_blocks=dataclasses.replace(c.conv_blocks, direct=False))
+    )
+    ex = _load(plan, prog)
+    assert "conv2d (direct" not in ex.source and "_im2col(" in ex.source
+    _check_conv(ex, x, w, padding=1)
+
+
+@pytest.mark.parametrize(
+    ("x", "w", "stride", "padding"),
+    [
+        ((2, 20, 9, 13), (19, 20, 3, 3), 1, 1),
+        ((64, 256, 112, 112), (64, 256, 3, 3), 2, 1),  # the padded batch past 64M floats
+        ((64, 64, 112, 112), (64, 64, 3, 3), 1, 1),  # just past it at stride 1
+        ((2, 3, 224, 224), (64, 3, 7, 7), 2, 3),
+        ((1, 8, 40, 40), (2048, 8, 3, 3), 1, 0),  # the tile past 16384 floats
+        ((3, 5, 17, 31), (7, 5, 5, 3), 3, 2),
+    ],
+)
+def test_schedule_direct_fits_agrees_with_the_template(
+    x: tuple[int, ...], w: tuple[int, ...], stride: int, padding: int
+) -> None:
+    """The schedule's buffer arithmetic (`conv_columns.direct_fits`) is the direct template's own
+    (`conv_direct.direct_fits`, which lays the buffers out), at each tier's register tile."""
+    from vfuse.codegen.cpp.gemm import ConvSpec
+    from vfuse.codegen.cpp.gemm.conv_direct import direct_fits as template_fits
+    from vfuse.schedule.conv_columns import direct_fits
+
+    graph = _conv(x, w, stride, padding)
+    for t in (AVX2, VNNI):
+        prog = build(_one(graph), t)
+        c = _contraction_kernel(prog)
+        spec = ConvSpec("k", *x, w[0], *w[2:], (stride,) * 2, (padding,) * 2, compact=bool(c.attrs.get("compact")))
+        ours = direct_fits(c.attrs, x, w, c.out_shape, c.mr, c.nr, bool(c.attrs.get("compact")))
+        assert ours == template_fits(spec, c.mr, c.nr, c.vector)

@@ -202,12 +202,14 @@ class ConvBlocks:
     Direct path (codegen/cpp/gemm/conv_direct.py): `icb` input channels per K block, `mb` output
     channels per M block. Folded weight gradient (conv_wgrad.py): whether its transpose of X
     (`threaded_transpose`) and its scatter into the NCHW output (`threaded_scatter`) run on
-    several threads (when the call has them)."""
+    several threads (when the call has them). `direct`: the direct path rather than the implicit
+    GEMM (schedule/conv_columns.py: its geometry, within its buffers' limits)."""
 
     icb: int = 1
     mb: int = 1
     threaded_transpose: bool = False
     threaded_scatter: bool = False
+    direct: bool = False
 
 
 def folded_passes(x_elems: int, out_elems: int) -> ConvBlocks:

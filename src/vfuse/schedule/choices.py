@@ -107,7 +107,7 @@ def _contraction(k: ContractionKernel) -> dict[str, str]:
 def _template_blocks(k: ContractionKernel) -> dict[str, str]:
     """A CPU GEMM's or conv's cache blocks, by the regime they put M, K and N in (`"M in one block, K
     in blocks of 512, N in blocks of 1536"`, at the hints; `"per call"` where `blocks.CallBlocks`
-    has pieces), whether a GEMM packs A once per call, a direct conv's channel blocks and a folded
+    has pieces), whether a GEMM packs A once per call, a conv's path and its direct path's channel blocks, a folded
     weight gradient's threaded passes: what the templates render (codegen/cpp/gemm/)."""
     out: dict[str, str] = {}
     if k.gemm_blocks is not None and k.int8 is None:
@@ -126,6 +126,7 @@ def _template_blocks(k: ContractionKernel) -> dict[str, str]:
             or "none"
         )
     elif c is not None:
+        out["conv path"] = "direct" if c.direct else "implicit GEMM"
         out["channel blocks"] = f"{c.icb} in, {c.mb} out"
     return out
 

@@ -1,6 +1,7 @@
 """A CPU conv template's blocks, the schedule's (`ContractionKernel.gemm_blocks` / `.conv_blocks`):
 the GEMM cache blocks of its implicit GEMM (or of the folded weight gradient's one GEMM over all
-images), the direct path's K and M blocks of channels, the folded template's threaded passes.
+images), whether it takes the direct path and that path's K and M blocks of channels, the folded
+template's threaded passes.
 Convs have fixed sizes (a symbolic conv is specialized per shape, docs/dynamic.md): a symbolic
 size would be taken at its hint."""
 
@@ -23,6 +24,7 @@ from vfuse.schedule.blocks import (
     gemm_blocks,
     shared_a,
 )
+from vfuse.schedule.conv_columns import direct_conv, direct_fits
 from vfuse.schedule.conv_fold import folded_mnk
 from vfuse.schedule.kernel import ContractionKernel
 from vfuse.schedule.microtile import VectorUnit
@@ -51,7 +53,9 @@ def conv_blocks(
     if folded:
         return blocks, folded_passes(hint(x[0] * x[1] * x[2] * x[3]), m * n)
     icb, mb = direct_blocks(hint(w[1]), m, hint(w[2] * w[3]), tile[0], caches)
-    return blocks, ConvBlocks(icb, mb)
+    compact = bool(attrs.get("compact"))
+    direct = direct_conv(attrs, w) and direct_fits(attrs, x, w, out_shape, tile[0], tile[1], compact)
+    return blocks, ConvBlocks(icb, mb, direct=direct)
 
 
 def template_blocks(k: ContractionKernel, tile: tuple[int, int], unit: VectorUnit) -> ContractionKernel:

@@ -52,3 +52,37 @@ def direct_conv(attrs: Mapping[str, Any], w_shape: Shape) -> bool:
     differ (microtile.py)."""
     pointwise = tuple(w_shape[2:]) == (1, 1) and tuple(attrs["padding"]) == (0, 0)
     return not (pointwise and tuple(attrs["stride"]) == (1, 1))
+
+
+# The direct path's buffers (codegen/cpp/gemm/conv_direct.py): the per-thread OCg x NR tile lives on the
+# stack, the padded copy of the whole batch in scratch; past these the implicit GEMM (no such buffers).
+MAX_TILE_FLOATS = 16384
+MAX_PADDED_FLOATS = 64 << 20
+
+
+def direct_fits(
+    attrs: Mapping[str, Any], x_shape: Shape, w_shape: Shape, out_shape: Shape, mr: int, nr: int, compact: bool
+) -> bool:
+    """Whether a conv on the direct path (`direct_conv`) keeps its tile and its padded input within the
+    limits, at the hints: the padded plane as conv_direct._Geom lays it out (stride 1: rows of Wp with the
+    last row's right padding; strided: one plane per column phase some tap reads), and the reads past
+    the last plane (the last sliver's tail plus the largest tap offset)."""
+    n, c_in, h, w = (hint(d) for d in x_shape)
+    kh, kw = hint(w_shape[2]), hint(w_shape[3])
+    oh, ow = hint(out_shape[2]), hint(out_shape[3])
+    (ph, pw), (dh, dw), (sh, sw) = attrs["padding"], attrs["dilation"], attrs["stride"]
+    taps = [(i * dh, j * dw) for i in range(kh) for j in range(kw)]
+    if (sh, sw) == (1, 1):
+        wp = w + max(pw, 2 * pw - dw * (kw - 1))
+        plane, offs = (h + 2 * ph) * wp + pw, [r * wp + c for r, c in taps]
+    else:
+        hp, wp = -(-(h + 2 * ph) // sh), -(-(w + 2 * pw) // sw)
+        phases = sorted({(r % sh, c % sw) for r, c in taps})
+        plane = len(phases) * hp * wp
+        at = {p: i * hp * wp for i, p in enumerate(phases)}
+        offs = [at[(r % sh, c % sw)] + r // sh * wp + c // sw for r, c in taps]
+    cols = oh * (ow if compact and wp > ow else wp)
+    slack = max(0, -(-cols // nr) * nr + max(offs) - plane) + 16
+    ocg = hint(out_shape[1]) // attrs["groups"]
+    mpad = -(-ocg // mr) * mr
+    return mpad * nr <= MAX_TILE_FLOATS and n * c_in * plane + slack <= MAX_PADDED_FLOATS

@@ -199,7 +199,9 @@ def render_conv2d(spec: ConvSpec, epilogue: Epilogue) -> str:
     # The direct path stores fp32 `v`; an epilogue with another output (getattr: those fields
     # are new to Epilogue) keeps the driver's path.
     fp32_out = getattr(epilogue, "out_ctype", "float") == "float" and getattr(epilogue, "store", "v") == "v"
-    if fp32_out and not spec.is_pointwise and direct_fits(spec, blk.mr, blk.nr, blk.lanes):
+    # The direct path or the implicit GEMM: the schedule's (ConvSpec.blocks); outside a Program, whether it fits.
+    direct = spec.blocks.direct if spec.blocks is not None else direct_fits(spec, blk.mr, blk.nr, blk.lanes)
+    if fp32_out and not spec.is_pointwise and direct:
         return render_conv2d_direct(spec, epilogue, blk.mr, blk.nr, lanes=blk.lanes)
     return render_conv2d_gemm(spec, epilogue)
 
