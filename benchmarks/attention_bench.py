@@ -24,6 +24,8 @@ import torch
 import torch.nn.functional as F
 
 from vfuse.codegen.cpp.attention import AttentionSpec, FlashAttentionKernel
+from vfuse.schedule.microtile import attention_tile, vector_unit
+from vfuse.targets import get_target
 
 SHAPE = (4, 8, 1024, 64)
 MEM_HEADS, MEM_LENGTHS = (1, 8), (1024, 4096, 8192)
@@ -41,8 +43,17 @@ def _written_out(causal: bool) -> Callable[[torch.Tensor, torch.Tensor, torch.Te
     return attention
 
 
+def host_spec(name: str, head_dim: int, causal: bool = False) -> AttentionSpec:
+    """The kernel as a compiled graph on this machine gets it: the tier's vector width and register tile
+    (the spec's defaults are AVX-512's; on AVX2 their 4 x 64 tile spills, 8x slower, 2026-12-02)."""
+    target = get_target("cpu")
+    unit = vector_unit(int(target.simd_lanes), int(target.regs_per_thread))
+    _, tile = attention_tile(unit)
+    return AttentionSpec(name=name, head_dim=head_dim, causal=causal, lanes=unit.lanes, tile=tile)
+
+
 def _contenders(causal: bool, threads: int) -> dict[str, Callable[..., torch.Tensor]]:
-    kern = FlashAttentionKernel(AttentionSpec(name=f"bench_fa_{int(causal)}", head_dim=SHAPE[-1], causal=causal))
+    kern = FlashAttentionKernel(host_spec(f"bench_fa_{int(causal)}", SHAPE[-1], causal))
     return {
         "eager (written out)": _written_out(causal),
         "eager SDPA": lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=causal),
@@ -79,7 +90,7 @@ def child(kind: str, n: int, threads: int) -> None:
     torch.set_num_threads(threads)
     b, h = MEM_HEADS
     d = SHAPE[-1]
-    kern = FlashAttentionKernel(AttentionSpec(name="bench_fa_mem", head_dim=d))
+    kern = FlashAttentionKernel(host_spec("bench_fa_mem", d))
     fn = _written_out(False) if kind == "eager" else (lambda q, k, v: kern(q, k, v, threads=threads))
     small = [torch.randn(b, h, 64, d) for _ in range(3)]
     fn(*small)  # load the library, start the OpenMP / torch thread pools
@@ -126,7 +137,7 @@ def report_timing(rounds: int, threads: int) -> dict:
 def report_memory(threads: int) -> list[dict]:
     b, h = MEM_HEADS
     d = SHAPE[-1]
-    per_thread = AttentionSpec(head_dim=d).workspace_bytes()
+    per_thread = host_spec("bench_fa_mem", d).workspace_bytes()
     print(f"\nextra memory of one call, [{b}, {h}, N, {d}] fp32, {threads} threads (output excluded)")
     print(f"{'N':>6} {'q+k+v+out':>13} {'kernel calc':>13} {'kernel RSS':>13} {'eager scores':>13} {'eager RSS':>13}")
     rows = []
