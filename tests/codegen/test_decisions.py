@@ -435,3 +435,19 @@ def test_schedule_direct_fits_agrees_with_the_template(
         spec = ConvSpec("k", *x, w[0], *w[2:], (stride,) * 2, (padding,) * 2, compact=bool(c.attrs.get("compact")))
         ours = direct_fits(c.attrs, x, w, c.out_shape, c.mr, c.nr, bool(c.attrs.get("compact")))
         assert ours == template_fits(spec, c.mr, c.nr, c.vector)
+
+
+@pytest.mark.parametrize("images", [1, 3])
+def test_conv_weight_packing_renders_as_decided(images: int) -> None:
+    """Whether the implicit GEMM packs the weight once per call for all images is the schedule's
+    (`ConvBlocks.weight_once`: with several images): flipped by hand, it renders so, same numbers."""
+    x, w = (images, 24, 7, 9), (20, 24, 1, 1)  # pointwise: the implicit GEMM
+    plan = _one(_conv(x, w))
+    prog = build(plan, AVX2)
+    c = _contraction_kernel(prog)
+    assert c.conv_blocks is not None and c.conv_blocks.weight_once is (images > 1)
+    flipped = dataclasses.replace(c.conv_blocks, weight_once=images == 1)
+    prog = _edit_any(prog, lambda c: dataclasses.replace(c, conv_blocks=flipped))
+    ex = _load(plan, prog)
+    assert ("_pack_all(" in ex.source) is (images == 1)
+    _check_conv(ex, x, w)

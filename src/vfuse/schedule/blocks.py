@@ -203,13 +203,15 @@ class ConvBlocks:
     channels per M block. Folded weight gradient (conv_wgrad.py): whether its transpose of X
     (`threaded_transpose`) and its scatter into the NCHW output (`threaded_scatter`) run on
     several threads (when the call has them). `direct`: the direct path rather than the implicit
-    GEMM (schedule/conv_columns.py: its geometry, within its buffers' limits)."""
+    GEMM (schedule/conv_columns.py: its geometry, within its buffers' limits). `weight_once`: the
+    implicit GEMM packs the weight once per call for all its images (conv.py `_packed_weight`)."""
 
     icb: int = 1
     mb: int = 1
     threaded_transpose: bool = False
     threaded_scatter: bool = False
     direct: bool = False
+    weight_once: bool = False
 
 
 def folded_passes(x_elems: int, out_elems: int) -> ConvBlocks:

@@ -128,6 +128,7 @@ def _template_blocks(k: ContractionKernel) -> dict[str, str]:
     elif c is not None:
         out["conv path"] = "direct" if c.direct else "implicit GEMM"
         out["channel blocks"] = f"{c.icb} in, {c.mb} out"
+        out["weight packing"] = "once per call" if c.weight_once else "per image"
     return out
 
 

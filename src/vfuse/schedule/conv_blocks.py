@@ -55,7 +55,8 @@ def conv_blocks(
     icb, mb = direct_blocks(hint(w[1]), m, hint(w[2] * w[3]), tile[0], caches)
     compact = bool(attrs.get("compact"))
     direct = direct_conv(attrs, w) and direct_fits(attrs, x, w, out_shape, tile[0], tile[1], compact)
-    return blocks, ConvBlocks(icb, mb, direct=direct)
+    # Images share the weight: packed once per call for all of them (a strided pass over it per image).
+    return blocks, ConvBlocks(icb, mb, direct=direct, weight_once=hint(x[0]) > 1)
 
 
 def template_blocks(k: ContractionKernel, tile: tuple[int, int], unit: VectorUnit) -> ContractionKernel:

@@ -218,8 +218,9 @@ def render_conv2d_gemm(spec: ConvSpec, epilogue: Epilogue) -> str:
         pack = f"{spec.name}_im2col(x_b, pc, kc, j, nr, bps);"
         gather = phase_copy(spec) + phased_im2col(spec, blk.nr) if phased(spec) else _im2col(spec, blk.nr)
     params = "const float* __restrict X, const float* __restrict Wt, float* __restrict Y"
-    # Images share the weight: pack it once per call, or once ever when it is constant (_packed_weight).
-    shared_a = spec.n > 1 or spec.prepack
+    # Images share the weight: packed once per call where the schedule says (ConvSpec.blocks; outside a
+    # Program, with several images), or once ever when it is constant (_packed_weight).
+    shared_a = (spec.blocks.weight_once if spec.blocks is not None else spec.n > 1) or spec.prepack
     driver = Driver(
         name=f"{spec.name}_gemm" if shared_a else spec.name,
         linkage="static" if shared_a else spec.linkage,
