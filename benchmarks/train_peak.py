@@ -86,7 +86,15 @@ def main() -> None:
     kept = T.retained_bytes(tr.backend)
     held = 0  # vfuse: gradient buffers of its output pool, held through the whole step
     if args.contender == "vfuse":
-        held = sum(p.grad.untyped_storage().nbytes() for p in tr.model.parameters() if p.grad is not None)
+        # by storage: gradients stored into donated saved activations share their buffers (schedule/donate.py);
+        # the step's own gradient blocks (an arena the gradients live in, runtime/arena_outputs.py) are in its peak
+        made = {ptr for ptr, _ in grads}
+        storages = {
+            g.untyped_storage().data_ptr(): g.untyped_storage().nbytes()
+            for g in (p.grad for p in tr.model.parameters() if p.grad is not None)
+            if g.untyped_storage().data_ptr() not in made
+        }
+        held = sum(storages.values())
     mib = 2**20
     print(
         f"{args.name} {args.contender}: step peak {peak / mib:.2f} MiB, retained {kept / mib:.2f}, "

@@ -19,7 +19,7 @@ import functools
 import importlib.util
 import time
 import warnings
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from typing import Any
 
 import torch
@@ -41,6 +41,7 @@ from vfuse.ir import Graph, IRError, Op, format_graph, verify
 from vfuse.ir.sym import SymEnv, hint, is_sym
 from vfuse.passes import PIPELINE, fuse_attention
 from vfuse.passes.freeze import freeze_inputs
+from vfuse.runtime.arena_outputs import ArenaOutputExecutor
 from vfuse.runtime.compiled import CompiledGraph, ExecStats, Executor, InterpExecutor
 from vfuse.runtime.native import NativeExecutor
 from vfuse.runtime.steps import fallback_counts, torch_nodes
@@ -48,6 +49,7 @@ from vfuse.runtime.symbolic import NativeSizes, Substitution, SymbolicExecutor
 from vfuse.runtime.triton import TritonExecutor, Tuning
 from vfuse.schedule import Kernel, Program
 from vfuse.schedule import build as build_schedule
+from vfuse.schedule.donate import donate_outputs, outputs_in_arena
 from vfuse.schedule.gpu import candidates as gpu_candidates
 from vfuse.schedule.inplace import write_in_place
 from vfuse.schedule.kernel import Const, ContractionKernel, Walk
@@ -61,6 +63,7 @@ def compile_fx(
     frozen: Mapping[int, torch.Tensor] | None = None,
     symbols: SymEnv | None = None,
     replaces: Mapping[int, int] | None = None,
+    donated: Collection[int] = (),
 ) -> CompiledGraph:
     """The whole pipeline for one ATen-level FX graph.
 
@@ -70,6 +73,8 @@ def compile_fx(
     `replaces` maps output positions to the input positions (after freezing) whose new values
     they are: a native program writes those it safely can into the inputs (`schedule/inplace.py`),
     whose positions `CompiledGraph.in_place` lists; the graph no longer returns them.
+    `donated`: input positions whose bytes the graph may reuse once it has read them (a training
+    backward's donated saved activations): outputs are stored there (`schedule/donate.py`).
     """
     start = time.perf_counter()
     graph = lower_fx(gm, ctx, symbols)
@@ -90,6 +95,10 @@ def compile_fx(
         try:
             program = schedule(fusion_plan, target, ctx)
             program, native_plan = write_inputs(program, fusion_plan, replaces or {}, ctx)
+            if donated:
+                by_index = {n.attrs["index"]: n.name for n in native_plan.graph.inputs}
+                donors = [by_index[i] for i in donated if i in by_index]
+                program = outputs_in_arena(donate_outputs(program, native_plan.graph, donors), native_plan.graph)
             source = render(program, ctx)
             library = build(source, program, ctx)
             executor = load(native_plan, program, source, library, ctx)
@@ -262,9 +271,8 @@ def load(
 ) -> NativeExecutor:
     """The executor of the built program: entry points bound, arena allocated on its first call."""
     opts = ctx.options
-    return NativeExecutor(
-        fusion_plan, program, source, library, static_outputs=opts.static_outputs, cache_dir=opts.cache_dir
-    )
+    cls = ArenaOutputExecutor if program.arena_outputs else NativeExecutor
+    return cls(fusion_plan, program, source, library, static_outputs=opts.static_outputs, cache_dir=opts.cache_dir)
 
 
 def compile_symbolic(graph: Graph, fusion_plan: FusionPlan, target: Target, ctx: Context, env: SymEnv) -> Executor:

@@ -34,7 +34,7 @@ from vfuse.entry.direct import may_skip_wrappers, unboxed, wrappers_are_identity
 from vfuse.entry.dumps import graph_context
 from vfuse.entry.dynamic import Dynamic
 from vfuse.entry.mutations import Lifted, Mutating, lift, overlapping
-from vfuse.entry.outputs import all_computed, with_none_outputs, without_none_outputs
+from vfuse.entry.outputs import all_computed, check_donated, donated_inputs, with_none_outputs, without_none_outputs
 from vfuse.entry.remat import RematPlan, partition
 from vfuse.entry.specialize import FixedGraphs
 from vfuse.entry.trace import trace_aten
@@ -177,7 +177,9 @@ class VfuseBackend:
         if not all(i < len(example_inputs) and example_inputs[i].shape == t.shape for i, t in frozen.items()):
             frozen = {}  # AOTAutograd reordered inputs: compile without freezing rather than guess
         fn = self.compile_static(gm, frozen, kind, example_inputs)
-        self.fixed.add(gm, example_inputs, fn, frozen, self.options)
+        program = getattr(getattr(getattr(fn, "compiled", None), "executor", None), "program", None)
+        if program is None or not program.donated:
+            self.fixed.add(gm, example_inputs, fn, frozen, self.options)  # not one that reuses its inputs
         return fn
 
     def compile_static(
@@ -198,7 +200,9 @@ class VfuseBackend:
             tensor_gm, lifted = lift(tensor_gm)
             # AOTAutograd calls us under its fake mode; our passes evaluate real constants.
             with unset_fake_temporarily():
-                compiled = compile_fx(tensor_gm, ctx, frozen, replaces=_replaces(lifted, frozen, example_inputs))
+                donated = donated_inputs() if kind == "backward" and not frozen else ()
+                replaces = _replaces(lifted, frozen, example_inputs)
+                compiled = compile_fx(tensor_gm, ctx, frozen, replaces=replaces, donated=donated)
         except VfuseCodegenError:
             raise  # a vfuse bug the caller asked to see (raise_codegen_errors)
         except Exception as e:
@@ -211,6 +215,8 @@ class VfuseBackend:
             self.eager_fallbacks.append(describe_failure(e))
             observe.ran_eagerly()
             return make_boxed_func(gm.forward)
+        if kind == "forward":  # the saved tensors the backward may reuse (schedule/donate.py)
+            check_donated(compiled, present, lifted is not None or bool(frozen))
         mutated = _mutated_inputs(len(example_inputs)) if kind == "forward" else None
         if mutated is not None and not _copies(tensor_gm):  # training: saved inputs are not copied,
             compiled.return_inputs_as_is(mutated)  # but those AOTAutograd updates after the call

@@ -52,3 +52,49 @@ def with_none_outputs(outputs: Sequence[Any], slots: tuple[Any, ...]) -> list[An
     """The compiled outputs with the constants put back where `without_none_outputs` removed them."""
     it = iter(outputs)
     return [next(it) if s is COMPUTED else s for s in slots]
+
+
+# The attribute of AOTAutograd's metadata where the forward's compile leaves the donated saved
+# tensors it checked (the backward donates only those: schedule/donate.py).
+_CHECKED = "vfuse_bw_donated"
+
+
+def _fw_metadata() -> Any:
+    return getattr(torch._guards.TracingContext.try_get(), "fw_metadata", None)
+
+
+def _own_buffer(compiled: Any, slots: tuple[Any, ...], position: int) -> bool:
+    """Whether the forward returns output `position` (of the traced graph) in a pool buffer of
+    its own: kernel-written, returned once (CSE may return one value at two outputs, where
+    AOTAutograd's trace saw two tensors), not a static output the next call overwrites."""
+    if position >= len(slots) or slots[position] is not COMPUTED:
+        return False
+    ir = sum(1 for s in slots[:position] if s is COMPUTED)
+    program, outputs = getattr(compiled.executor, "program", None), compiled.graph.outputs
+    if program is None or getattr(compiled.executor, "_static", True) or ir >= len(outputs):
+        return False
+    b = program.buffers.get(outputs[ir])
+    return b is not None and b.kind.value == "out" and outputs.count(outputs[ir]) == 1
+
+
+def check_donated(compiled: Any, slots: tuple[Any, ...], lifted: bool) -> None:
+    """At a training forward's compile: keeps in AOTAutograd's donated list (`bw_donated_idxs`,
+    edited in place: its `retain_graph=True` check reads the same list) only the saved tensors
+    this forward returns in buffers of their own (`_own_buffer`), and marks them checked."""
+    meta = _fw_metadata()
+    idxs = getattr(meta, "bw_donated_idxs", None)
+    if not idxs:
+        return
+    saved = meta.tensors_saved_for_backwards_slice
+    base = saved.start - (meta.num_symints_saved_for_bw or 0)
+    keep = [] if lifted or compiled.in_place else [i for i in idxs if _own_buffer(compiled, slots, base + i)]
+    idxs[:] = keep
+    setattr(meta, _CHECKED, tuple(keep))
+
+
+def donated_inputs() -> tuple[int, ...]:
+    """At a backward's compile: the input positions it may reuse, those the forward checked and
+    AOTAutograd still lists (it empties the list when the first backward keeps the graph)."""
+    meta = _fw_metadata()
+    checked, now = getattr(meta, _CHECKED, ()), getattr(meta, "bw_donated_idxs", None) or ()
+    return tuple(i for i in checked if i in now)

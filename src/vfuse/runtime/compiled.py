@@ -105,6 +105,10 @@ class CompiledGraph:
             or any(graph[o].op is Op.INPUT for o in outs)
         )
         self._copied: tuple[int, ...] = ()  # outputs copied without `_may_alias` (return_inputs_as_is)
+        # Outputs sharing memory by design (a donated input's or the arena they keep: schedule/donate.py)
+        program = getattr(executor, "program", None)
+        placed = [v for v, *_ in (*getattr(program, "donated", ()), *getattr(program, "arena_outputs", ()))]
+        self._placed = frozenset(outs.index(v) for v in placed if v in outs)  # first occurrences
 
     @property
     def stats(self) -> Any:
@@ -182,7 +186,7 @@ class CompiledGraph:
         (Dynamo guards every input's shape, dtype and device before calling a compiled graph)."""
         outputs = self.executor(list(inputs))
         if self._may_alias:
-            return _unalias(outputs, inputs)
+            return _unalias(outputs, inputs, self._placed)
         for k in self._copied:
             outputs[k] = outputs[k].clone()
         return outputs
@@ -212,15 +216,21 @@ def _shape_fits(got: torch.Size, shape: tuple) -> bool:
     return len(got) == len(shape) and all(is_sym(s) or g == s for g, s in zip(got, shape))
 
 
-def _unalias(outputs: list[torch.Tensor], inputs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+def _unalias(
+    outputs: list[torch.Tensor], inputs: Sequence[torch.Tensor], placed: Collection[int] = ()
+) -> list[torch.Tensor]:
     """Copy outputs that share memory with an input or an earlier output: the graph promised
-    fresh tensors, and a pass may have reduced e.g. `x.clone()` to the input itself."""
+    fresh tensors, and a pass may have reduced e.g. `x.clone()` to the input itself. Outputs at
+    `placed` share a storage by design (their own bytes of it): kept, once each."""
     taken = {t.untyped_storage().data_ptr() for t in inputs if isinstance(t, torch.Tensor) and t.numel()}
+    own: set[int] = set()
     fresh = []
-    for o in outputs:
-        if isinstance(o, torch.Tensor) and o.numel():
+    for k, o in enumerate(outputs):
+        if k in placed:
+            own.add(id(o))
+        elif isinstance(o, torch.Tensor) and o.numel():
             ptr = o.untyped_storage().data_ptr()
-            if ptr in taken:
+            if ptr in taken or id(o) in own:
                 o = o.clone()
                 ptr = o.untyped_storage().data_ptr()
             taken.add(ptr)

@@ -31,7 +31,7 @@ from vfuse.ir.defs.pointwise import integer_division_by_zero
 from vfuse.runtime.arenas import LEND_MIN_BYTES, ArenaLender
 from vfuse.runtime.callplan import CallPlan, make_call_plan
 from vfuse.runtime.compiled import ExecStats
-from vfuse.runtime.pool import OutputPool
+from vfuse.runtime.pool import OutputPool, donated_views
 from vfuse.runtime.steps import StepRunner, drops_after_steps, fallback_counts, torch_nodes
 from vfuse.schedule import BufKind, Program, Segment
 
@@ -104,7 +104,8 @@ class NativeExecutor(StepRunner):
         self._drops = drops_after_steps(self.program, self.graph, self._slots)  # the general path's frees
         self._pool = OutputPool() if pool is None else pool  # shared by a symbolic program's sizes
         self._lock = threading.Lock()
-        self._plan: CallPlan | None = make_call_plan(self.program, self.graph)
+        placed = program.donated or program.arena_outputs  # bound per call (schedule/donate.py): general path
+        self._plan: CallPlan | None = None if placed else make_call_plan(self.program, self.graph)
         # Arguments of the lean path's foreign calls, as ctypes objects made once: passing
         # them to entries without argtypes skips the per-argument conversion.
         self._arena_arg = ctypes.c_void_p(0)
@@ -276,7 +277,7 @@ class NativeExecutor(StepRunner):
             x = inputs[index]  # AOTAutograd passes None for an effect token (torch.linalg.inv's)
             env[name] = x.contiguous() if isinstance(x, torch.Tensor) else x
         self._draw_seeds(env)
-        self._alloc_outputs(env)
+        self._alloc_outputs(env, inputs)
         return env
 
     def _run_planned(self, plan: CallPlan, inputs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
@@ -316,9 +317,10 @@ class NativeExecutor(StepRunner):
         for k, name in enumerate(self._seed_names):
             self._seeds[k] = env[name]
 
-    def _alloc_outputs(self, env: dict[str, Any]) -> None:
+    def _alloc_outputs(self, env: dict[str, Any], inputs: Sequence[Any] = ()) -> None:
+        donated = donated_views(self.program.donated, self._outputs, env, inputs) if self.program.donated else {}
         for v, shape, dtype in self._outputs:
-            env[v] = self._pool.get(v, shape, dtype, static=self._static)
+            env[v] = donated[v] if v in donated else self._pool.get(v, shape, dtype, static=self._static)
 
     def _bind(self, seg: Segment, env: dict[str, Any]) -> None:
         ptrs = self._ptrs

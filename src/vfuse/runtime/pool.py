@@ -134,3 +134,41 @@ class OutputPool:
             if ptrs is not None:
                 ptrs[bind[n]] = slot[3]  # a view template starts where its slot's storage does
         return out
+
+
+def donated_views(
+    donated: Sequence[tuple[str, str, int]],
+    outputs: Sequence[tuple[str, tuple[int, ...], torch.dtype]],
+    env: dict[str, Any],
+    inputs: Sequence[Any],
+) -> dict[str, torch.Tensor]:
+    """Output value -> a tensor on its donor's storage at the planned byte offset
+    (`schedule/donate.py`), for each donation the donor admits now: a contiguous tensor (`env`
+    holds each input as the kernels read it) holding the bytes, whose storage no other input of
+    the call shares (a forward that returned one tensor at two positions: its bytes are still
+    read elsewhere). The others take pool buffers as usual."""
+    seen: dict[int, int] = {}
+    for x in inputs:
+        if isinstance(x, torch.Tensor) and x.numel():
+            p = x.untyped_storage().data_ptr()
+            seen[p] = seen.get(p, 0) + 1
+    meta = {v: (shape, dtype) for v, shape, dtype in outputs}
+    out: dict[str, torch.Tensor] = {}
+    for v, x, offset in donated:
+        donor, (shape, dtype) = env.get(x), meta[v]
+        if not isinstance(donor, torch.Tensor) or not donor.is_contiguous():
+            continue
+        storage = donor.untyped_storage()
+        if seen.get(storage.data_ptr(), 0) > 1:
+            continue
+        start = donor.storage_offset() * donor.element_size() + offset
+        if start % dtype.itemsize or offset + math.prod(shape) * dtype.itemsize > donor.numel() * donor.element_size():
+            continue
+        out[v] = storage_view(storage, start, shape, dtype)
+    return out
+
+
+def storage_view(storage: torch.UntypedStorage, start: int, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+    """A contiguous tensor of `shape` on `storage` from byte `start` (a multiple of the item size)."""
+    with _normal_tensors():
+        return torch.empty(0, dtype=dtype).set_(storage, start // dtype.itemsize, shape)

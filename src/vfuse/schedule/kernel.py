@@ -458,6 +458,10 @@ class Program:
     vector_width: int  # fp32 lanes per vector the kernels were decided for (`Target.simd_lanes`)
     isa: Isa | None = None  # instruction-set tier the code is built for (`Target.isa`; None: this CPU's own)
     in_place: tuple[tuple[str, str], ...] = ()  # (output, graph input): stored into the input (`inplace.py`)
+    # (output, donated graph input, byte offset): stored into the input's bytes after its last read (`donate.py`)
+    donated: tuple[tuple[str, str, int], ...] = ()
+    # (output, arena byte offset): stored in the arena, which the outputs then keep (`donate.py`)
+    arena_outputs: tuple[tuple[str, int], ...] = ()
     profiled: bool = False  # a timing build (`runtime/profile.py`): segments also get entries clocking each kernel
     # Symbolic sizes (ir/sym.py), read by kernels as `vf_<name>` after the RNG seeds in `seeds`.
     symbols: tuple[str, ...] = ()

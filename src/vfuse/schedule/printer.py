@@ -156,6 +156,10 @@ def format_program(program: Program) -> str:
             lines.append(f" torch (group {s.group}, {s.label}): {', '.join(s.nodes)}  # {s.reason}")
     if program.in_place:
         lines.append(f" written in place: {', '.join(f'%{v} -> %{x}' for v, x in program.in_place)}")
+    if program.donated:
+        lines.append(f" stored in donated inputs: {', '.join(f'%{v} -> %{x}+{o}' for v, x, o in program.donated)}")
+    if program.arena_outputs:
+        lines.append(f" stored in the arena: {', '.join(f'%{v} at {o}' for v, o in program.arena_outputs)}")
     mem = program.memory
     lines.append(f" arena {mem.size} bytes (without reuse {mem.naive_bytes})")
     # Symbolic offsets (ir/sym.py) are ordered by their hints and printed as expressions.
