@@ -54,6 +54,12 @@ def _entries(program: Program, lib: ctypes.CDLL | None) -> tuple[dict[str, Any],
     return entries, raw
 
 
+def _lean_plan(program: Program, graph: Any) -> CallPlan | None:
+    """The lean path's plan, or None: outputs placed in donated inputs or the arena
+    (schedule/donate.py) are bound per call by the general path."""
+    return None if program.donated or program.arena_outputs else make_call_plan(program, graph)
+
+
 class NativeExecutor(StepRunner):
     """Callable `(inputs) -> outputs` for one FusionPlan's Program; `.source` is the generated C++,
     `library` the loaded translation unit (None when the program has no native segment)."""
@@ -104,8 +110,7 @@ class NativeExecutor(StepRunner):
         self._drops = drops_after_steps(self.program, self.graph, self._slots)  # the general path's frees
         self._pool = OutputPool() if pool is None else pool  # shared by a symbolic program's sizes
         self._lock = threading.Lock()
-        placed = program.donated or program.arena_outputs  # bound per call (schedule/donate.py): general path
-        self._plan: CallPlan | None = None if placed else make_call_plan(self.program, self.graph)
+        self._plan: CallPlan | None = _lean_plan(program, self.graph)
         # Arguments of the lean path's foreign calls, as ctypes objects made once: passing
         # them to entries without argtypes skips the per-argument conversion.
         self._arena_arg = ctypes.c_void_p(0)
