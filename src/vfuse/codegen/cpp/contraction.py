@@ -38,6 +38,7 @@ from vfuse.codegen.cpp.writer import StatementWriter, pointer, pointer_line
 from vfuse.ir import DType, Op
 from vfuse.ir.defs.attention_grad import grad_row_strides
 from vfuse.ir.sym import same
+from vfuse.schedule import expr
 from vfuse.schedule.kernel import ContractionKernel, Program
 
 Names = dict[int, str]  # loop variable id -> C++ expression
@@ -78,28 +79,85 @@ def _attention_names(k: ContractionKernel) -> list[str]:
     return ["b", "h", "i", "c"][4 - len(k.out_shape) :]
 
 
-def _space_names(k: ContractionKernel, names: list[str]) -> Names:
-    """Names of the epilogue's loop space (`k.space`) from the template's per-dim names of the
-    contraction's output: dims of a common suffix keep their names; the leading dims of the
-    space are div/mod of the flattened leading index (hoisted out of the SIMD column loop)."""
-    shape, space = k.out_shape, k.space
-    if same(shape, space):
-        return dict(enumerate(names))
+def _groups(shape: tuple, space: tuple) -> list[tuple[range, range]]:
+    """Dims of the contraction's output `shape` and of the epilogue's `space` in aligned groups,
+    from the right, each pair spanning as many elements (a view's split or merge of dims): equal
+    trailing dims pair one to one; the rest split where the sizes are known, else one group."""
     common = 0
     while common < min(len(shape), len(space)) and shape[-1 - common] == space[-1 - common]:
         common += 1
     lead, out_lead = len(shape) - common, len(space) - common
-    flat = " + ".join(f"{n} * {math.prod(shape[d + 1 : lead])}" for d, n in enumerate(names[:lead])) or "0"
-    out: Names = {out_lead + d: names[lead + d] for d in range(common)}
-    for d in range(out_lead):
-        out[d] = f"((({flat}) / {math.prod(space[d + 1 : out_lead])}) % {space[d]})"
-    return out
+    tail = [(range(lead + d, lead + d + 1), range(out_lead + d, out_lead + d + 1)) for d in range(common)]
+    return [*_split(shape[:lead], space[:out_lead]), *tail]
+
+
+def _split(shape: tuple, space: tuple) -> list[tuple[range, range]]:
+    whole = [(range(len(shape)), range(len(space)))] if space else []
+    if not all(isinstance(n, int) and n > 0 for n in (*shape, *space)):
+        return whole
+    groups, a, b, ea, eb, pa, pb = [], len(shape), len(space), len(shape), len(space), 1, 1
+    while a > 0 or b > 0:
+        if b == 0 or (a > 0 and pa <= pb):
+            a, pa = a - 1, pa * shape[a - 1]
+        else:
+            b, pb = b - 1, pb * space[b - 1]
+        # Close a group where both sides span as many elements; size-1 dims left over on one
+        # side join the leftmost group.
+        if pa == pb and a < ea and b < eb and (a > 0 or b == 0) and (b > 0 or a == 0):
+            groups.append((range(a, ea), range(b, eb)))
+            ea, eb, pa, pb = a, b, 1, 1
+    return groups[::-1] if a == ea and b == eb else whole
+
+
+class _EpilogueWriter(StatementWriter):
+    """Epilogue statements over `space` whose index terms over a group of space dims that come
+    from one flat output index collapse back to it: a bias read through `view(b, t, 3, h, d)`
+    of a Linear's output is `j`, one contiguous vector load, not div/mod per lane (a gather)."""
+
+    def __init__(self, names: Names, collapse: list[tuple[tuple[int, ...], tuple[int, ...], int]]) -> None:
+        super().__init__(names)
+        self.collapse = collapse  # (space dims, their row-major strides in the group, flat's id)
+
+    def idx(self, e: expr.Lin) -> str:
+        for dims, strides, flat in self.collapse:
+            coefs = [e.coef(expr.Var(d)) for d in dims]
+            c = coefs[-1] if coefs else 0
+            if isinstance(c, int) and c != 0 and all(k == c * st for k, st in zip(coefs, strides, strict=True)):
+                e = e - expr.Lin(0, tuple((expr.Var(d), k) for d, k in zip(dims, coefs, strict=True)))
+                e = e + expr.Lin.var(expr.Var(flat)) * c
+        return super().idx(e)
+
+
+_FLAT = 1 << 20  # ids of the flat output indices (the space's own dims are 0..rank-1)
+
+
+def _epilogue_writer(k: ContractionKernel, names: list[str]) -> StatementWriter:
+    """A writer naming the epilogue's loop space (`k.space`) from the template's per-dim names of
+    the contraction's output: an output dim of equal size keeps its name; the space dims of a
+    group are div/mod of the group's flat output index (hoisted out of the SIMD column loop)."""
+    shape, space = k.out_shape, k.space
+    if same(shape, space):
+        return StatementWriter(dict(enumerate(names)))
+    out: Names = {}
+    collapse = []
+    for ra, rb in _groups(shape, space):
+        flat = " + ".join(f"{names[d]} * {math.prod(shape[d + 1 : ra.stop])}" for d in ra) or "0"
+        if len(ra) == 1 and len(rb) == 1:
+            out[rb.start] = names[ra.start]
+            continue
+        for d in rb:
+            out[d] = f"((({flat}) / {math.prod(space[d + 1 : rb.stop])}) % {space[d]})"
+        if len(rb) > 1 and all(isinstance(n, int) for n in space[rb.start : rb.stop]):
+            out[_FLAT + rb.start] = f"({flat})"
+            dims = tuple(d for d in rb if space[d] != 1)  # a size-1 dim's index is 0 at any coefficient
+            collapse.append((dims, tuple(math.prod(space[d + 1 : rb.stop]) for d in dims), _FLAT + rb.start))
+    return _EpilogueWriter(out, collapse)
 
 
 def _statements(k: ContractionKernel, names: list[str], out: DType = DType.F32) -> list[str]:
     """The epilogue as C++ statements on `float v` (the rules' rendering, one line each); with
     another output dtype the result is not assigned back to `v` (see `_store`)."""
-    w = StatementWriter(_space_names(k, names))
+    w = _epilogue_writer(k, names)
     w.dtypes["v"] = DType.F32
     for s in (*k.epilogue, *k.stores):
         w.stmt(s)
