@@ -6,7 +6,7 @@ import torch
 import torch.nn.functional as F
 from tests.codegen.native_helpers import inputs, scalar
 
-from vfuse.ir import DType, GraphBuilder, Op
+from vfuse.ir import DType, Graph, GraphBuilder, Op
 
 F32 = DType.F32
 
@@ -32,3 +32,15 @@ def norm_graph(kind: str, n: int = 96, d: int = 200) -> tuple:
     y = b.add(Op.MUL, [xc, b.add(Op.RSQRT, [b.add(Op.ADD, [var, scalar(b, 1e-5)])])])
     out = b.add(Op.GELU, [b.add(Op.ADD, [b.add(Op.MUL, [y, w]), bias])], approximate="none")
     return b.build([out, mean]), lambda x, w, bias: F.gelu(F.layer_norm(x, (d,), w, bias))
+
+
+def layer_norm_graph(n: int, d: int) -> Graph:
+    """F.layer_norm(x, (d,), w, b) decomposed as the frontend does (mean, then centred variance)."""
+    b = GraphBuilder()
+    x, w, bias = inputs(b, ((n, d), F32), ((d,), F32), ((d,), F32))
+    inv_d = scalar(b, 1.0 / d)
+    mean = b.add(Op.MUL, [b.add(Op.SUM, [x], axes=(1,), keepdim=True), inv_d])
+    xc = b.add(Op.SUB, [x, mean])
+    var = b.add(Op.MUL, [b.add(Op.SUM, [b.add(Op.MUL, [xc, xc])], axes=(1,), keepdim=True), inv_d])
+    y = b.add(Op.MUL, [xc, b.add(Op.RSQRT, [b.add(Op.ADD, [var, scalar(b, 1e-5)])])])
+    return b.build([b.add(Op.ADD, [b.add(Op.MUL, [y, w]), bias])])

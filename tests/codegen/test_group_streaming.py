@@ -11,30 +11,18 @@ import pytest
 import torch
 import torch.nn.functional as F
 from tests.codegen import native_helpers
-from tests.codegen.kernel_graphs import norm_graph
-from tests.codegen.native_helpers import check, hand_plan, inputs, scalar
+from tests.codegen.kernel_graphs import layer_norm_graph, norm_graph
+from tests.codegen.native_helpers import check, hand_plan
 from tests.fusion.fusion_patterns import FIXED_CPU
 from tests.kernel_families import tiers_here
 
-from vfuse.ir import DType, Graph, GraphBuilder, Op
+from vfuse.ir import Graph
 from vfuse.schedule import build
 from vfuse.schedule.kernel import Kernel, Walk
 from vfuse.targets import get_target
 from vfuse.targets.isa import Isa
 
 ZEN3 = dataclasses.replace(FIXED_CPU, simd_lanes=8, l1_bytes=32 << 10, l2_bytes=512 << 10, l3_bytes=32 << 20)
-
-
-def _layer_norm(n: int, d: int) -> Graph:
-    """F.layer_norm(x, (d,), w, b) as the frontend decomposes it."""
-    b = GraphBuilder()
-    x, w, bias = inputs(b, ((n, d), DType.F32), ((d,), DType.F32), ((d,), DType.F32))
-    inv_d = scalar(b, 1.0 / d)
-    mean = b.add(Op.MUL, [b.add(Op.SUM, [x], axes=(1,), keepdim=True), inv_d])
-    xc = b.add(Op.SUB, [x, mean])
-    var = b.add(Op.MUL, [b.add(Op.SUM, [b.add(Op.MUL, [xc, xc])], axes=(1,), keepdim=True), inv_d])
-    y = b.add(Op.MUL, [xc, b.add(Op.RSQRT, [b.add(Op.ADD, [var, scalar(b, 1e-5)])])])
-    return b.build([b.add(Op.ADD, [b.add(Op.MUL, [y, w]), bias])])
 
 
 def _kernel(graph: Graph, target: object) -> Kernel:
@@ -44,14 +32,14 @@ def _kernel(graph: Graph, target: object) -> Kernel:
 
 
 def test_row_groups_stream_from_half_an_llc_on_small_l2_cores() -> None:
-    k = _kernel(_layer_norm(8192, 256), ZEN3)
+    k = _kernel(layer_norm_graph(8192, 256), ZEN3)
     assert k.walk is Walk.ROW_GROUPS and k.prefetch is not None
     assert k.stream and [p.streamed for p in k.passes] == [False, False, True]
     # 4096 rows move a quarter of the LLC (a copy of that many bytes ran at its in-cache rate).
-    assert not _kernel(_layer_norm(4096, 256), ZEN3).stream
+    assert not _kernel(layer_norm_graph(4096, 256), ZEN3).stream
     # A 1 MiB L2 (Zen 4 / 5, not measured there) or an unknown one keeps the stores cached.
     for l2 in (1 << 20, 0):
-        assert not _kernel(_layer_norm(8192, 256), dataclasses.replace(ZEN3, l2_bytes=l2)).stream
+        assert not _kernel(layer_norm_graph(8192, 256), dataclasses.replace(ZEN3, l2_bytes=l2)).stream
     # A GELU in the storing pass: bound by its arithmetic, the chunk copy would cost more.
     graph, _ = norm_graph("layernorm", 8192, 256)
     gelu = _kernel(graph, ZEN3)
@@ -70,7 +58,7 @@ def _tiny_llc(monkeypatch: pytest.MonkeyPatch, request: pytest.FixtureRequest) -
 @pytest.mark.parametrize("n", [1024, 1025, 1027, 4097])
 def test_streamed_row_groups_match_eager(_tiny_llc: None, n: int) -> None:
     # 1025 and 1027 end with a partial group; the rows' mean is far from 0 in some of them.
-    graph = _layer_norm(n, 256)
+    graph = layer_norm_graph(n, 256)
     gen = torch.Generator().manual_seed(n)
     x = torch.randn(n, 256, generator=gen) * 3 + torch.randn(n, 1, generator=gen) * 10
     xs = [x, torch.randn(256, generator=gen), torch.randn(256, generator=gen)]

@@ -7,10 +7,9 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
-from tests.codegen.kernel_graphs import norm_graph
-from tests.codegen.native_helpers import check, executor, hand_plan, inputs, scalar, target
+from tests.codegen.kernel_graphs import layer_norm_graph, norm_graph
+from tests.codegen.native_helpers import check, executor, hand_plan, target
 
-from vfuse.ir import DType, Graph, GraphBuilder, Op
 from vfuse.schedule.strategy import ROW_GROUP, lanes
 
 SHORT = 4 * lanes(target().simd_lanes)  # the longest row walked in row groups at this machine's vector width
@@ -32,18 +31,6 @@ def test_long_rows_keep_one_row_at_a_time() -> None:
     assert "_rg[" not in ex.source
 
 
-def _layer_norm_graph(n: int, d: int) -> Graph:
-    """F.layer_norm(x, (d,), w, b) decomposed as the frontend does (mean, then centred variance)."""
-    b = GraphBuilder()
-    x, w, bias = inputs(b, ((n, d), DType.F32), ((d,), DType.F32), ((d,), DType.F32))
-    inv_d = scalar(b, 1.0 / d)
-    mean = b.add(Op.MUL, [b.add(Op.SUM, [x], axes=(1,), keepdim=True), inv_d])
-    xc = b.add(Op.SUB, [x, mean])
-    var = b.add(Op.MUL, [b.add(Op.SUM, [b.add(Op.MUL, [xc, xc])], axes=(1,), keepdim=True), inv_d])
-    y = b.add(Op.MUL, [xc, b.add(Op.RSQRT, [b.add(Op.ADD, [var, scalar(b, 1e-5)])])])
-    return b.build([b.add(Op.ADD, [b.add(Op.MUL, [y, w]), bias])])
-
-
 @pytest.mark.parametrize("d", [256, 200, 1024])
 @pytest.mark.parametrize("shift", [0.0, 1000.0])
 def test_layer_norm_with_large_mean_is_as_accurate_as_eager(d: int, shift: float) -> None:
@@ -51,7 +38,7 @@ def test_layer_norm_with_large_mean_is_as_accurate_as_eager(d: int, shift: float
     # eager to 1e-5 there (eager is ~3e-4 off a float64 reference, vfuse 2e-4 to 5e-4): both
     # are held to that reference, vfuse within a few times eager's error. A one-pass
     # E[x^2] - E[x]^2 variance in fp32 would be off by percents.
-    graph = _layer_norm_graph(64, d)
+    graph = layer_norm_graph(64, d)
     ex = executor(graph, hand_plan(graph, [[nd.name for nd in graph.compute_nodes]]))
     gen = torch.Generator().manual_seed(d)
     x = torch.randn(64, d, generator=gen) + shift
