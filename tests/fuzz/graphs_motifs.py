@@ -16,6 +16,7 @@ from collections.abc import Callable
 import torch
 from hypothesis import strategies as st
 from tests.fuzz.graphs import Gen, Val, weight
+from tests.fuzz.graphs_gemm import linear_view_epilogue
 from tests.fuzz.graphs_layout import merge_split
 from tests.fuzz.graphs_nn import add_norm, conv, linear_of
 from tests.fuzz.graphs_ops import add_reduce
@@ -173,4 +174,5 @@ MOTIFS: tuple[Callable[[Gen], int | None], ...] = (
     written_attention,
     shifted_planes,
     stacked_attention,
+    linear_view_epilogue,
 )

@@ -20,6 +20,7 @@ ROUNDS = (
     ("tests/fuzz/test_fuzz_forward.py", 40),
     ("tests/fuzz/test_fuzz_backward.py", 15),
     ("tests/fuzz/test_fuzz_dynamic.py", 15),
+    ("tests/fuzz/test_fuzz_gemm_views.py", 20),
 )
 PYTEST = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--timeout=0"]
 
