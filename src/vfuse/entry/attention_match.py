@@ -4,7 +4,8 @@
 Only the matching: `Match` says what SDPA call would compute the same values, or why there is
 none (`NoMatch.reason`). entry/attention_rewrite.py decides and rewrites. A match is exact: the
 same scale (a product of positive scalar factors), masks that torch's SDPA applies the same way,
-no dropout that draws, and every intermediate (scores, probabilities) used by the chain only.
+at most one dropout on P (`Match.dropout`: vfuse's op pair draws it, entry/dropout.attention_dropout),
+and every intermediate (scores, probabilities) used by the chain only.
 """
 
 from __future__ import annotations
@@ -52,6 +53,7 @@ class Match:
     guards: list[fx.Node] = field(default_factory=list)  # graph inputs whose values a decision read
     inputs: dict[fx.Node, torch.Tensor] = field(default_factory=dict)  # what may be read: no-grad tensor inputs
     chain: list[fx.Node] = field(default_factory=list)  # every node the SDPA makes dead
+    dropout: float = 0.0  # a training dropout's rate on P (then vfuse's attention_dropout, not SDPA)
 
 
 def target_of(node: fx.Node) -> Any:
@@ -145,10 +147,10 @@ def _single_user(node: fx.Node, user: fx.Node) -> None:
         raise NoMatch(f"{node.name} is used outside the attention ({others})")
 
 
-def _probabilities(p: fx.Node, out: fx.Node, chain: list[fx.Node]) -> fx.Node:
-    """Walk from P back to the softmax through identities (fp32 casts, dropout that drops nothing);
-    returns the softmax's input."""
-    user = out
+def _probabilities(p: fx.Node, out: fx.Node, m: Match) -> fx.Node:
+    """Walk from P back to the softmax through identities (fp32 casts, dropout that drops nothing)
+    and at most one training dropout (m.dropout); returns the softmax's input."""
+    user, chain = out, m.chain
     while True:
         _single_user(p, user)
         chain.append(p)
@@ -158,8 +160,10 @@ def _probabilities(p: fx.Node, out: fx.Node, chain: list[fx.Node]) -> fx.Node:
                 float(arg(p, 1, "p", 0.5)),
                 arg(p, 2, "training" if fn is not torch.dropout else "train", True),
             )
-            if rate > 0 and training:
-                raise NoMatch(f"attention dropout ({p.name}, p={rate}): its mask is not SDPA's")
+            if rate > 0 and training is not False:
+                if training is not True or not rate < 1.0 or m.dropout or arg(p, 3, "inplace", False) is not False:
+                    raise NoMatch(f"attention dropout ({p.name}, p={rate}, training={training}): not one plain draw")
+                m.dropout = rate
         elif fn in IDENTITIES:
             pass  # fp32 in and out (checked on every node of the chain): the same tensor
         elif fn in SOFTMAXES:
@@ -305,7 +309,7 @@ def match(out: fx.Node, gm: fx.GraphModule, inputs: dict[fx.Node, torch.Tensor] 
     if not isinstance(p, fx.Node) or not isinstance(v, fx.Node):
         raise NoMatch(f"{out.name}: operands are not tensors")
     m = Match(out, out, out, v, inputs=inputs or {})
-    s = _probabilities(p, out, m.chain)
+    s = _probabilities(p, out, m)
     if not isinstance(s, fx.Node):
         raise NoMatch("softmax of a constant")
     _scores(s, m, gm)

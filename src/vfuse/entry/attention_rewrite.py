@@ -7,6 +7,11 @@ vfuse lowers to its FlashAttention-2 templates SDPA_LSE / SDPA_BACKWARD (fronten
 O(N) memory, scores recomputed per tile from the saved logsumexp. Inference graphs are left to the IR
 pass (passes/attention.py), which sees more (constant masks after freezing, GQA).
 
+Attention with dropout on P (train mode: `F.scaled_dot_product_attention(dropout_p > 0)`, which torch's
+CPU flash kernel does not do, and written-out `softmax -> dropout -> @ v`) becomes vfuse's own op pair
+(entry/dropout.attention_dropout, frontend/attention_ops.py), lowered to the same templates with the mask
+drawn from vfuse's counter RNG: the backward keeps an 8-byte seed, not the N x N mask and probabilities.
+
 Where torch would not take its flash path (`torch._fused_sdp_choice`: 3-D inputs are unsqueezed to 4-D
 first) or the cost model (`costs`) finds the written-out form cheaper, the graph is left as it is. Every
 attention found is recorded (`AttentionDecision`, `VfuseBackend.attention`; TORCH_LOGS=vfuse).
@@ -42,6 +47,7 @@ from vfuse.entry.attention_match import (
     trace_k,
     value,
 )
+from vfuse.entry.dropout import attention_dropout
 from vfuse.fusion.cost import memory_bw
 from vfuse.targets import Target
 
@@ -69,14 +75,18 @@ class AttentionDecision:
     mask: str = "none"  # none | bool | additive
     written_s: float = 0.0  # predicted forward + backward time, written out
     flash_s: float = 0.0  # the same as SDPA_LSE + SDPA_BACKWARD
+    dropout: float = 0.0  # dropout on P: rewritten into vfuse's attention_dropout, not SDPA
 
     def text(self) -> str:
         if not self.shape:
             return f"attention at {self.node}: left written out ({self.reason})"
         bh, lq, lk, d, dv = self.shape
-        what = "rewritten into SDPA" if self.rewritten else "left written out"
+        into = "vfuse's attention_dropout" if self.dropout else "SDPA"
+        what = f"rewritten into {into}" if self.rewritten else "left written out"
+        drop = f", dropout={self.dropout}" if self.dropout else ""
         return (
-            f"attention at {self.node} [{bh} x {lq} x {lk}, d={d}, dv={dv}, causal={self.causal}, mask={self.mask}]: "
+            f"attention at {self.node} [{bh} x {lq} x {lk}, d={d}, dv={dv}, causal={self.causal}, mask={self.mask}"
+            f"{drop}]: "
             f"{what} ({self.reason}); predicted fwd+bwd {self.written_s * 1e6:.1f} us written out, "
             f"{self.flash_s * 1e6:.1f} us flash"
         )
@@ -113,22 +123,29 @@ def rewrite_attention(
         if isinstance(t, torch.Tensor) and not t.requires_grad and _is_buffer(n)
     }
     chosen: list[Match] = []
+    sdpas: list[fx.Node] = []  # SDPA calls with dropout, rewritten into vfuse's attention_dropout
     for out in list(gm.graph.nodes):
-        if not _after_softmax(out):
+        if _sdpa_dropout(out):
+            decision = _decide_sdpa(out, target)
+            sdpas += [out] if decision.rewritten else []
+        elif _after_softmax(out):
+            decision, m = _decide(out, gm, target, inputs)
+            chosen += [m] if m is not None else []
+        else:
             continue
-        decision, m = _decide(out, gm, target, inputs)
         record(decision)
         log.info("vfuse: %s", decision.text())
-        chosen += [m] if m is not None else []
     guarded = {positions[n]: inputs[n] for m in chosen for n in m.guards}
     original = _copy(gm) if guarded else None
     replaced: dict[fx.Node, fx.Node] = {}  # an attention's output -> its SDPA (another's q, k, v or mask)
     for m in chosen:
         _replace(_remapped(m, replaced), gm, replaced)
-    if chosen:
+    for node in sdpas:
+        node.target = attention_dropout  # the same arguments, by the same names
+    if chosen or sdpas:
         gm.graph.lint()
         gm.recompile()
-    return Rewritten(len(chosen), guarded, original)
+    return Rewritten(len(chosen) + len(sdpas), guarded, original)
 
 
 @dataclass
@@ -176,6 +193,62 @@ class ValueGuard:
         return self.fn(*args)
 
 
+def _sdpa_dropout(node: fx.Node) -> bool:
+    """`F.scaled_dot_product_attention` with a constant dropout_p > 0 (a module in train mode)."""
+    if node.op != "call_function" or node.target is not F.scaled_dot_product_attention:
+        return False
+    p = node.args[4] if len(node.args) > 4 else node.kwargs.get("dropout_p", 0.0)
+    return isinstance(p, (int, float)) and p > 0
+
+
+def _decide_sdpa(node: fx.Node, target: Callable[[], Target]) -> AttentionDecision:
+    """torch's CPU flash kernel has no dropout, so torch would take its math path (N x N scores and
+    mask kept for the backward): vfuse's attention_dropout whenever its kernels compute the call."""
+    names = ("query", "key", "value", "attn_mask", "dropout_p", "is_causal", "scale", "enable_gqa")
+    a = {n: value(x) for n, x in zip(names, node.args, strict=False)}
+    a.update({n: value(x) for n, x in node.kwargs.items()})
+    q, k, v, mask = a["query"], a["key"], a["value"], a.get("attn_mask")
+    try:
+        _check_sdpa(q, k, v, mask, a)
+    except NoMatch as e:
+        return AttentionDecision(node.name, False, str(e))
+    shape = (math.prod(q.shape[:-2]), q.shape[-2], k.shape[-2], q.shape[-1], v.shape[-1])
+    causal = bool(a.get("is_causal", False))
+    kind = "none" if mask is None else "bool" if mask.dtype == torch.bool else "additive"
+    written, flash = costs(shape, causal, target())
+    why = "torch's CPU flash attention has no dropout (its math path keeps N x N tensors)"
+    return AttentionDecision(node.name, True, why, shape, causal, kind, written, flash, float(a["dropout_p"]))
+
+
+def _check_sdpa(q: Any, k: Any, v: Any, mask: Any, a: dict[str, Any]) -> None:
+    """NoMatch unless vfuse's kernels compute this SDPA call: fp32 CPU tensors of rank 3 or 4 and
+    static sizes, query heads grouped over key heads, a constant 0 < p < 1, a mask needing no gradient."""
+    tensors = [t for t in (q, k, v, mask) if t is not None]
+    if not all(isinstance(t, torch.Tensor) for t in tensors):
+        raise NoMatch("SDPA operands are not tensors")
+    if any(t.device.type != "cpu" or any(not isinstance(d, int) for d in t.shape) for t in tensors):
+        raise NoMatch("SDPA with dropout on another device or with symbolic sizes")
+    if any(t.dtype != torch.float32 for t in (q, k, v)) or q.dim() not in (3, 4) or not q.dim() == k.dim() == v.dim():
+        raise NoMatch(f"SDPA with dropout on {q.dtype} of rank {q.dim()} (fp32, rank 3 or 4)")
+    if (
+        k.shape[:-1] != v.shape[:-1]
+        or q.shape[:-3] != k.shape[:-3]
+        or q.shape[-3] % k.shape[-3]
+        or q.shape[-1] != k.shape[-1]
+    ):
+        raise NoMatch(f"q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)} do not fit")
+    if not isinstance(a.get("is_causal", False), bool) or not isinstance(a.get("scale"), (int, float, type(None))):
+        raise NoMatch("SDPA with a run-time is_causal or scale")
+    if not 0 < a["dropout_p"] < 1:
+        raise NoMatch(f"dropout_p {a['dropout_p']} outside (0, 1)")
+    if mask is not None:
+        scores = (*q.shape[:-1], k.shape[-2])
+        if mask.dtype not in (torch.bool, torch.float32) or mask.requires_grad or mask.dim() > q.dim():
+            raise NoMatch(f"attn_mask {mask.dtype} {tuple(mask.shape)} (bool or fp32 without gradient)")
+        if torch.broadcast_shapes(mask.shape, scores) != scores:
+            raise NoMatch(f"attn_mask {tuple(mask.shape)} does not broadcast to the scores {scores}")
+
+
 def _is_buffer(node: fx.Node) -> bool:
     source = getattr(node.meta.get("grapharg"), "source", None)
     return source is not None and "._buffers[" in source.name
@@ -211,7 +284,8 @@ def _decide(
         _causal_or_mask(m, gm)
         _check_additive(m, gm)
         shape = _shape(m)
-        _check_flash(m)
+        if not m.dropout:  # with dropout vfuse's own op pair computes it, not torch's flash kernel
+            _check_flash(m)
     except NoMatch as e:
         return AttentionDecision(out.name, False, str(e)), None
     except Exception as e:  # a graph the matcher did not foresee: left as it is, visibly
@@ -219,7 +293,7 @@ def _decide(
         return AttentionDecision(out.name, False, f"not examined ({type(e).__name__}: {e})"), None
     written, flash = costs(shape, m.causal, target())
     kind = "none" if not (m.keep or m.additive) else "bool" if not m.additive and len(m.keep) == 1 else "additive"
-    figures = (shape, m.causal, kind, written, flash)
+    figures = (shape, m.causal, kind, written, flash, m.dropout)
     if flash >= written:
         return AttentionDecision(out.name, False, "the cost model predicts the written-out form faster", *figures), None
     why = "exact, and predicted faster" + (f"; guarded on {', '.join(n.name for n in m.guards)}" if m.guards else "")
@@ -340,8 +414,8 @@ def _replace(m: Match, gm: fx.GraphModule, replaced: dict[fx.Node, fx.Node]) -> 
         if rank3:
             q, k, v = (g.call_function(torch.unsqueeze, (x, 0)) for x in (q, k, v))
         mask = _mask(m, g, rank3)
-        kwargs = {"attn_mask": mask, "dropout_p": 0.0, "is_causal": m.causal, "scale": m.scale}
-        new = g.call_function(F.scaled_dot_product_attention, (q, k, v), kwargs)
+        kwargs = {"attn_mask": mask, "dropout_p": m.dropout, "is_causal": m.causal, "scale": m.scale}
+        new = g.call_function(attention_dropout if m.dropout else F.scaled_dot_product_attention, (q, k, v), kwargs)
         if rank3:
             new = g.call_function(torch.squeeze, (new, 0))
     new.meta = dict(m.out.meta)

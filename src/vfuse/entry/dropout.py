@@ -15,6 +15,7 @@ from typing import Any
 
 import torch
 
+from vfuse.frontend import attention_ops  # noqa: F401  (defines torch.ops.vfuse.flash_attention_dropout)
 from vfuse.ir.defs.random import SEED_HIGH
 from vfuse.ir.defs.rng import GOLDEN, MASK32
 
@@ -74,3 +75,25 @@ def seeded_native_dropout(x: torch.Tensor, p: float, train: bool | None) -> Any:
 
 
 DECOMPOSITIONS = {aten.native_dropout.default: seeded_native_dropout}
+
+
+def attention_dropout(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attn_mask: torch.Tensor | None = None,
+    dropout_p: float = 0.0,
+    is_causal: bool = False,
+    scale: float | None = None,
+    enable_gqa: bool = False,
+) -> torch.Tensor:
+    """`F.scaled_dot_product_attention` with dropout (train mode) as vfuse's op pair
+    (frontend/attention_ops.py), whose mask is a pure function of a seed drawn here from torch's
+    generator: the backward keeps 8 bytes, not the N x N mask (entry/attention_rewrite.py)."""
+    del enable_gqa  # the op groups query heads over fewer key heads by itself
+    # A seed of its own (stream 0), not the graph's: this runs above AOTAutograd's functionalization,
+    # the dropout decomposition below it, and a tensor of one layer cannot be used in the other.
+    seed = torch.randint(0, SEED_HIGH, (), dtype=torch.int64)
+    flash = torch.ops.vfuse.flash_attention_dropout
+    out, _ = flash(query, key, value, attn_mask, seed, dropout_p, is_causal, scale, 0)
+    return out

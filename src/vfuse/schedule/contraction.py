@@ -258,8 +258,8 @@ def _conv_operands(graph: Graph, node: str, ops: _Operands, cpu: bool) -> bool:
 
 def _sdpa_operands(graph: Graph, node: str, ops: _Operands, dtypes: frozenset[DType]) -> None:
     n = graph[node]
-    if sdpa_dropout(n.attrs) and dtypes is not GPU_DTYPES:
-        raise Unsupported(f"%{node}: attention dropout (only the Triton template draws its mask)")
+    if sdpa_dropout(n.attrs) and n.op is Op.SDPA and dtypes is not GPU_DTYPES:
+        raise Unsupported(f"%{node}: attention dropout (the C++ templates draw it only in training's SDPA_LSE)")
     if n.op in TRITON_IN_TORCH and dtypes is GPU_DTYPES:
         raise Unsupported(f"%{node}: no Triton template for {n.op.value}")
     first = 1 if n.op is Op.SDPA_BACKWARD else 0  # its inputs start with grad_out

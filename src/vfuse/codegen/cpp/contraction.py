@@ -37,6 +37,7 @@ from vfuse.codegen.cpp.scatter import render_scatter
 from vfuse.codegen.cpp.writer import StatementWriter, pointer, pointer_line
 from vfuse.ir import DType, Op
 from vfuse.ir.defs.attention_grad import grad_row_strides
+from vfuse.ir.defs.contraction import sdpa_dropout
 from vfuse.ir.sym import same
 from vfuse.schedule import expr
 from vfuse.schedule.kernel import ContractionKernel, Program
@@ -254,7 +255,7 @@ def _mask_strides(mask: tuple[int, ...]) -> list[int]:
 
 def _mask(k: ContractionKernel, program: Program, at: int) -> tuple[MaskKind, str, list[int]]:
     """(kind, pointer, element strides over [B, H, LQ, LK]) of the attention mask, operand `at` if any."""
-    if len(k.operands) <= at:
+    if len(k.operands) - (1 if sdpa_dropout(k.attrs) else 0) <= at:  # the seed is last
         return MaskKind.NONE, "nullptr", [0, 0, 0, 0]
     kind = MaskKind.BOOL if program.buffers[k.operands[at]].type.dtype is DType.BOOL else MaskKind.ADDITIVE
     return kind, pointer(k.operands[at]), _mask_strides(k.shapes[at])
@@ -265,8 +266,15 @@ def _attention_spec(k: ContractionKernel, q: tuple[int, ...], v: tuple[int, ...]
     # Head sizes: constants of the template, specialized by the schedule (_sdpa_operands).
     return AttentionSpec(
         f"{k.name}_attn", int(q[-1]), int(v[-1]), bool(k.attrs["causal"]), mask, *k.blocks, epilogue=epilogue,
-        lanes=k.vector, tile=k.nr, lse=k.op is Op.SDPA_LSE,
+        lanes=k.vector, tile=k.nr, lse=k.op is Op.SDPA_LSE, dropout=sdpa_dropout(k.attrs),
     )  # fmt: skip
+
+
+def _seed_args(k: ContractionKernel) -> str:
+    """Dropout's trailing kernel arguments: the seed's value (the last operand) and the stream."""
+    if not sdpa_dropout(k.attrs):
+        return ""
+    return f", {pointer(k.operands[-1])}[0], {int(k.attrs['stream'])}"
 
 
 def _sizes(k: ContractionKernel, q: tuple[int, ...], kk: tuple[int, ...]) -> str:
@@ -283,7 +291,8 @@ def _attention(k: ContractionKernel, program: Program) -> tuple[str, str]:
     body = " ".join(["float v = o;", *_statements(k, _attention_names(k)), "o = v;"])
     spec = _attention_spec(k, q, v, mask, body if k.op is Op.SDPA else "")
     ptrs = [pointer(x) for x in k.operands[:3]]
-    call = f"{spec.name}({', '.join(ptrs)}, {mptr}, {_out(k)}, {_sizes(k, q, kk)}, {', '.join(map(str, strides))}, nt);"
+    call = f"{spec.name}({', '.join(ptrs)}, {mptr}, {_out(k)}, {_sizes(k, q, kk)}, {', '.join(map(str, strides))}, nt"
+    call += f"{_seed_args(k)});"
     return render_flash_attention(spec), call
 
 
@@ -301,7 +310,7 @@ def _attention_backward(k: ContractionKernel, program: Program) -> tuple[str, st
         nk = nq
     grads = f"{out}, {out} + {nq}, {out} + {nq + nk}"
     sizes = ", ".join(map(str, [*strides, *rows]))
-    call = f"{spec.name}({ins}, {mptr}, {grads}, {_sizes(k, q, kk)}, {sizes}, nt);"
+    call = f"{spec.name}({ins}, {mptr}, {grads}, {_sizes(k, q, kk)}, {sizes}, nt{_seed_args(k)});"
     return render_flash_attention_backward(spec), call
 
 

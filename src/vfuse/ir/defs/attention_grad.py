@@ -22,6 +22,8 @@ import torch
 
 from vfuse.ir import shapes
 from vfuse.ir.defs import rules
+from vfuse.ir.defs.contraction import sdpa_dropout
+from vfuse.ir.defs.rng import uniform
 from vfuse.ir.ops import Attrs, Kind, Op, OpDef, register
 from vfuse.ir.types import DType, TensorType, Type
 
@@ -69,10 +71,22 @@ def grad_row_strides(q: tuple[int, ...], perm: tuple[int, ...]) -> tuple[int, in
     return of[0], batch, of[len(q) - 2], of[len(q) - 1]
 
 
+def _check_seed(ins: tuple[TensorType, ...], attrs: Attrs) -> int:
+    """With dropout the last input is the i64 seed: the number of inputs before it."""
+    p = sdpa_dropout(attrs)
+    if not p:
+        return len(ins)
+    if not 0.0 < p < 1.0 or not isinstance(attrs.get("stream"), int):
+        raise rules.TypeRuleError(f"attention dropout {p} must be in (0, 1) with an int stream")
+    if ins[-1].dtype is not DType.I64 or ins[-1].shape != ():
+        raise rules.TypeRuleError(f"attention dropout needs an i64 seed as its last input, got {ins[-1]}")
+    return len(ins) - 1
+
+
 def _lse_infer(ins: tuple[TensorType, ...], attrs: Attrs) -> Type:
     q, k, v = ins[:3]
     _check_qkv(q, k, v)
-    if len(ins) == 4:
+    if _check_seed(ins, attrs) == 4:
         _check_mask(ins[3], q, k)
     return TensorType((sum(lse_sizes(q.shape, v.shape)),), DType.F32)
 
@@ -84,7 +98,7 @@ def _bwd_infer(ins: tuple[TensorType, ...], attrs: Attrs) -> Type:
         raise rules.TypeRuleError(f"grad_out {do} does not match the output of q {q}, v {v}")
     _check_row(lse, q, "logsumexp")
     _check_row(delta, q, "delta (rowsum of grad_out * out)")
-    if len(ins) == 7:
+    if _check_seed(ins, attrs) == 7:
         _check_mask(ins[6], q, k)
     if attrs.get("stacked", False):
         if not q.shape == k.shape == v.shape:
@@ -128,12 +142,32 @@ def _repeat(x: torch.Tensor, heads: int) -> torch.Tensor:
     return x if x.dim() < 3 or x.shape[-3] == heads else x.repeat_interleave(heads // x.shape[-3], -3)
 
 
+def dropout_scale(s: torch.Tensor, seed: object, attrs: Attrs) -> torch.Tensor | float:
+    """The dropout factor on the probabilities of scores `s`: 1 / (1 - p) where key j of query
+    row i is kept (`rng.uniform(seed, stream, .)` at the scores' flat index >= p), else 0; 1.0
+    without dropout."""
+    p = sdpa_dropout(attrs)
+    if not p:
+        return 1.0
+    keep = uniform(seed, int(attrs["stream"]), s.numel()).view(s.shape) >= p  # type: ignore[arg-type]
+    return keep.to(s.dtype) * (1.0 / (1.0 - p))
+
+
+def _split_seed(rest: tuple[object, ...], attrs: Attrs) -> tuple[tuple[object, ...], object]:
+    """(the inputs before the seed, the seed or None); rest ends with attrs."""
+    if sdpa_dropout(attrs):
+        return rest[:-2], rest[-2]
+    return rest[:-1], None
+
+
 def _lse_ref(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *rest: object) -> torch.Tensor:
     attrs: Attrs = rest[-1]  # type: ignore[assignment]
-    mask = rest[0] if len(rest) == 2 else None
+    ins, seed = _split_seed(rest, attrs)
+    mask = ins[0] if len(ins) == 1 else None
     s = _scores(q, k, mask, attrs)  # type: ignore[arg-type]
     lse = torch.logsumexp(s, -1)
-    out = _probs(s, lse) @ _repeat(v, q.shape[-3] if q.dim() >= 3 else 1)
+    p = _probs(s, lse) * dropout_scale(s, seed, attrs)
+    out = p @ _repeat(v, q.shape[-3] if q.dim() >= 3 else 1)
     return torch.cat([out.reshape(-1), lse.reshape(-1)])
 
 
@@ -148,14 +182,16 @@ def _fold_heads(g: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
 def _bwd_ref(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *rest: object) -> torch.Tensor:
     """dV = P^T dO, dS = P * (dO V^T - delta), dQ = dS K scale, dK = dS^T Q scale (torch math)."""
     attrs: Attrs = rest[-1]  # type: ignore[assignment]
-    lse, delta = rest[0], rest[1]
-    mask = rest[2] if len(rest) == 4 else None
+    ins, seed = _split_seed(rest, attrs)
+    lse, delta = ins[0], ins[1]
+    mask = ins[2] if len(ins) == 3 else None
     scale = attrs["scale"] if attrs["scale"] is not None else 1.0 / math.sqrt(q.shape[-1])
     heads = q.shape[-3] if q.dim() >= 3 else 1
     kr, vr = _repeat(k, heads), _repeat(v, heads)
-    p = _probs(_scores(q, k, mask, attrs), lse)  # type: ignore[arg-type]
-    dv = p.transpose(-1, -2) @ do
-    ds = p * (do @ vr.transpose(-1, -2) - delta.unsqueeze(-1))  # type: ignore[union-attr]
+    s = _scores(q, k, mask, attrs)  # type: ignore[arg-type]
+    p, z = _probs(s, lse), dropout_scale(s, seed, attrs)  # type: ignore[arg-type]
+    dv = (p * z).transpose(-1, -2) @ do
+    ds = p * ((do @ vr.transpose(-1, -2)) * z - delta.unsqueeze(-1))  # type: ignore[union-attr]
     dq = (ds @ kr) * scale
     dk = (ds.transpose(-1, -2) @ q) * scale
     flat = torch.cat([dq.reshape(-1), _fold_heads(dk, k).reshape(-1), _fold_heads(dv, v).reshape(-1)])
@@ -192,8 +228,10 @@ register(
         _lse_ref,
         _lse_flops,
         attrs=_ATTRS,
-        doc="inputs (q, k, v[, mask]), fp32; one flat tensor: SDPA's output, then the logsumexp of "
-        "each query row's scaled, masked scores (-inf for a row that keeps no key)",
+        doc="inputs (q, k, v[, mask][, seed]), fp32; one flat tensor: SDPA's output, then the logsumexp of "
+        "each query row's scaled, masked scores (-inf for a row that keeps no key); optional attrs dropout "
+        "(0 < p < 1) and stream, with the i64 seed last: P dropped by vfuse's counter RNG at the scores' "
+        "flat index (dropout_scale), the logsumexp that of the undropped scores",
     )
 )
 
@@ -206,10 +244,11 @@ register(
         _bwd_ref,
         _bwd_flops,
         attrs=_ATTRS,
-        doc="inputs (grad_out, q, k, v, logsumexp, delta = rowsum(grad_out * out)[, mask]), fp32; one flat "
+        doc="inputs (grad_out, q, k, v, logsumexp, delta = rowsum(grad_out * out)[, mask][, seed]), fp32; one flat "
         "tensor: dq, dk, dv (K/V gradients summed over the query heads of a group); optional attr "
         "stacked=True: the same bytes as [3, *q.shape] (q, k, v of one shape); with stacked, optional attr "
         "perm: that stack permuted (the last axis stays last), stored in that order; optional attr shape: the "
-        "output typed as that reshape of it (the same bytes)",
+        "output typed as that reshape of it (the same bytes); optional attrs dropout and stream (the seed last): "
+        "the forward's dropout mask, regenerated",
     )
 )

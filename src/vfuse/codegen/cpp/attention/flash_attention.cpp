@@ -2,7 +2,10 @@
 //
 // vfuse.codegen.cpp.attention.render prepends the configuration: VF_NAME, VF_WORKSPACE_NAME, VF_D (q/k head size),
 // VF_DV (v head size), VF_BQ / VF_BK (tile rows of Q / K), VF_CAUSAL (0/1), VF_MASK (0 none,
-// 1 additive float, 2 boolean keep-mask), VF_LSE (1: each row's logsumexp, [B, H, LQ], follows the output), VF_VEC / VF_LANES (the fp32 vector type of codegen/cpp/simd.py
+// 1 additive float, 2 boolean keep-mask), VF_LSE (1: each row's logsumexp, [B, H, LQ], follows the output),
+// VF_DROPOUT (1: dropout on P with threshold VF_DROP_THR and scale VF_DROP_SCALE, vf_attn::Dropout; the row
+// sums and the logsumexp are the undropped softmax's; the kernel takes the seed and stream last),
+// VF_VEC / VF_LANES (the fp32 vector type of codegen/cpp/simd.py
 // and its lanes), VF_TILE (register tile width: 4 keys x VF_TILE rows of scores, 4 rows x VF_TILE
 // columns of P @ V) and VF_EPILOGUE(o, b, h, i, c), a statement applied
 // to each output element `o` (a float lvalue) at batch b, head h, row i, column c.
@@ -53,6 +56,7 @@ struct Task {  // one (batch, head, Q tile)
   float* lse;  // VF_LSE: this tile's rows of the logsumexp output, else unused
   int64_t b, h, q0, nq, lk;
   float scale;
+  uint64_t idx;  // VF_DROPOUT: the scores' flat index of (row q0, key 0)
 };
 
 using vf_attn::at;
@@ -86,7 +90,7 @@ void load_q(Work& w, const Task& t) {
   std::fill(w.l, w.l + BQ, 0.0f);
 }
 
-void attend(Work& w, const Mask& mask, const Task& t) {
+void attend(Work& w, const Mask& mask, const vf_attn::Dropout& drop, const Task& t) {
   load_q(w, t);
   const int64_t kend = VF_CAUSAL ? std::min(t.lk, t.q0 + t.nq) : t.lk;  // later tiles are all masked
   for (int64_t k0 = 0; k0 < kend; k0 += BK) {
@@ -94,6 +98,10 @@ void attend(Work& w, const Mask& mask, const Task& t) {
     vf_attn::scores<V, TILE, BQ, D>(w.st, w.qt, t.k + k0 * D, nk);
     vf_attn::apply_mask<VF_MASK, VF_CAUSAL, BQ>(w.st, mask, t.b, t.h, t.q0, t.nq, k0, nk);
     softmax_tile(w, nk);
+    if constexpr (VF_DROPOUT)  // after the row sums: the softmax normalizes over every key
+      for (int64_t j = 0; j < nk; ++j)
+        for (int64_t c = 0; c < BQ; c += W)
+          at<V>(&w.st[j][c]) *= vf_attn::keep_scale<V>(drop, t.idx + c * t.lk + k0 + j, t.lk);
     // acc = alpha acc + P V for rows [0, nq) in blocks of 4 (a block's rows past nq are never stored)
     vf_attn::rows_acc<V, TILE, BQ, 1, DV, DVP, vf_attn::RESCALE>(&w.acc[0][0], &w.st[0][0], t.v + k0 * DV, t.nq, nk,
                                                               w.alpha);
@@ -119,12 +127,13 @@ extern "C" int64_t VF_WORKSPACE_NAME() { return sizeof(VF_NS::Work); }
 
 // q [B, H, LQ, D], k [B, HKV, LK, D], v [B, HKV, LK, DV], out [B, H, LQ, DV], all contiguous;
 // H % HKV == 0 (grouped-query: head h reads K/V head h / (H / HKV)). mask: see VF_MASK, element
-// strides (0 = broadcast). threads <= 0: OpenMP's default.
+// strides (0 = broadcast). threads <= 0: OpenMP's default. VF_DROPOUT: then the seed and stream.
 extern "C" void VF_NAME(const float* q, const float* k, const float* v, const void* mask, float* out, int64_t B,
                         int64_t H, int64_t HKV, int64_t LQ, int64_t LK, float scale, int64_t msb, int64_t msh,
-                        int64_t msq, int64_t msk, int64_t threads) {
+                        int64_t msq, int64_t msk, int64_t threads VF_DROPOUT_PARAMS) {
   using namespace VF_NS;
   const Mask m{mask, msb, msh, msq, msk};
+  const vf_attn::Dropout drop = VF_DROPOUT_KEY;
   const int64_t ntiles = (LQ + BQ - 1) / BQ, group = H / HKV;
 #pragma omp parallel num_threads(threads > 0 ? threads : omp_get_max_threads())
   {
@@ -139,8 +148,8 @@ extern "C" void VF_NAME(const float* q, const float* k, const float* v, const vo
           // VF_LSE: the logsumexp [B, H, LQ] follows the output in the same buffer.
           float* lse = out + B * H * LQ * DV + (b * H + h) * LQ + q0;
           const Task t{q + ((b * H + h) * LQ + q0) * D, k + kv * D, v + kv * DV, out + ((b * H + h) * LQ + q0) * DV,
-                       lse, b, h, q0, std::min(BQ, LQ - q0), LK, scale};
-          attend(*w, m, t);
+                       lse, b, h, q0, std::min(BQ, LQ - q0), LK, scale, (uint64_t)((b * H + h) * LQ + q0) * LK};
+          attend(*w, m, drop, t);
         }
     std::free(w);
   }

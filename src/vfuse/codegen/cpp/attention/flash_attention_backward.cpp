@@ -3,12 +3,13 @@
 // vfuse.codegen.cpp.attention.render prepends the configuration: VF_NAME, VF_NS, VF_WORKSPACE_NAME,
 // VF_D / VF_DV (q/k and v head sizes), VF_BQ / VF_BK (tile rows of Q / K), VF_CAUSAL, VF_MASK (0 none,
 // 1 additive float, 2 boolean keep-mask), VF_VEC / VF_LANES (vector type and lanes) and VF_TILE (register
-// tile width), all decided by the schedule.
+// tile width), all decided by the schedule; VF_DROPOUT, VF_DROP_THR, VF_DROP_SCALE: the forward's dropout on P,
+// its mask drawn again from the seed and stream (the last arguments), vf_attn::Dropout.
 //
 // Nothing of size LQ x LK is stored: per (K tile, Q tile) the scores are recomputed from Q and K and
 // turned into probabilities with the forward's logsumexp, P = exp(S - lse); then dV += P^T dO,
 // dP = dO V^T, dS = P (dP - delta) with delta = rowsum(dO * O) (an input), dQ += dS K scale,
-// dK += dS^T Q scale. Score tiles are row-major (s[row][key]): Q and dO rows are read in place, and the
+// dK += dS^T Q scale. With dropout (Z: the mask times 1 / (1 - p)): dV += (P Z)^T dO, dS = P (dP Z - delta). Score tiles are row-major (s[row][key]): Q and dO rows are read in place, and the
 // K / V tile is transposed (K scaled) once for every Q tile and query head that reads it, not once per
 // pair. Tasks are (batch, K/V head): a task owns its K/V head's dK and dV, accumulated over
 // the query heads of its group (grouped-query attention) in a K tile's accumulators, and those heads'
@@ -61,6 +62,7 @@ struct Args {
   float* part;  // dQ of K-tile chunks 1, 2, ... (each B * H * LQ * D, contiguous), when tasks are split
   int64_t B, H, HKV, LQ, LK;
   float scale;
+  vf_attn::Dropout drop;  // VF_DROPOUT
 };
 
 // The K tile (nk rows from k, times the scale) and V tile transposed, zeros past nk; dK and dV zeroed.
@@ -87,6 +89,20 @@ void score_grads(Work& w, const float* delta, int64_t nq, int64_t nk) {
   }
 }
 
+// Dropout: ds = s * (ds Z - delta), then s = s Z, with Z the forward's mask times its scale; row i's
+// keys start at flat index idx + i LK.
+void score_grads_dropout(Work& w, const vf_attn::Dropout& d, const float* delta, uint64_t idx, int64_t lk, int64_t nq,
+                         int64_t nk) {
+  for (int64_t i = 0; i < nq; ++i) {
+    const V dl = vs_splat<V>(delta[i]);
+    for (int64_t j = 0; j < nk; j += W) {
+      const V z = vf_attn::keep_scale<V>(d, idx + i * lk + j, 1), p = at<V>(&w.s[i][j]);
+      at<V>(&w.ds[i][j]) = p * (at<V>(&w.ds[i][j]) * z - dl);
+      at<V>(&w.s[i][j]) = p * z;
+    }
+  }
+}
+
 // One (K tile, query head, Q tile) pair: dV and dK of the K tile accumulate in w, dQ rows in dq_out.
 void pair(Work& w, const Args& a, const vf_attn::Mask& m, const Rows& dq_out, int64_t b, int64_t h, int64_t q0,
           int64_t k0, int64_t nk) {
@@ -96,9 +112,15 @@ void pair(Work& w, const Args& a, const vf_attn::Mask& m, const Rows& dq_out, in
   vf_attn::scores<V, TILE, BK, D>(w.s, w.kt, q, nq);  // S = Q (K scale)^T
   vf_attn::apply_mask_rows<VF_MASK, VF_CAUSAL, BK>(w.s, m, b, h, q0, nq, k0, nk);
   probabilities(w, a.lse + row, nq, nk);
-  vf_attn::keys_acc<V, TILE, 1, BK, DV, DVP>(&w.dv[0][0], &w.s[0][0], dout, nk, nq);  // dV += P^T dO
-  vf_attn::scores<V, TILE, BK, DV>(w.ds, w.vt, dout, nq);                                // dP = dO V^T
-  score_grads(w, a.delta + row, nq, nk);
+  if constexpr (VF_DROPOUT) {
+    vf_attn::scores<V, TILE, BK, DV>(w.ds, w.vt, dout, nq);  // dO V^T, then the mask on it and on P
+    score_grads_dropout(w, a.drop, a.delta + row, (uint64_t)row * a.LK + k0, a.LK, nq, nk);
+    vf_attn::keys_acc<V, TILE, 1, BK, DV, DVP>(&w.dv[0][0], &w.s[0][0], dout, nk, nq);  // dV += (P Z)^T dO
+  } else {
+    vf_attn::keys_acc<V, TILE, 1, BK, DV, DVP>(&w.dv[0][0], &w.s[0][0], dout, nk, nq);  // dV += P^T dO
+    vf_attn::scores<V, TILE, BK, DV>(w.ds, w.vt, dout, nq);                                // dP = dO V^T
+    score_grads(w, a.delta + row, nq, nk);
+  }
   vf_attn::rows_acc<V, TILE, 1, BK, D, DP, vf_attn::ZERO>(&w.dq[0][0], &w.ds[0][0], k, nq, nk);  // dS K
   vf_attn::keys_acc<V, TILE, 1, BK, D, DP>(&w.dk[0][0], &w.ds[0][0], q, nk, nq);                // dK += dS^T Q
   for (int64_t i = 0; i < nq; ++i) {
@@ -137,10 +159,11 @@ extern "C" int64_t VF_WORKSPACE_NAME() { return sizeof(VF_NS::Work); }
 // contiguous; grads: dq, dk, dv shaped as q, k, v (dk and dv summed over the H / HKV query heads of a K/V
 // head), contiguous when gsi == 0, else every gradient's row (b, h, i) at b gsb + h gsh + i gsi floats from
 // its pointer. mask: see VF_MASK, element strides (0 = broadcast). threads <= 0: OpenMP's default.
+// VF_DROPOUT: then the forward's seed and stream.
 extern "C" void VF_NAME(const float* dout, const float* q, const float* k, const float* v, const float* lse,
                         const float* delta, const void* mask, float* dq, float* dk, float* dv, int64_t B, int64_t H,
                         int64_t HKV, int64_t LQ, int64_t LK, float scale, int64_t msb, int64_t msh, int64_t msq,
-                        int64_t msk, int64_t gsb, int64_t gsh, int64_t gsi, int64_t threads) {
+                        int64_t msk, int64_t gsb, int64_t gsh, int64_t gsi, int64_t threads VF_DROPOUT_PARAMS) {
   using namespace VF_NS;
   const int64_t nt = threads > 0 ? threads : omp_get_max_threads(), tasks = B * HKV, tiles = (LK + BK - 1) / BK;
   // Chunks of K tiles per task so that every thread has one; each chunk past the first needs a dQ buffer.
@@ -152,7 +175,7 @@ extern "C" void VF_NAME(const float* dout, const float* q, const float* k, const
   const Rows gq = dense ? Rows{dq, H * LQ * D, LQ * D, D} : Rows{dq, gsb, gsh, gsi};
   const Rows gk = dense ? Rows{dk, HKV * LK * D, LK * D, D} : Rows{dk, gsb, gsh, gsi};
   const Rows gv = dense ? Rows{dv, HKV * LK * DV, LK * DV, DV} : Rows{dv, gsb, gsh, gsi};
-  const Args a{dout, q, k, v, lse, delta, gq, gk, gv, part, B, H, HKV, LQ, LK, scale};
+  const Args a{dout, q, k, v, lse, delta, gq, gk, gv, part, B, H, HKV, LQ, LK, scale, VF_DROPOUT_KEY};
 #pragma omp parallel num_threads(nt)
   {
     Work* w = static_cast<Work*>(std::aligned_alloc(64, sizeof(Work)));

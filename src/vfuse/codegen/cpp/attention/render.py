@@ -8,6 +8,8 @@ configuration macros the spec decides.
 
 from __future__ import annotations
 
+import math
+import struct
 from importlib import resources
 
 from vfuse.codegen.cpp.attention.spec import AttentionSpec
@@ -15,6 +17,7 @@ from vfuse.codegen.cpp.simd import SIMD_PRELUDE, vtype
 
 _MACROS = ("VF_NAME", "VF_NS", "VF_WORKSPACE_NAME", "VF_D", "VF_DV", "VF_BQ", "VF_BK", "VF_CAUSAL", "VF_MASK")
 _MACROS += ("VF_VEC", "VF_LANES", "VF_TILE", "VF_LSE", "VF_EPILOGUE")
+_MACROS += ("VF_DROPOUT", "VF_DROP_THR", "VF_DROP_SCALE", "VF_DROPOUT_PARAMS", "VF_DROPOUT_KEY")
 
 
 def _text(name: str) -> str:
@@ -38,7 +41,31 @@ def _config(spec: AttentionSpec, what: str) -> list[str]:
         f"#define VF_VEC {vtype(spec.lanes)}",
         f"#define VF_LANES {spec.lanes}",
         f"#define VF_TILE {spec.tile_cols}",
+        *_dropout(spec),
     ]
+
+
+def _dropout(spec: AttentionSpec) -> list[str]:
+    """Dropout on P: the keep threshold on the hash's 24 bits and the scale, compile-time; the seed
+    and stream, extra trailing arguments of the kernel (none without dropout: the same signature)."""
+    if not spec.dropout:
+        return ["#define VF_DROPOUT 0", "#define VF_DROPOUT_PARAMS", "#define VF_DROPOUT_KEY vf_attn::Dropout{}"]
+    thr, scale = dropout_constants(spec.dropout)
+    return [
+        "#define VF_DROPOUT 1",
+        f"#define VF_DROP_THR {thr}u",
+        f"#define VF_DROP_SCALE {scale.hex()}f",
+        "#define VF_DROPOUT_PARAMS , int64_t seed, int64_t stream",
+        "#define VF_DROPOUT_KEY vf_attn::dropout_key(seed, stream, VF_DROP_THR, VF_DROP_SCALE)",
+    ]
+
+
+def dropout_constants(p: float) -> tuple[int, float]:
+    """(thr, scale): uniform u = k / 2^24 >= p (compared in fp32, as ir/defs/rng.py's numbers are) iff
+    k >= thr = ceil(fp32(p) 2^24); kept values times scale = fp32(1 / (1 - p)), as the reference's."""
+    p32 = struct.unpack("f", struct.pack("f", p))[0]
+    scale = struct.unpack("f", struct.pack("f", 1.0 / (1.0 - p)))[0]
+    return math.ceil(p32 * (1 << 24)), scale
 
 
 def render_flash_attention(spec: AttentionSpec) -> str:

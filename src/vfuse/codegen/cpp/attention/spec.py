@@ -40,6 +40,7 @@ class AttentionSpec:
     lanes: int = 16  # fp32 lanes per vector (the schedule's Target.simd_lanes)
     tile: int = 64  # register tile width: 4 keys x `tile` query rows (schedule/microtile.py)
     lse: bool = False  # forward: each row's logsumexp ([B, H, LQ], for the backward) follows the output
+    dropout: float = 0.0  # dropout on P (vfuse's counter RNG); the kernel then takes the seed and stream last
 
     def __post_init__(self) -> None:
         if not self.name.isidentifier():
@@ -53,6 +54,8 @@ class AttentionSpec:
             )
         if self.head_dim <= 0 or self.dv <= 0:
             raise ValueError("head sizes must be positive")
+        if not 0.0 <= self.dropout < 1.0:
+            raise ValueError(f"dropout {self.dropout} outside [0, 1)")
 
     @property
     def tile_cols(self) -> int:

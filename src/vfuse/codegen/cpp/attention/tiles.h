@@ -254,6 +254,58 @@ void apply_mask_rows(float (*s)[BK], const Mask& m, int64_t b, int64_t h, int64_
   }
 }
 
+
+// Dropout on probabilities, the mask drawn from vfuse's counter RNG (ir/defs/rng.py): score element
+// idx (its flat index in [B, H, LQ, LK]) is kept when uniform(seed, stream, idx) >= p, i.e. when
+// mix32(mix32(lo(idx) ^ key.lo) ^ hi(idx) ^ key.hi) >> 8 >= thr with thr = ceil(p 2^24) (p as fp32,
+// as the reference compares); kept values are scaled by 1 / (1 - p). The forward and the backward
+// draw the same bits, so nothing of the mask is stored.
+struct Dropout {
+  uint32_t lo, hi, thr;
+  float scale;
+};
+
+static inline uint32_t mix32(uint32_t x) {
+  x ^= x >> 16; x *= 0x7feb352du; x ^= x >> 15; x *= 0x846ca68bu; x ^= x >> 16; return x;
+}
+
+static inline Dropout dropout_key(int64_t seed, int64_t stream, uint32_t thr, float scale) {
+  const uint64_t s = (uint64_t)seed, st = (uint64_t)stream;
+  return {mix32((uint32_t)(s + st * 0x9E3779B9ull)), mix32((uint32_t)((s >> 32) ^ st)), thr, scale};
+}
+
+// uint32 vectors as wide as a float vector (a vector_size on a dependent size is not one in g++).
+template <int BYTES> struct U32Vec;
+template <> struct U32Vec<16> { typedef uint32_t T __attribute__((vector_size(16))); };
+template <> struct U32Vec<32> { typedef uint32_t T __attribute__((vector_size(32))); };
+template <> struct U32Vec<64> { typedef uint32_t T __attribute__((vector_size(64))); };
+
+template <class U> static inline U mix32v(U x) {
+  x ^= x >> 16; x *= 0x7feb352du; x ^= x >> 15; x *= 0x846ca68bu; x ^= x >> 16; return x;
+}
+
+// The dropout factors (scale or 0) of the W score elements idx0 + lane * step.
+template <class V> static inline V keep_scale(const Dropout& d, uint64_t idx0, uint64_t step) {
+  constexpr int W = sizeof(V) / sizeof(float);
+  typedef typename U32Vec<sizeof(V)>::T U;
+  V out;
+  if ((idx0 >> 32) == ((idx0 + (W - 1) * step) >> 32)) {  // one high word for all lanes (nearly always)
+    U lane;
+    for (int q = 0; q < W; ++q) lane[q] = (uint32_t)q;
+    const U x = (uint32_t)idx0 + lane * (uint32_t)step;  // low words wrap as the indices' do
+    U h = mix32v<U>(x ^ d.lo);
+    h = mix32v<U>(h ^ ((uint32_t)(idx0 >> 32) ^ d.hi));
+    out = (h >> 8) >= d.thr ? vs_splat<V>(d.scale) : V{};
+  } else {
+    for (int q = 0; q < W; ++q) {
+      const uint64_t i = idx0 + q * step;
+      const uint32_t h = mix32(mix32((uint32_t)i ^ d.lo) ^ (uint32_t)(i >> 32) ^ d.hi);
+      out[q] = (h >> 8) >= d.thr ? d.scale : 0.0f;
+    }
+  }
+  return out;
+}
+
 }  // namespace vf_attn
 
 #endif  // VF_ATTN_TILES_H
