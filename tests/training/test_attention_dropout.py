@@ -219,3 +219,21 @@ def test_gpt2_block_with_dropout_keeps_no_t_by_t_tensor() -> None:
     assert [d.rewritten and d.dropout for d in backend.attention] == [0.1]
     assert max(t_.numel() for t_ in saved) < 2 * 4 * t * t
     assert all(p.grad is not None and bool(p.grad.isfinite().all()) for p in model.parameters())
+
+
+@pytest.mark.parametrize("impl", ["eager", "sdpa"])
+def test_hf_gpt2_with_attn_pdrop_takes_the_flash_kernels(impl: str) -> None:
+    """HF GPT-2 in train mode with attn_pdrop 0.1: its eager attention (softmax -> nn.Dropout -> matmul)
+    and its SDPA attention (dropout_p) are both rewritten; only the seeds' draws run in torch."""
+    transformers = pytest.importorskip("transformers")
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    sizes = {"n_embd": 32, "n_layer": 2, "n_head": 4, "n_positions": 32, "vocab_size": 53}
+    drops = {"attn_pdrop": 0.1, "resid_pdrop": 0.0, "embd_pdrop": 0.0}
+    config = transformers.GPT2Config(**sizes, **drops, attn_implementation=impl)
+    model, x = transformers.GPT2LMHeadModel(config).train(), torch.randint(0, 53, (2, 19))
+    backend = vfuse.backend()
+    torch.compile(model, backend=backend)(x, labels=x).loss.backward()
+    assert [d.rewritten and d.dropout for d in backend.attention] == [0.1, 0.1], [d.text() for d in backend.attention]
+    assert set(backend.stats["fallbacks"]) <= {"aten.randint.low"} and backend.stats["eager_graphs"] == 0
+    assert all(p.grad is None or bool(p.grad.isfinite().all()) for p in model.parameters())
