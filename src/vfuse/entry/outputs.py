@@ -90,6 +90,19 @@ def check_donated(compiled: Any, slots: tuple[Any, ...], lifted: bool) -> None:
     keep = [] if lifted or compiled.in_place else [i for i in idxs if _own_buffer(compiled, slots, base + i)]
     idxs[:] = keep
     setattr(meta, _CHECKED, tuple(keep))
+    _group(compiled, slots, [base + i for i in sorted(keep)])
+
+
+def _group(compiled: Any, slots: tuple[Any, ...], positions: list[int]) -> None:
+    """The forward returns the donated saved tensors in one block, in the order of their positions
+    (the backward's donors' order), so that a gradient can span adjacent dead ones (schedule/donate.py)."""
+    pool, program = getattr(compiled.executor, "_pool", None), compiled.executor.program
+    group = getattr(pool, "group", None)
+    if group is None or len(positions) < 2:
+        return
+    outputs = compiled.graph.outputs
+    names = [outputs[sum(1 for s in slots[:p] if s is COMPUTED)] for p in positions]
+    group([(v, program.buffers[v].type.shape, program.buffers[v].type.dtype.torch) for v in names])
 
 
 def donated_inputs() -> tuple[int, ...]:
@@ -97,4 +110,4 @@ def donated_inputs() -> tuple[int, ...]:
     AOTAutograd still lists (it empties the list when the first backward keeps the graph)."""
     meta = _fw_metadata()
     checked, now = getattr(meta, _CHECKED, ()), getattr(meta, "bw_donated_idxs", None) or ()
-    return tuple(i for i in checked if i in now)
+    return tuple(sorted(i for i in checked if i in now))  # the order of the forward's block (`_group`)

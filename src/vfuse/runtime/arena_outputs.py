@@ -48,7 +48,8 @@ class ArenaOutputExecutor(NativeExecutor):
     def _alloc_outputs(self, env: dict[str, Any], inputs: Sequence[Any] = ()) -> None:
         assert self._arena is not None
         program = self.program
-        donated = donated_views(program.donated, self._outputs, env, inputs) if program.donated else {}
+        block = program.donor_block, program.donor_block_bytes
+        donated = donated_views(program.donated, self._outputs, env, inputs, *block) if program.donated else {}
         placed = self._placed
         storage, base = self._arena.untyped_storage(), self._arena_off
         for v, shape, dtype in self._outputs:

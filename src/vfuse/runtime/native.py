@@ -323,7 +323,9 @@ class NativeExecutor(StepRunner):
             self._seeds[k] = env[name]
 
     def _alloc_outputs(self, env: dict[str, Any], inputs: Sequence[Any] = ()) -> None:
-        donated = donated_views(self.program.donated, self._outputs, env, inputs) if self.program.donated else {}
+        p, donated = self.program, {}
+        if p.donated:
+            donated = donated_views(p.donated, self._outputs, env, inputs, p.donor_block, p.donor_block_bytes)
         for v, shape, dtype in self._outputs:
             env[v] = donated[v] if v in donated else self._pool.get(v, shape, dtype, static=self._static)
 

@@ -26,6 +26,8 @@ from typing import Any
 
 import torch
 
+from vfuse.schedule.donate import block_layout
+
 _storage_users = torch._C._storage_Use_Count
 _getrefcount = sys.getrefcount
 
@@ -82,11 +84,72 @@ def _view_slot(slot: _Slot, shape: tuple[int, ...], dtype: torch.dtype) -> _Slot
     return (*slot[:4], views, _IDLE_USERS + len(views) - 1, slot[6])
 
 
+BLOCK_KEY = "\0block"  # the ring of blocks of grouped outputs (`OutputPool.group`) among the slots
+
+
 class OutputPool:
     def __init__(self) -> None:
         # Two slots per output: in `y = f(x)` in a loop the previous output is still held while
         # the next call runs, and freed right after, so the two alternate.
         self._slots: dict[str, list[_Slot]] = {}
+        self._members: dict[str, tuple[int, tuple[int, ...], torch.dtype]] = {}  # grouped key -> offset, shape, dtype
+        self._block_bytes = 0
+        self._current: dict[str, torch.Tensor] | None = None  # the block members are handed out from
+        self._handed: set[str] = set()  # members of `_current` handed out
+
+    def group(self, members: Sequence[tuple[str, tuple[int, ...], torch.dtype]]) -> None:
+        """Allocate these outputs (fixed shapes) in one block each call, at `block_layout`'s offsets:
+        a training forward's donated saved activations, so that a gradient the backward stores
+        after their last reads may span several adjacent ones (schedule/donate.py). The block is
+        reused, as a slot is, only when nothing reaches any of its members."""
+        offsets, size = block_layout([math.prod(s) * d.itemsize for _, s, d in members])
+        self._members = {k: (o, tuple(s), d) for (k, s, d), o in zip(members, offsets, strict=True)}
+        self._block_bytes = size
+        self._slots.pop(BLOCK_KEY, None)
+        self._current, self._handed = None, set()
+        if len(self._members) > 1:
+            self.take = self._take_grouped  # type: ignore[method-assign]
+
+    def _block(self) -> dict[str, torch.Tensor]:
+        """The member templates of an idle block (a new one where both held are in use)."""
+        ring = self._slots.setdefault(BLOCK_KEY, [])
+        for slot in ring:
+            if is_idle(slot):
+                return slot[4]  # type: ignore[return-value]
+        with _normal_tensors():
+            raw = torch.empty(self._block_bytes, dtype=torch.uint8)
+            storage = raw.untyped_storage()
+            views = {k: storage_view(storage, o, s, d) for k, (o, s, d) in self._members.items()}
+        slot = (raw, storage, storage._cdata, raw.data_ptr(), views, _IDLE_USERS + len(views), torch.uint8)
+        if len(ring) == 2:
+            del ring[0]
+        ring.append(slot)  # type: ignore[arg-type]
+        return views
+
+    def _take_grouped(
+        self,
+        wanted: Sequence[tuple[str, tuple[int, ...], torch.dtype]],
+        static: bool,
+        ptrs: Any = None,
+        bind: Sequence[int] = (),
+    ) -> list[torch.Tensor]:
+        """`take` where some outputs are a block's members (`group`). A call may ask for them one
+        by one (the general path): each member is handed out once per block, and asking for one
+        again starts the next call's block."""
+        members, out = self._members, []
+        for n, (key, shape, dtype) in enumerate(wanted):
+            m = members.get(key)
+            if m is not None and m[1] == tuple(shape) and m[2] is dtype:
+                if self._current is None or key in self._handed:
+                    self._current, self._handed = self._block(), set()
+                self._handed.add(key)
+                t = self._current[key].data
+            else:
+                (t,) = OutputPool.take(self, [(key, shape, dtype)], static)
+            out.append(t)
+            if ptrs is not None:
+                ptrs[bind[n]] = t.data_ptr()
+        return out
 
     def get(self, key: str, shape: tuple[int, ...], dtype: torch.dtype, static: bool = False) -> torch.Tensor:
         return self.take([(key, shape, dtype)], static)[0]
@@ -141,17 +204,20 @@ def donated_views(
     outputs: Sequence[tuple[str, tuple[int, ...], torch.dtype]],
     env: dict[str, Any],
     inputs: Sequence[Any],
+    block: Sequence[tuple[str, int]] = (),
+    block_bytes: int = 0,
 ) -> dict[str, torch.Tensor]:
     """Output value -> a tensor on its donor's storage at the planned byte offset
     (`schedule/donate.py`), for each donation the donor admits now: a contiguous tensor (`env`
-    holds each input as the kernels read it) holding the bytes, whose storage no other input of
-    the call shares (a forward that returned one tensor at two positions: its bytes are still
-    read elsewhere). The others take pool buffers as usual."""
-    seen: dict[int, int] = {}
+    holds each input as the kernels read it) holding the bytes, whose storage no other input of the
+    call shares (a forward that returned one tensor at two positions: its bytes are still read
+    elsewhere). An offset past the donor's end (into the next donors of the forward's block) only
+    where the whole block is as planned (`_block_storage`). The others take pool buffers."""
+    on: dict[int, list[torch.Tensor]] = {}  # storage -> the inputs on it
     for x in inputs:
         if isinstance(x, torch.Tensor) and x.numel():
-            p = x.untyped_storage().data_ptr()
-            seen[p] = seen.get(p, 0) + 1
+            on.setdefault(x.untyped_storage().data_ptr(), []).append(x)
+    whole = _block_storage(block, block_bytes, env, on) if block else None
     meta = {v: (shape, dtype) for v, shape, dtype in outputs}
     out: dict[str, torch.Tensor] = {}
     for v, x, offset in donated:
@@ -159,13 +225,37 @@ def donated_views(
         if not isinstance(donor, torch.Tensor) or not donor.is_contiguous():
             continue
         storage = donor.untyped_storage()
-        if seen.get(storage.data_ptr(), 0) > 1:
-            continue
         start = donor.storage_offset() * donor.element_size() + offset
-        if start % dtype.itemsize or offset + math.prod(shape) * dtype.itemsize > donor.numel() * donor.element_size():
+        if start % dtype.itemsize:
+            continue
+        if storage.data_ptr() != whole and (
+            len(on.get(storage.data_ptr(), ())) > 1
+            or offset + math.prod(shape) * dtype.itemsize > donor.numel() * donor.element_size()
+        ):
             continue
         out[v] = storage_view(storage, start, shape, dtype)
     return out
+
+
+def _block_storage(
+    block: Sequence[tuple[str, int]], size: int, env: dict[str, Any], on: dict[int, list[torch.Tensor]]
+) -> int | None:
+    """The data pointer of the storage the donors share where it is the forward's block as planned
+    (`OutputPool.group`): exactly `size` bytes, each donor contiguous at its offset, no other
+    input of the call on it. Then every byte of it is a donor's or padding."""
+    ptr = None
+    for x, offset in block:
+        t = env.get(x)
+        if not isinstance(t, torch.Tensor) or not t.is_contiguous() or not t.numel():
+            return None
+        storage = t.untyped_storage()
+        if t.storage_offset() * t.element_size() != offset or storage.nbytes() != size:
+            return None
+        if ptr is None:
+            ptr = storage.data_ptr()
+        elif storage.data_ptr() != ptr:
+            return None
+    return ptr if ptr is not None and len(on.get(ptr, ())) == len(block) else None
 
 
 def storage_view(storage: torch.UntypedStorage, start: int, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:

@@ -21,7 +21,9 @@ Only where no read of the donor's old bytes can come after the write:
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Collection
+import itertools
+import math
+from collections.abc import Sequence
 
 from vfuse.ir import Graph
 from vfuse.schedule.kernel import BufKind, ContractionKernel, MemoryPlan, Program, Segment, TorchStep
@@ -56,39 +58,103 @@ def _spans(program: Program, graph: Graph) -> tuple[dict[str, int], dict[str, in
     return first, last, torch_touched
 
 
-def donate_outputs(program: Program, graph: Graph, donors: Collection[str]) -> Program:
-    """`program` with `donated` set: (output, donor input, byte offset in the donor) for each output
-    stored into a donor's bytes (module doc). `donors`: names of graph inputs that may be reused."""
+def block_layout(sizes: Sequence[int]) -> tuple[list[int], int]:
+    """Byte offset of each member of a block of tensors, in order, and the block's size: one after
+    the other, each 64-byte aligned. The forward returns its donated saved activations so
+    (`runtime/pool.OutputPool.group`) and the backward plans its donors' bytes with the same."""
+    offsets, end = [], 0
+    for n in sizes:
+        offsets.append(end)
+        end += _align(max(n, 1))
+    return offsets, end
+
+
+def _regions(program: Program, graph: Graph, donors: Sequence[str]) -> tuple[list[tuple[str, int, int, float]], int]:
+    """The donors' block: (donor, offset, bytes, first position its bytes are free) each, and the
+    block's size; a donor a torch step touches or the graph returns is never free."""
+    _, last, torch_touched = _spans(program, graph)
+    sizes = [graph[x].tensor_type.nbytes for x in donors]
+    if not all(isinstance(n, int) for n in sizes):
+        return [], 0
+    offsets, end = block_layout(sizes)  # type: ignore[arg-type]
+    regions = []
+    for x, o, n in zip(donors, offsets, sizes, strict=True):
+        b = program.buffers.get(x)
+        usable = (b is None or b.kind is BufKind.INPUT) and x not in torch_touched and x not in graph.outputs
+        regions.append((x, o, int(n), last.get(x, -1) + 1 if usable else math.inf))
+    return regions, end
+
+
+def _place(
+    outputs: Sequence[tuple[str, int, int]], regions: Sequence[tuple[str, int, int, float]], end: int, top: bool
+) -> list[tuple[str, str, int]]:
+    """(output, donor, offset from the donor's start) for each output (name, bytes, first write)
+    that fits in donor bytes free from its first write on and not taken: across adjacent donors
+    of the block (`regions`, `end`), or within one donor where the block has one. Best fit, or
+    with `top` the top of the highest gap: donors die from the block's end down (the backward
+    reads the forward's last activations first), so early outputs stacked there leave the
+    space below in one piece."""
+    block = len(regions) > 1
+    taken: list[tuple[int, int]] = []
+    done = []
+    for v, need, f in outputs:
+        busy = sorted([(o, o + _align(n)) for _, o, n, free in regions if free > f] + taken)
+        spaces = [(0, end)] if block else [(o, o + n) for _, o, n, free in regions if free <= f]
+        gaps = []  # (start, bytes)
+        for lo, hi in spaces:
+            at = lo
+            for a, b in [*busy, (hi, hi)]:
+                if b <= at:
+                    continue
+                if min(a, hi) - at >= need:
+                    gaps.append((at, min(a, hi) - at))
+                at = max(at, b)
+                if at >= hi:
+                    break
+        if not gaps:
+            continue
+        if top:
+            at, size = max(gaps)
+            start = at + size - need
+        else:
+            start = min(gaps, key=lambda g: (g[1], g[0]))[0]
+        x, o, _, _ = max((r for r in regions if r[1] <= start), key=lambda r: r[1])
+        done.append((v, x, start - o))
+        taken.append((start, start + need))
+    return done
+
+
+def donate_outputs(program: Program, graph: Graph, donors: Sequence[str]) -> Program:
+    """`program` with `donated` set: (output, donor input, byte offset from the donor's start) for
+    each output stored into donor bytes (module doc); with several donors, `donor_block` too: the
+    forward returns them in one block, and an output may span adjacent dead donors. `donors`:
+    names of graph inputs that may be reused, in the order of the forward's block."""
     if not donors or program.in_place or program.symbols:
         return program
-    first, last, torch_touched = _spans(program, graph)
-    free: dict[str, int] = {}  # donor -> bytes it offers
-    for x in donors:
-        b = program.buffers.get(x)
-        if b is None or b.kind is not BufKind.INPUT or x in torch_touched or x in graph.outputs:
-            continue
-        size = b.type.nbytes
-        if isinstance(size, int) and size >= ALIGN:
-            free[x] = size
-    used = dict.fromkeys(free, 0)
+    first, _, torch_touched = _spans(program, graph)
+    regions, end = _regions(program, graph, donors)
+    if not any(free < math.inf for *_, free in regions):
+        return program
+    block = len(regions) > 1
     outputs = [
-        v
+        (v, _align(max(b.type.nbytes, 1)), first[v])
         for v, b in program.buffers.items()
         if b.kind is BufKind.OUTPUT and v in first and v not in torch_touched and isinstance(b.type.nbytes, int)
     ]
-    outputs.sort(key=lambda v: (-program.buffers[v].type.nbytes, first[v], v))
-    done: list[tuple[str, str, int]] = []
-    for v in outputs:
-        need = _align(max(program.buffers[v].type.nbytes, 1))
-        fits = [x for x in free if last.get(x, -1) < first[v] and free[x] - used[x] >= need]
-        if not fits:
-            continue
-        x = min(fits, key=lambda d: (free[d] - used[d], d))  # best fit: the tightest donor
-        done.append((v, x, used[x]))
-        used[x] += need
-    if not done:
-        return program
-    return dataclasses.replace(program, donated=tuple(done))
+    best: tuple[tuple[int, int], Program] | None = None
+    # Largest or first written first, best fit or stacked: whichever leaves the smaller arena for
+    # the rest (`outputs_in_arena`; a few ms each).
+    orders = (lambda o: (-o[1], o[2], o[0]), lambda o: (o[2], -o[1], o[0]))
+    for key, top in itertools.product(orders, (False, True)):
+        done = _place(sorted(outputs, key=key), regions, end, top)
+        layout = {"donor_block": tuple((x, o) for x, o, _, _ in regions), "donor_block_bytes": end} if block else {}
+        candidate = dataclasses.replace(program, donated=tuple(done), **layout)  # type: ignore[arg-type]
+        placed = {v for v, _, _ in done}
+        score = (outputs_in_arena(candidate, graph).memory.size, -sum(n for v, n, _ in outputs if v in placed))
+        if best is None or score < best[0]:
+            best = (score, candidate)
+    assert best is not None
+    return best[1] if best[1].donated else program
 
 
 def outputs_in_arena(program: Program, graph: Graph) -> Program:

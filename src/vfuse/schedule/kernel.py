@@ -460,6 +460,10 @@ class Program:
     in_place: tuple[tuple[str, str], ...] = ()  # (output, graph input): stored into the input (`inplace.py`)
     # (output, donated graph input, byte offset): stored into the input's bytes after its last read (`donate.py`)
     donated: tuple[tuple[str, str, int], ...] = ()
+    # (donor, byte offset) of the donors the forward returns in one block, and the block's bytes:
+    # a `donated` offset may then run past its donor into the next ones (`donate.py`)
+    donor_block: tuple[tuple[str, int], ...] = ()
+    donor_block_bytes: int = 0
     # (output, arena byte offset): stored in the arena, which the outputs then keep (`donate.py`)
     arena_outputs: tuple[tuple[str, int], ...] = ()
     profiled: bool = False  # a timing build (`runtime/profile.py`): segments also get entries clocking each kernel
