@@ -301,6 +301,32 @@ def compile_symbolic(graph: Graph, fusion_plan: FusionPlan, target: Target, ctx:
         if codegen_bug(e) and ctx.options.raise_codegen_errors:
             raise VfuseCodegenError(f"vfuse: symbolic code generation for {ctx.graph_id} failed: {e}") from e
         raise
+    return symbolic_executor(graph, fusion_plan, program, source, library, ctx, env)
+
+
+def from_symbolic_program(
+    graph: Graph, fusion_plan: FusionPlan, program: Program, source: str, ctx: Context, env: SymEnv
+) -> CompiledGraph:
+    """The CompiledGraph of a program an earlier process compiled over these symbols
+    (entry/warm_program.py): no lowering, planning or scheduling; its library from the kernel
+    cache. `env` holds the program's guards already."""
+    start = time.perf_counter()
+    executor = symbolic_executor(graph, fusion_plan, program, source, build(source, program, ctx), ctx, env)
+    compiled = CompiledGraph(graph, fusion_plan, executor, ctx.graph_id)
+    compiled.compile_s = time.perf_counter() - start
+    return compiled
+
+
+def symbolic_executor(
+    graph: Graph,
+    fusion_plan: FusionPlan,
+    program: Program,
+    source: str,
+    library: ctypes.CDLL | None,
+    ctx: Context,
+    env: SymEnv,
+) -> SymbolicExecutor:
+    """The executor of a built symbolic program, run per size (its guards are final now)."""
     env.frozen = True  # every decision is taken: guards are final
     ctx.dump("05_guards.txt", "\n".join(map(str, env.guards)) or "(no guards: every size)")
     opts = ctx.options
@@ -317,7 +343,7 @@ def compile_symbolic(graph: Graph, fusion_plan: FusionPlan, target: Target, ctx:
         arena_bytes=hint(program.memory.size),
         fallbacks=fallback_counts(program, fusion_plan),
     )
-    return SymbolicExecutor(graph, env, make, stats, program)
+    return SymbolicExecutor(graph, env, make, stats, program, source)
 
 
 # Walks whose renderers read symbolic sizes at run time (`vf_s0`); the contraction templates,

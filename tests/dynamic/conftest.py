@@ -13,7 +13,8 @@ from vfuse.schedule.kernel import Program
 
 @pytest.fixture
 def rendered(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[tuple[Program, str]]]:
-    """Lists each (Program, C++ source) the compiler renders, between two Dynamo resets."""
+    """Lists each (Program, C++ source) the compiler renders, between two Dynamo resets; the
+    graph cache is off (a program an earlier test kept would be loaded, not rendered)."""
     out: list[tuple[Program, str]] = []
     real = compiler.render
 
@@ -23,6 +24,7 @@ def rendered(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[tuple[Program, st
         return source
 
     monkeypatch.setattr(compiler, "render", render)
+    monkeypatch.setenv("VFUSE_GRAPH_CACHE", "0")
     torch._dynamo.reset()
     yield out
     torch._dynamo.reset()

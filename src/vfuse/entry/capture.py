@@ -25,7 +25,7 @@ from torch._subclasses.fake_tensor import unset_fake_temporarily
 # The pipeline is imported with the backend (at torch.compile time), not inside the first
 # compile: a user's first call then waits for compilation only.
 from vfuse.codegen.cpp.toolchain import prepare
-from vfuse.compiler import compile_fx
+from vfuse.compiler import compile_fx, from_symbolic_program, target_of
 from vfuse.context import Options
 from vfuse.entry import dropout, observe, warm
 from vfuse.entry.attention_rewrite import AttentionDecision, rewrite_attention
@@ -38,10 +38,13 @@ from vfuse.entry.outputs import all_computed, check_donated, donated_inputs, wit
 from vfuse.entry.remat import RematPlan, partition
 from vfuse.entry.specialize import FixedGraphs
 from vfuse.entry.trace import trace_aten
+from vfuse.entry.warm_program import ProgramCache, plain_outputs
 from vfuse.errors import VfuseCodegenError, VfuseCompileError, VfuseOptionError
 from vfuse.frontend.decompositions import decomposition_table
+from vfuse.frontend.symbols import sym_env
 from vfuse.runtime.arenas import ArenaLender
 from vfuse.runtime.compiled import CompiledGraph
+from vfuse.runtime.symbolic import SymbolicExecutor
 from vfuse.targets import Target, get_target
 
 
@@ -71,6 +74,8 @@ class VfuseBackend:
         self.arenas = ArenaLender()  # one arena lent to its graphs in turn (runtime/arenas.py)
         # ATen graphs AOTAutograd traced in earlier processes (entry/warm.py)
         self.graph_cache = warm.GraphCache(self.options.cache_dir) if warm.enabled() else None
+        # and what we compiled them to over their symbols (entry/warm_program.py)
+        self.programs = ProgramCache(self.graph_cache) if self.graph_cache is not None else None
         self._prepare()  # torch.compile time: the prelude's header is built while Dynamo traces
 
     def _prepare(self) -> None:
@@ -88,13 +93,17 @@ class VfuseBackend:
         if _needs_grad(gm, example_inputs):
             attention = rewrite_attention(gm, example_inputs, self._target, self.attention.append)
         key = self._warm_key(gm, example_inputs, frozen)
-        hit = self.graph_cache.load(key, gm, example_inputs) if key is not None else None  # type: ignore[union-attr]
+        hit = None
+        if key is not None:
+            ready = functools.partial(self._stored_program, key)
+            hit = self.graph_cache.load(key, gm, example_inputs, ready)  # type: ignore[union-attr]
         if hit is not None:  # what AOTAutograd traced in an earlier process, as it returned it
-            return unboxed(self.compile_aten(*hit, kind="inference"))
+            graph, values, first = hit
+            return unboxed(self.compile_aten(graph, values, kind="inference", warm_key=key, first=first))
         forward = functools.partial(self.compile_aten, frozen=frozen, kind="forward")
         # the inference forward, when AOTAutograd's wrappers add nothing, and its ATen graph's bytes
         direct: list[tuple[Callable, bytes | None]] = []
-        inference = functools.partial(self.compile_aten, frozen=frozen, kind="inference")
+        inference = functools.partial(self.compile_aten, frozen=frozen, kind="inference", warm_key=key)
         if may_skip_wrappers(gm, example_inputs):
             inference = functools.partial(
                 self._compile_inference, inference, len(example_inputs), direct, key is not None
@@ -168,11 +177,19 @@ class VfuseBackend:
         example_inputs: Sequence[Any],
         frozen: dict[int, torch.Tensor] | None = None,
         kind: str = "forward",
+        warm_key: str | None = None,
+        first: CompiledGraph | None = None,
     ) -> Callable:
-        """AOTAutograd's compiler hook: returns a boxed callable (it takes a list and clears it)."""
+        """AOTAutograd's compiler hook: returns a boxed callable (it takes a list and clears it).
+        `warm_key`: the graph cache's key of this inference graph, under which its program over
+        its symbols is kept; `first`: that program, loaded (entry/warm_program.py)."""
         if any(_is_symbolic(x) for x in example_inputs):
             # Boxed itself (`Dynamic._boxed_call`): no wrapper frame per call.
-            return Dynamic(functools.partial(self.compile_symbolic, kind=kind), lambda: _Specializing(self, gm), gm)
+            # A program is kept only where Dynamic takes the outputs as they are (no sizes or views).
+            keep = warm_key if warm_key is not None and plain_outputs(gm) else None
+            compile_variant = functools.partial(self.compile_symbolic, kind=kind, key=keep)
+            meta = functools.partial(warm.ensure_meta, gm)
+            return Dynamic(compile_variant, lambda: _Specializing(self, gm), gm, first=first, meta=meta)
         frozen = frozen or {}
         if not all(i < len(example_inputs) and example_inputs[i].shape == t.shape for i, t in frozen.items()):
             frozen = {}  # AOTAutograd reordered inputs: compile without freezing rather than guess
@@ -227,8 +244,9 @@ class VfuseBackend:
         observe.compiled(compiled, ctx, kind)
         return _calling_convention(compiled, frozen, present, lifted)
 
-    def compile_symbolic(self, gm: torch.fx.GraphModule, env: Any, kind: str) -> CompiledGraph:
-        """Compile a graph over its symbolic sizes (entry/dynamic.py); raises where it cannot."""
+    def compile_symbolic(self, gm: torch.fx.GraphModule, env: Any, kind: str, key: str | None = None) -> CompiledGraph:
+        """Compile a graph over its symbolic sizes (entry/dynamic.py); raises where it cannot.
+        With `key` (its graph cache key), the program is kept for later processes."""
         ctx = graph_context(self.options, f"graph{next(self._ids)}", kind, ())
         foreign = foreign_device(gm, {}, devices_for(self.options.backend))
         if foreign is not None:
@@ -237,6 +255,30 @@ class VfuseBackend:
             compiled = compile_fx(gm, ctx, symbols=env)
         self.compiled.append(compiled)
         observe.compiled(compiled, ctx, f"{kind} (dynamic)")
+        executor = compiled.executor
+        if key is not None and self.programs is not None and isinstance(executor, SymbolicExecutor):
+            if executor.program is not None and executor.source is not None:
+                parts = (compiled.graph, compiled.plan, executor.program, executor.source)
+                self.programs.save(key, env, parts, repr(target_of(ctx)))
+        return compiled
+
+    def _stored_program(self, key: str, graph: torch.fx.GraphModule) -> CompiledGraph | None:
+        """The program an earlier process compiled `graph` (a graph cache hit) to over its
+        symbols, hinted at the traced example's sizes; None where none serves them."""
+        if self.programs is None or not plain_outputs(graph):
+            return None
+        try:  # hints: the traced example's sizes (its size inputs are SymInts: int() would guard)
+            env = sym_env(graph)
+        except Exception:  # a symbol no input gives: compiled per shape, as on a miss
+            return None
+        ctx = graph_context(self.options, f"graph{next(self._ids)}", "inference", ())
+        parts = self.programs.load(key, env, repr(target_of(ctx))) if env is not None else None
+        if parts is None:
+            return None
+        with unset_fake_temporarily():
+            compiled = from_symbolic_program(*parts, ctx, env)  # type: ignore[arg-type]
+        self.compiled.append(compiled)
+        observe.compiled(compiled, ctx, "inference (dynamic)")
         return compiled
 
     @property

@@ -131,7 +131,12 @@ class Dynamic:
     _boxed_call = True
 
     def __init__(
-        self, compile_variant: Callable[..., Any], per_shape: Callable[[], Callable], gm: torch.fx.GraphModule
+        self,
+        compile_variant: Callable[..., Any],
+        per_shape: Callable[[], Callable],
+        gm: torch.fx.GraphModule,
+        first: Any = None,
+        meta: Callable[[], None] | None = None,
     ) -> None:
         # Also an instance attribute: wrappers (torch._dynamo.disable on a backward) copy `__dict__` only.
         self._boxed_call = True
@@ -144,6 +149,10 @@ class Dynamic:
         self._key: Callable[[list], Any] = _no_key  # the first variant's size reader
         self._fast: dict[Any, Callable[[list], list]] = {}
         self._own_fast = False  # `_fast` is ours (filled per size), not the executor's `runs`
+        # A CompiledGraph loaded for this graph (entry/warm_program.py): the first variant where
+        # it serves the first call's sizes. Until then `gm` may lack node metadata: `meta` sets it.
+        self._first = first
+        self._meta = meta or _nothing
 
     def __call__(self, args: list) -> Any:
         try:
@@ -185,12 +194,17 @@ class Dynamic:
 
     def _new_variant(self, args: list) -> Callable | None:
         if len(self.variants) >= MAX_VARIANTS:
+            self._meta()
             self.fallback = self._per_shape()
             return None
-        stripped, slots, views = size_slots(self.gm)
+        first, self._first = self._first, None
+        if first is None or not _serves(first.executor, args):
+            first = None
+            self._meta()  # what lowering and size_slots read
+        stripped, slots, views = size_slots(self.gm)  # a loaded program's outputs need no metadata
         try:
-            env = sym_env(stripped, args)
-            compiled = self._compile_variant(stripped, env)
+            env = first.executor.env if first is not None else sym_env(stripped, args)
+            compiled = first if first is not None else self._compile_variant(stripped, env)
             executor = compiled.executor
             if not isinstance(executor, SymbolicExecutor):
                 raise TypeError("not compiled over its symbols")
@@ -200,6 +214,7 @@ class Dynamic:
             warnings.warn(
                 f"vfuse: a graph with symbolic sizes is compiled per shape: {type(e).__name__}: {e}", stacklevel=3
             )
+            self._meta()
             self.fallback = self._per_shape()
             return None
         names = executor.names
@@ -220,6 +235,17 @@ class Dynamic:
 
 def _no_key(args: list) -> None:
     return None
+
+
+def _nothing() -> None:
+    pass
+
+
+def _serves(executor: Any, args: list) -> bool:
+    try:
+        return bool(executor.serves(executor.values(args)))
+    except Exception:  # arguments it cannot read: compiled as usual, which says what is wrong
+        return False
 
 
 def _runner(compiled: Any, slots: tuple[Any, ...], views: Any = None) -> Callable[[tuple[int, ...], list], list]:

@@ -15,8 +15,10 @@ a hit compiles kernels the saving process already built). On a hit it is rebuilt
 sizes included). The guards the traced graph relied on (those of the shape environment over the
 size inputs when it was saved) are evaluated first: false at these sizes is a miss; true, they
 are added to Dynamo's shape environment, so Dynamo checks them as if AOTAutograd had run.
-`compile_aten` then compiles the graph as on a miss (our own compile is not cached here; its
-kernels are, by source).
+`compile_aten` then compiles the graph as on a miss (kernels come from the kernel cache, by
+source). A graph with symbolic sizes whose program is kept beside it (entry/warm_program.py)
+skips both the propagation and our compile: `load`'s `ready` makes it from the placeholders'
+metadata alone, and the rest is propagated only if another variant must be compiled.
 
 Anything the key cannot vouch for is not cached: training graphs, frozen parameters, graphs
 calling functions outside torch or reading module attributes, tensor subclasses, float inputs,
@@ -39,7 +41,7 @@ import os
 import pickle
 import sys
 import warnings
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -71,11 +73,18 @@ class GraphCache:
         return self._usable
 
     def load(
-        self, key: str, gm: torch.fx.GraphModule, example_inputs: Sequence[Any]
-    ) -> tuple[torch.fx.GraphModule, list[Any]] | None:
+        self,
+        key: str,
+        gm: torch.fx.GraphModule,
+        example_inputs: Sequence[Any],
+        ready: Callable[[torch.fx.GraphModule], Any] | None = None,
+    ) -> tuple[torch.fx.GraphModule, list[Any], Any] | None:
         """The ATen graph saved under `key`, with meta['val'] set and its guards added to the
-        shape environment, and its example inputs (faked as AOTAutograd fakes them); None on a
-        miss (no entry, a corrupt one, guards false at these sizes)."""
+        shape environment, its example inputs (faked as AOTAutograd fakes them) and what `ready`
+        made of it; None on a miss (no entry, a corrupt one, guards false at these sizes).
+        `ready(graph)` (symbolic sizes only; placeholders' meta['val'] set) returns what the
+        caller compiled from elsewhere (entry/warm_program.py) or None: when not None, the
+        graph's other nodes get no meta['val'] until `ensure_meta` (the largest part of a hit)."""
         entry = self._read(key) if self.usable() else None
         if entry is not None and entry["restart"] and _restart(entry["restart"]):
             self.restarts += 1
@@ -85,9 +94,11 @@ class GraphCache:
             try:
                 values = fake_inputs(example_inputs, example_values(gm))
                 if values is not None and _guards_hold(guards, values):
-                    propagate(graph, values)
+                    made = _ready(graph, values, ready)
+                    if made is None:
+                        propagate(graph, values)
                     self.hits += 1
-                    return graph, values
+                    return graph, values, made
             except Exception as e:  # a graph this torch cannot replay: compiled afresh
                 warnings.warn(f"vfuse: graph cache entry {key[:16]} not used: {type(e).__name__}: {e}", stacklevel=3)
         self.misses += 1
@@ -392,6 +403,35 @@ def _guards_hold(guards: str | None, values: Sequence[Any]) -> bool:
     if not env.evaluate_guards_expression(guards, [guarding_hint_or_throw(s) for s in sizes]):
         return False
     return bool(env.evaluate_guards_expression(guards, sizes))
+
+
+def _ready(graph: torch.fx.GraphModule, values: Sequence[Any], ready: Callable[[Any], Any] | None) -> Any:
+    """What `ready` makes of a graph with symbolic sizes whose placeholders alone have meta['val']
+    (the rest is propagated by `ensure_meta` when needed); None where it makes nothing."""
+    if ready is None or not any(_symbolic(v) for v in values):
+        return None
+    for node, v in zip((n for n in graph.graph.nodes if n.op == "placeholder"), values, strict=True):
+        node.meta["val"] = v
+    made = ready(graph)
+    if made is not None:
+        graph.meta[_DEFERRED] = list(values)
+    return made
+
+
+def _symbolic(v: Any) -> bool:
+    if isinstance(v, torch.SymInt):
+        return True
+    return isinstance(v, torch.Tensor) and any(isinstance(d, torch.SymInt) for d in (*v.shape, *v.stride()))
+
+
+_DEFERRED = "vfuse_meta_deferred"  # graph.meta key: the inputs to propagate over, when not yet done
+
+
+def ensure_meta(graph: torch.fx.GraphModule) -> None:
+    """Every node's meta['val'] set, where `load` left it to later."""
+    values = graph.meta.pop(_DEFERRED, None)
+    if values is not None:
+        propagate(graph, values)
 
 
 class _Propagate(FakeTensorProp):

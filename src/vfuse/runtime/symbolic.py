@@ -229,9 +229,11 @@ class SymbolicExecutor:
         make: Callable[[tuple[int, ...]], Any],
         stats: Any,
         program: Any = None,
+        source: str | None = None,
     ) -> None:
         self.env = env
         self.program = program  # the symbolic Program (None for the reference executor)
+        self.source = source  # its C++ (kept with the program: entry/warm_program.py)
         self.bindings = bindings_of(graph, env)
         self.names = [b.name for b in self.bindings]
         self.guards = guard_function(env, self.names)

@@ -1,0 +1,186 @@
+"""A warm process skips our own compile of a graph with symbolic sizes: its program, on disk.
+
+The graph cache (entry/warm.py) gives a later process the ATen graph AOTAutograd traced; what
+we then made of it over its symbols (the optimized IR graph, the fusion plan, the scheduled
+Program and its C++) is kept beside it (`graphs/<key>.program`, written when the first
+variant is compiled). A hit skips fake-tensor propagation over the ATen graph (the largest part
+of a hit: symbolic sizes make every fake tensor cost sympy arithmetic), lowering, planning,
+scheduling and rendering; the library comes from the kernel cache by its source.
+
+The program serves the sizes its guards admit, whatever sizes it was compiled at (its hints
+only chose performance settings, docs/dynamic.md), so an entry is used when the graph's
+target (the machine and instruction-set tier it was planned for: the graph's key does
+not name it), symbols and their value ranges are those it was compiled with (a decision proved over a range
+needs that range) and each saved guard holds at the call's sizes; the guards then become the
+new compilation's own. SymSizes are saved as their expressions and bound to the new
+compilation's SymEnv on load (`persistent_id`): no SymEnv, with its compiled evaluators, is
+pickled. Only graphs whose outputs are all computed tensors (no sizes, views of inputs or
+constants among them: those need node metadata) are kept. An unreadable or corrupt entry is a
+miss with a warning; entries are written atomically and read from the graph cache's directory
+only (loading one runs its pickled code, as for the graph cache).
+"""
+
+from __future__ import annotations
+
+import io
+import pickle
+import warnings
+from typing import Any
+
+import sympy
+import torch
+
+from vfuse.cachedir import write_bytes_atomic
+from vfuse.entry.dynamic import _aliases_input
+from vfuse.entry.warm import GraphCache
+from vfuse.fusion import FusionPlan
+from vfuse.ir import Graph
+from vfuse.ir.sym import SymEnv, SymSize
+from vfuse.schedule import Program
+
+FORMAT = 1  # of an entry: a dict with these keys
+_FIELDS = ("format", "key", "target", "symbols", "guards", "parts")
+
+Parts = tuple[Graph, FusionPlan, Program, str]  # the optimized graph, its plan, the Program, its C++
+
+
+class ProgramCache:
+    """Symbolic programs by graph-cache key beside `graphs`' entries, in a directory only this
+    user can write (else none is read or written); `hits`, `misses` and `saved` count lookups
+    (tests assert on them)."""
+
+    def __init__(self, graphs: GraphCache) -> None:
+        self.graphs = graphs
+        self.root = graphs.root
+        self.hits = self.misses = self.saved = 0
+
+    def load(self, key: str, env: SymEnv, target: str) -> Parts | None:
+        """The program kept under `key` for `target` (the planning target's repr), its sizes
+        bound to `env` and its guards added to it; None when there is none, it is corrupt (with
+        a warning), or it was planned for another target or does not serve `env`'s hints."""
+        path = self.root / f"{key}.program"
+        try:
+            if not self.graphs.usable():
+                raise FileNotFoundError(path)
+            data = path.read_bytes()
+        except FileNotFoundError:
+            self.misses += 1
+            return None
+        try:
+            parts = _decode(data, key, env, target)
+        except Exception as e:  # corrupt, truncated, another version's: compiled afresh
+            warnings.warn(
+                f"vfuse: program cache entry {path} is unreadable ({type(e).__name__}: {e}); compiling it", stacklevel=2
+            )
+            parts = None
+        if parts is None:
+            self.misses += 1
+            return None
+        self.hits += 1
+        return parts
+
+    def save(self, key: str, env: SymEnv, parts: Parts, target: str) -> None:
+        """Keep `parts` compiled under `env` (its guards final) for `target`; a cache that cannot
+        be written is left alone."""
+        if not self.graphs.usable():
+            return
+        try:
+            entry = {
+                "format": FORMAT,
+                "key": key,
+                "target": target,
+                "symbols": _symbols(env),
+                "guards": list(env.guards),
+                "parts": _encode(parts),
+            }
+            write_bytes_atomic(self.root / f"{key}.program", pickle.dumps(entry, protocol=pickle.HIGHEST_PROTOCOL))
+            self.saved += 1
+        except Exception as e:
+            warnings.warn(f"vfuse: program cache entry not written: {type(e).__name__}: {e}", stacklevel=2)
+
+
+def _symbols(env: SymEnv) -> list[tuple[sympy.Symbol, str, str]]:
+    """Each symbol (assumptions included) with its value range: what the program's proofs used."""
+    return [(s, str(env.ranges[s].lower), str(env.ranges[s].upper)) for s in env.symbols]
+
+
+class _Pickler(pickle.Pickler):
+    def persistent_id(self, obj: Any) -> Any:
+        if isinstance(obj, SymSize):
+            return ("size", obj.expr)
+        if isinstance(obj, SymEnv):
+            return ("env",)
+        return None
+
+
+class _Unpickler(pickle.Unpickler):
+    def __init__(self, data: bytes, env: SymEnv) -> None:
+        super().__init__(io.BytesIO(data))
+        self.env = env
+
+    def persistent_load(self, pid: Any) -> Any:
+        if pid == ("env",):
+            return self.env
+        if isinstance(pid, tuple) and len(pid) == 2 and pid[0] == "size" and isinstance(pid[1], sympy.Basic):
+            if not pid[1].free_symbols <= set(self.env.symbols):
+                raise ValueError(f"size {pid[1]} over symbols this graph does not have")
+            return SymSize(pid[1], self.env)
+        raise pickle.UnpicklingError(f"unknown persistent id {pid!r}")
+
+
+def _encode(parts: Parts) -> bytes:
+    buf = io.BytesIO()
+    _Pickler(buf, protocol=pickle.HIGHEST_PROTOCOL).dump(parts)
+    return buf.getvalue()
+
+
+def _decode(data: bytes, key: str, env: SymEnv, target: str) -> Parts | None:
+    """The entry's parts bound to `env` (None: it does not serve `env`); raises for a corrupt one."""
+    entry = pickle.loads(data)
+    if not isinstance(entry, dict) or tuple(entry) != _FIELDS:
+        raise ValueError("not a program cache entry")
+    if entry["format"] != FORMAT or entry["key"] != key:
+        raise ValueError(f"entry of format {entry['format']} for another key")
+    guards = entry["guards"]
+    if not isinstance(guards, list) or not all(isinstance(g, sympy.Basic) for g in guards):
+        raise ValueError("not a program cache entry")
+    if entry["target"] != target:
+        return None  # planned for another machine or tier (the graph's key does not say)
+    if entry["symbols"] != _symbols(env):
+        return None  # other symbols or ranges: its proofs may not hold
+    if not all(_holds(g, env) for g in guards):
+        return None  # sizes outside the program's guards: another variant
+    parts = _Unpickler(entry["parts"], env).load()
+    types = (Graph, FusionPlan, Program, str)
+    if not isinstance(parts, tuple) or len(parts) != 4 or not all(isinstance(p, t) for p, t in zip(parts, types)):
+        raise ValueError("not a program cache entry")
+    for g in guards:
+        env.guard(g)
+    return parts
+
+
+def _holds(guard: sympy.Basic, env: SymEnv) -> bool:
+    """The guard at `env`'s hints; raises for one that is no condition over its symbols."""
+    value = guard.xreplace(env.hints)
+    if value not in (sympy.true, sympy.false):
+        raise ValueError(f"guard {guard} is no condition on this graph's sizes")
+    return bool(value)
+
+
+def plain_outputs(gm: torch.fx.GraphModule) -> bool:
+    """Whether every output of `gm` is a tensor an ATen operator computes (no size, constant,
+    tuple item or view of an input): the outputs Dynamic takes as they are, without node
+    metadata (placeholders' meta['val'] only, to tell tensor inputs)."""
+    out = next(n for n in gm.graph.nodes if n.op == "output")
+    values = out.args[0] if isinstance(out.args[0], list | tuple) else (out.args[0],)
+    return all(_computed_tensor(v) for v in values)
+
+
+def _computed_tensor(v: Any) -> bool:
+    if not isinstance(v, torch.fx.Node) or v.op != "call_function":
+        return False
+    op = v.target
+    if not isinstance(op, torch._ops.OpOverload) or _aliases_input(v):
+        return False
+    returns = op._schema.returns
+    return len(returns) == 1 and isinstance(returns[0].type, torch.TensorType)

@@ -1,0 +1,220 @@
+"""The program cache (entry/warm_program.py): a later process takes the program a graph with
+symbolic sizes compiled to from disk, beside its ATen graph (entry/warm.py).
+
+A "later process" is a new backend after `torch._dynamo.reset()`, sharing only the cache
+directory. A hit is asserted by what did not run (fake-tensor propagation, lowering, planning,
+scheduling, counted here), never by timing; every call is checked against eager.
+"""
+
+from __future__ import annotations
+
+import pickle
+import re
+from collections import Counter
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import sympy
+import torch
+
+import vfuse
+import vfuse.compiler as compiler
+from vfuse.codegen.cpp import render as render_cpp
+from vfuse.entry import warm, warm_program
+from vfuse.entry.dumps import graph_context
+from vfuse.frontend.symbols import sym_env
+from vfuse.ir.sym import SymSize
+
+
+@pytest.fixture(scope="module")
+def cache_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("vfuse-program-cache")  # kernels compiled once for the module
+
+
+@pytest.fixture
+def work(monkeypatch: pytest.MonkeyPatch, cache_dir: Path) -> Iterator[Counter[str]]:
+    """Counts the compile stages a hit skips; each test starts with no graph or program entries."""
+    for f in (cache_dir / "graphs").glob("*"):
+        f.unlink()
+    count: Counter[str] = Counter()
+    for module, name in ((warm, "propagate"), (compiler, "lower_fx"), (compiler, "plan"), (compiler, "schedule")):
+        monkeypatch.setattr(module, name, _counted(getattr(module, name), name, count))
+    monkeypatch.delenv("VFUSE_GRAPH_CACHE", raising=False)
+    torch._dynamo.reset()
+    yield count
+    torch._dynamo.reset()
+
+
+def _counted(fn: Callable, name: str, count: Counter[str]) -> Callable:
+    def run(*args: Any, **kwargs: Any) -> Any:
+        count[name] += 1
+        return fn(*args, **kwargs)
+
+    return run
+
+
+def _process(fn: Callable, cache_dir: Path, **compile_kw: Any) -> tuple[Callable, Any]:
+    torch._dynamo.reset()
+    backend = vfuse.backend(strict=True, cache_dir=cache_dir)
+    return torch.compile(fn, backend=backend, **compile_kw), backend
+
+
+class _Block(torch.nn.Module):
+    """LayerNorm, a GEMM with a GELU epilogue, a residual and a softmax over the rows."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.norm = torch.nn.LayerNorm(24)
+        self.proj = torch.nn.Linear(24, 24)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = torch.nn.functional.gelu(self.proj(self.norm(x))) + x
+        return torch.softmax(h * 0.5, dim=0)  # over the symbolic dim
+
+
+def _run(fn: Callable, model: torch.nn.Module, sizes: tuple[int, ...]) -> None:
+    for n in sizes:
+        x = torch.randn(n, 24)
+        torch.testing.assert_close(fn(x), model(x))
+
+
+def _entry(cache_dir: Path) -> Path:
+    (path,) = (cache_dir / "graphs").glob("*.program")
+    return path
+
+
+def test_hit_skips_propagation_and_planning_and_matches_eager(work: Counter[str], cache_dir: Path) -> None:
+    block = _Block()
+    with torch.no_grad():
+        first, b1 = _process(block, cache_dir, dynamic=True)
+        _run(first, block, (11, 3))
+        assert b1.programs.saved == 1 and work["plan"] == 1 and work["propagate"] == 0
+        libraries = sorted(cache_dir.rglob("*.so"))
+        work.clear()
+        second, b2 = _process(block, cache_dir, dynamic=True)
+        _run(second, block, (7, 2, 13, 31, 64))  # hinted at 7 here, at 11 when saved
+    assert (b2.graph_cache.hits, b2.programs.hits, b2.programs.saved) == (1, 1, 0)
+    assert sum(work.values()) == 0, work  # no propagation, lowering, planning or scheduling
+    assert b2.stats["graphs"] == 1 and b2.stats["eager_graphs"] == 0
+    assert sorted(cache_dir.rglob("*.so")) == libraries  # the saved source: no g++
+
+
+def test_a_stored_program_renders_as_it_was_saved(work: Counter[str], cache_dir: Path) -> None:
+    block = _Block()
+    with torch.no_grad():
+        fn, backend = _process(block, cache_dir, dynamic=True)
+        _run(fn, block, (9,))
+    key = _entry(cache_dir).name.removesuffix(".program")
+    compiled = backend.compiled[-1]
+    env = compiled.executor.env
+    cache = warm_program.ProgramCache(warm.GraphCache(cache_dir))
+    same = type(env)({s: (env.hints[s], env.ranges[s]) for s in env.symbols})
+    target = repr(compiler.target_of(graph_context(backend.options, "g", "inference", ())))
+    assert cache.load(key, same, target + " elsewhere") is None  # planned for another machine
+    graph, plan, program, source = cache.load(key, same, target)  # type: ignore[misc]
+    assert render_cpp(program) == source == compiled.executor.source
+    assert same.guards == env.guards
+    assert str(graph) == str(compiled.graph) and len(plan.groups) == len(compiled.plan.groups)
+    sizes = [d for b in program.buffers.values() for d in b.type.shape if isinstance(d, SymSize)]
+    assert sizes and all(d.env is same for d in sizes)
+    other = type(env)({s: (17, env.ranges[s]) for s in env.symbols})  # the hint shows in comments only
+    _, _, program, _ = cache.load(key, other, target)  # type: ignore[misc]
+    assert re.sub(r"~ \d+", "", render_cpp(program)) == re.sub(r"~ \d+", "", source)
+
+
+def _damaged(entry: dict[str, Any], how: str) -> bytes:
+    if how == "truncated":
+        return pickle.dumps(entry)[:60]
+    if how == "parts":
+        entry["parts"] = entry["parts"][: len(entry["parts"]) // 2]
+    elif how == "guard":
+        entry["guards"] = [*entry["guards"], sympy.Symbol("nobody") > 3]
+    elif how == "types":
+        entry["parts"] = warm_program._encode((1, 2, 3, "x"))  # type: ignore[arg-type]
+    return pickle.dumps(entry)
+
+
+@pytest.mark.parametrize("how", ["junk", "truncated", "parts", "guard", "types"])
+def test_a_damaged_entry_is_a_miss_with_a_warning(work: Counter[str], cache_dir: Path, how: str) -> None:
+    block = _Block()
+    with torch.no_grad():
+        fn, _ = _process(block, cache_dir, dynamic=True)
+        _run(fn, block, (6,))
+        path = _entry(cache_dir)
+        data = b"not a pickle" if how == "junk" else _damaged(pickle.loads(path.read_bytes()), how)
+        path.write_bytes(data)
+        fn, backend = _process(block, cache_dir, dynamic=True)
+        with pytest.warns(UserWarning, match="program cache entry .* is unreadable"):
+            _run(fn, block, (6,))
+        _run(fn, block, (10, 5))
+    assert (backend.graph_cache.hits, backend.programs.misses, backend.programs.saved) == (1, 1, 1)  # written anew
+    assert pickle.loads(_entry(cache_dir).read_bytes())["format"] == warm_program.FORMAT
+
+
+def test_sizes_outside_its_guards_compile_another_variant(work: Counter[str], cache_dir: Path) -> None:
+    """A stored program serving up to 20 rows: the hit runs it there; 31 rows compile anew, with
+    the node metadata the hit skipped propagated then."""
+    block = _Block()
+    with torch.no_grad():
+        fn, _ = _process(block, cache_dir, dynamic=True)
+        _run(fn, block, (9,))
+        path = _entry(cache_dir)
+        entry = pickle.loads(path.read_bytes())
+        (symbol, _, _), *_ = entry["symbols"]
+        entry["guards"].append(sympy.Le(symbol, 20))
+        path.write_bytes(pickle.dumps(entry))
+        work.clear()
+        fn, backend = _process(block, cache_dir, dynamic=True)
+        _run(fn, block, (9, 20, 3))
+        assert sum(work.values()) == 0 and backend.programs.hits == 1
+        _run(fn, block, (31, 9, 47))
+    assert work["propagate"] == 1 and work["plan"] == 1  # the second variant only
+    assert backend.stats["graphs"] == 2 and backend.stats["eager_graphs"] == 0
+
+
+def test_a_stored_program_for_other_sizes_is_not_used(work: Counter[str], cache_dir: Path) -> None:
+    """A program whose guards the traced sizes fail: compiled as before (propagated, planned)."""
+    block = _Block()
+    with torch.no_grad():
+        fn, _ = _process(block, cache_dir, dynamic=True)
+        _run(fn, block, (9,))
+        path = _entry(cache_dir)
+        entry = pickle.loads(path.read_bytes())
+        (symbol, _, _), *_ = entry["symbols"]
+        entry["guards"].append(sympy.Ge(symbol, 1000))
+        path.write_bytes(pickle.dumps(entry))
+        work.clear()
+        fn, backend = _process(block, cache_dir, dynamic=True)
+        _run(fn, block, (12, 5))
+    assert (backend.programs.hits, backend.programs.misses, backend.programs.saved) == (0, 1, 1)
+    assert work["propagate"] == 1 and work["plan"] == 1
+
+
+def test_outputs_that_need_metadata_are_not_stored(work: Counter[str], cache_dir: Path) -> None:
+    """A size and a view of an input among the outputs: Dynamic reads them from node metadata."""
+
+    def f(x: torch.Tensor) -> tuple[torch.Tensor, int, torch.Tensor]:
+        return (x * 2).relu(), x.shape[0] + 1, x[1:]
+
+    with torch.no_grad():
+        for k in range(2):
+            fn, backend = _process(f, cache_dir, dynamic=True)
+            x = torch.randn(7 + k, 5)
+            got, want = fn(x), f(x)
+            torch.testing.assert_close(got[0], want[0])
+            assert got[1] == want[1] and got[2].data_ptr() == x[1:].data_ptr()
+            assert backend.programs.saved == 0 and backend.programs.hits == 0
+
+
+def test_plain_outputs() -> None:
+    gm = torch.fx.experimental.proxy_tensor.make_fx(lambda x: ((x + 1).relu(), x.t()))(torch.randn(3, 4))
+    assert not warm_program.plain_outputs(gm)  # t() is a view of the input
+    gm = torch.fx.experimental.proxy_tensor.make_fx(lambda x: ((x + 1).relu().t(), x + 2))(torch.randn(3, 4))
+    assert warm_program.plain_outputs(gm)  # a view of a computed tensor is computed
+    gm = torch.fx.experimental.proxy_tensor.make_fx(lambda x: (x + 1, x.shape[0]))(torch.randn(3, 4))
+    assert not warm_program.plain_outputs(gm)  # a size
+    gm = torch.fx.experimental.proxy_tensor.make_fx(lambda x: ((x + 1).relu(), x.sum(0)))(torch.randn(3, 4))
+    assert warm_program.plain_outputs(gm)
+    assert sym_env(gm) is None  # static: the program cache is for symbolic graphs only
