@@ -96,9 +96,9 @@ def check_donated(compiled: Any, slots: tuple[Any, ...], lifted: bool) -> None:
 def _group(compiled: Any, slots: tuple[Any, ...], positions: list[int]) -> None:
     """The forward returns the donated saved tensors in one block, in the order of their positions
     (the backward's donors' order), so that a gradient can span adjacent dead ones (schedule/donate.py)."""
-    pool, program = getattr(compiled.executor, "_pool", None), compiled.executor.program
+    pool, program = getattr(compiled.executor, "_pool", None), getattr(compiled.executor, "program", None)
     group = getattr(pool, "group", None)
-    if group is None or len(positions) < 2:
+    if group is None or program is None or len(positions) < 2:  # an interpreted graph has no program
         return
     outputs = compiled.graph.outputs
     names = [outputs[sum(1 for s in slots[:p] if s is COMPUTED)] for p in positions]
