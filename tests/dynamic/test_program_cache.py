@@ -153,18 +153,23 @@ def test_a_damaged_entry_is_a_miss_with_a_warning(work: Counter[str], cache_dir:
     assert pickle.loads(_entry(cache_dir).read_bytes())["format"] == warm_program.FORMAT
 
 
+def _stored_with_guard(block: _Block, cache_dir: Path, guard: Any) -> None:
+    """Compiles `block` at 9 rows in one process, then adds `guard(symbol)` to its stored program."""
+    fn, _ = _process(block, cache_dir, dynamic=True)
+    _run(fn, block, (9,))
+    path = _entry(cache_dir)
+    entry = pickle.loads(path.read_bytes())
+    (symbol, _, _), *_ = entry["symbols"]
+    entry["guards"].append(guard(symbol))
+    path.write_bytes(pickle.dumps(entry))
+
+
 def test_sizes_outside_its_guards_compile_another_variant(work: Counter[str], cache_dir: Path) -> None:
     """A stored program serving up to 20 rows: the hit runs it there; 31 rows compile anew, with
     the node metadata the hit skipped propagated then."""
     block = _Block()
     with torch.no_grad():
-        fn, _ = _process(block, cache_dir, dynamic=True)
-        _run(fn, block, (9,))
-        path = _entry(cache_dir)
-        entry = pickle.loads(path.read_bytes())
-        (symbol, _, _), *_ = entry["symbols"]
-        entry["guards"].append(sympy.Le(symbol, 20))
-        path.write_bytes(pickle.dumps(entry))
+        _stored_with_guard(block, cache_dir, lambda symbol: sympy.Le(symbol, 20))
         work.clear()
         fn, backend = _process(block, cache_dir, dynamic=True)
         _run(fn, block, (9, 20, 3))
@@ -178,13 +183,7 @@ def test_a_stored_program_for_other_sizes_is_not_used(work: Counter[str], cache_
     """A program whose guards the traced sizes fail: compiled as before (propagated, planned)."""
     block = _Block()
     with torch.no_grad():
-        fn, _ = _process(block, cache_dir, dynamic=True)
-        _run(fn, block, (9,))
-        path = _entry(cache_dir)
-        entry = pickle.loads(path.read_bytes())
-        (symbol, _, _), *_ = entry["symbols"]
-        entry["guards"].append(sympy.Ge(symbol, 1000))
-        path.write_bytes(pickle.dumps(entry))
+        _stored_with_guard(block, cache_dir, lambda symbol: sympy.Ge(symbol, 1000))
         work.clear()
         fn, backend = _process(block, cache_dir, dynamic=True)
         _run(fn, block, (12, 5))
