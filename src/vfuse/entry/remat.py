@@ -37,10 +37,12 @@ except ImportError:  # torch < 2.13 (e.g. a GPU machine's image): the older name
     from torch.fx.experimental.symbolic_shapes import size_hint as optimization_hint
 from torch.utils.flop_counter import flop_registry
 
+from vfuse.frontend.attention_ops import register_flops
 from vfuse.targets import Target
 
 aten = torch.ops.aten
 log = logging.getLogger("vfuse")  # entry/observe.py registers it with torch's logging
+register_flops()  # vfuse's attention-dropout op pair counts as a contraction in the cut
 # IR flops per element of the ops vfuse evaluates with exp-like polynomials (ir/defs' weights).
 TRANSCENDENTAL = {
     aten.exp: 8, aten.log: 8, aten.tanh: 8, aten.sigmoid: 8, aten.erf: 8, aten.pow: 8, aten.rsqrt: 4,

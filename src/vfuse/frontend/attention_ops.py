@@ -17,7 +17,6 @@ from __future__ import annotations
 import math
 
 import torch
-from torch.utils.flop_counter import register_flop_formula
 
 from vfuse.ir import Op
 from vfuse.ir.defs.attention_grad import grad_sizes, lse_sizes
@@ -117,14 +116,22 @@ def _flops(q: tuple[int, ...], k: tuple[int, ...], v: tuple[int, ...], backward:
     return math.prod(q[:-1]) * k[-2] * ((6 * d + 4 * dv) if backward else (2 * d + 2 * dv))
 
 
-# A flop formula makes the op a contraction for the save-or-recompute cut (entry/remat.py): kept,
-# never run again in the backward.
-@register_flop_formula(torch.ops.vfuse.flash_attention_dropout)
 def _forward_flops(q: tuple[int, ...], k: tuple[int, ...], v: tuple[int, ...], *args: object, **kwargs: object) -> int:
     return _flops(q, k, v, backward=False)
 
 
-@register_flop_formula(torch.ops.vfuse.flash_attention_dropout_backward)
 def _backward_flops(grad_out: tuple[int, ...], q: tuple[int, ...], k: tuple[int, ...], v: tuple[int, ...],
                     *args: object, **kwargs: object) -> int:  # fmt: skip
     return _flops(q, k, v, backward=True)
+
+
+def register_flops() -> None:
+    """A flop formula makes the op pair a contraction for the save-or-recompute cut (entry/remat.py,
+    which calls this): kept, never run again in the backward. Not at import: torch.utils.flop_counter
+    imports triton where it is installed, and the CPU path must not (tests/triton/test_backend.py)."""
+    from torch.utils.flop_counter import flop_registry, register_flop_formula
+
+    for op, formula in ((torch.ops.vfuse.flash_attention_dropout, _forward_flops),
+                        (torch.ops.vfuse.flash_attention_dropout_backward, _backward_flops)):  # fmt: skip
+        if op not in flop_registry:
+            register_flop_formula(op)(formula)
