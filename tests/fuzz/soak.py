@@ -21,6 +21,7 @@ ROUNDS = (
     ("tests/fuzz/test_fuzz_backward.py", 15),
     ("tests/fuzz/test_fuzz_dynamic.py", 15),
     ("tests/fuzz/test_fuzz_gemm_views.py", 20),
+    ("tests/fuzz/test_fuzz_attention_dropout.py", 10),
 )
 PYTEST = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--timeout=0"]
 
