@@ -57,7 +57,7 @@ CPP_RULES: dict[Op, str] = {
     Op.ATAN: "std::atan({0})",
     Op.SINH: "std::sinh({0})",
     Op.COSH: "std::cosh({0})",
-    Op.TANH: "std::tanh({0})",
+    Op.TANH: "vf_tanh({0})",
     Op.ASINH: "std::asinh({0})",
     Op.ACOSH: "std::acosh({0})",
     Op.ATANH: "std::atanh({0})",
