@@ -140,7 +140,7 @@ def test_attention_dropout_takes_the_flash_templates() -> None:
     kernels = steps[Op.SDPA_LSE] + steps[Op.SDPA_BACKWARD]
     assert [type(s) for s in kernels] == [ContractionKernel] * 2, steps
     assert all(s.attrs["dropout"] == 0.3 for s in kernels)
-    assert set(backend.stats["fallbacks"]) <= {"aten.randint.low"}, backend.stats  # the seed's draw
+    assert not backend.stats["fallbacks"], backend.stats  # the seed's draw is an RNG_SEED
 
 
 def test_bf16_training_attention_runs_visibly_in_torch() -> None:

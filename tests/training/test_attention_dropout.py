@@ -96,7 +96,7 @@ def test_compiled_matches_the_reference_with_vfuses_mask(case) -> None:
     torch.manual_seed(7)
     check_attention_grads(_sdpa(0.2, causal, mask, attention_dropout), inputs, None, lambda *x: out)
     assert [d.rewritten and d.dropout == 0.2 for d in backend.attention] == [True]
-    assert set(backend.stats["fallbacks"]) <= {"aten.randint.low"}  # the seed's draw
+    assert not backend.stats["fallbacks"], backend.stats  # the seed's draw is an RNG_SEED too
 
 
 def test_p_zero_stays_torchs_flash_path() -> None:
@@ -224,7 +224,7 @@ def test_gpt2_block_with_dropout_keeps_no_t_by_t_tensor() -> None:
 @pytest.mark.parametrize("impl", ["eager", "sdpa"])
 def test_hf_gpt2_with_attn_pdrop_takes_the_flash_kernels(impl: str) -> None:
     """HF GPT-2 in train mode with attn_pdrop 0.1: its eager attention (softmax -> nn.Dropout -> matmul)
-    and its SDPA attention (dropout_p) are both rewritten; only the seeds' draws run in torch."""
+    and its SDPA attention (dropout_p) are both rewritten; nothing runs in torch (the seeds are RNG_SEEDs)."""
     transformers = pytest.importorskip("transformers")
     torch._dynamo.reset()
     torch.manual_seed(0)
@@ -235,5 +235,5 @@ def test_hf_gpt2_with_attn_pdrop_takes_the_flash_kernels(impl: str) -> None:
     backend = vfuse.backend()
     torch.compile(model, backend=backend)(x, labels=x).loss.backward()
     assert [d.rewritten and d.dropout for d in backend.attention] == [0.1, 0.1], [d.text() for d in backend.attention]
-    assert set(backend.stats["fallbacks"]) <= {"aten.randint.low"} and backend.stats["eager_graphs"] == 0
+    assert not backend.stats["fallbacks"] and backend.stats["eager_graphs"] == 0, backend.stats
     assert all(p.grad is None or bool(p.grad.isfinite().all()) for p in model.parameters())

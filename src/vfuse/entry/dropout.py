@@ -5,7 +5,8 @@ decomposition draws one int64 seed from torch's generator (randint: 8 bytes) and
 from (seed, element index) with vfuse's counter-based hash (`ir/defs/rng.py`, stream 0: the same
 numbers vfuse's RAND gives for that seed), written in ATen integer ops. The partitioner
 (`entry/remat.py`) then keeps the seed and recomputes the mask in the backward. Only used for
-graphs that need gradients (capture.py); inference keeps the native RAND lowering.
+graphs that need gradients (capture.py); inference keeps the native RAND lowering. The seeds' randint
+draws lower to RNG_SEED nodes (frontend/lower_random.lower_seed_draw): the same value, no torch fallback.
 """
 
 from __future__ import annotations

@@ -3,6 +3,8 @@
 Every RAND reads the graph's one RNG_SEED (drawn per call from torch's generator, so
 torch.manual_seed governs vfuse too) with its own stream number. The numbers differ from
 eager's (a different generator), never the distribution. Explicit generators go to torch.
+A training graph's seed draws (`randint(0, SEED_HIGH, ())`, entry/dropout.py) are RNG_SEED nodes too:
+the same torch draw, so the same seed, one per call in graph order.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from vfuse.frontend.errors import Fallback
 from vfuse.frontend.lower_source import full
 from vfuse.frontend.registry import lowers
 from vfuse.ir import DType, Op
+from vfuse.ir.defs.random import SEED_HIGH
 
 aten = torch.ops.aten
 
@@ -78,3 +81,31 @@ def lower_uniform(em: Emitter, node: torch.fx.Node) -> str:
     u = em.cast(rand(em, out.shape), out.dtype)
     scaled = em.emit(Op.MUL, (u, em.scalar(a["to"] - a["from"], out.dtype)))
     return em.emit(Op.ADD, (scaled, em.scalar(a["from"], out.dtype)))
+
+
+@lowers(aten.randint.low)
+def lower_seed_draw(em: Emitter, node: torch.fx.Node) -> str:
+    """`randint(0, SEED_HIGH, (), dtype=int64)` on the CPU generator, the seed entry/dropout.py draws for
+    training dropout and attention_dropout: a fresh RNG_SEED (its draw is that very call, so
+    torch.manual_seed gives the seed eager gives). Not em.seed(): every randint is a draw of its own."""
+    a = bind(node)
+    device = a.get("device")
+    exact = a["low"] == 0 and a["high"] == SEED_HIGH and list(a["size"]) == [] and em.out_type().dtype is DType.I64
+    if not exact or (device is not None and torch.device(device).type != "cpu"):
+        raise Fallback("randint other than a seed's draw (0, 2**62, (), int64, cpu)")
+    if _torch_drew_before(em):
+        # Seeds are drawn when a call starts, torch's random ops when their step runs: after one of
+        # those the seed would come from another point of the generator's sequence than in eager.
+        raise Fallback("a seed's draw after a random op run through torch (kept in torch's order)")
+    return em.emit(Op.RNG_SEED)
+
+
+def _torch_drew_before(em: Emitter) -> bool:
+    """Whether a node lowered so far runs a random torch op (an OPAQUE of a nondeterministic_seeded op)."""
+    for n in em.nodes:
+        if n.op is Op.OPAQUE:
+            target = n.attrs["call"].target
+            target = getattr(target, "target", target)  # TensorItems wraps multi-result ops
+            if isinstance(target, torch._ops.OpOverload) and torch.Tag.nondeterministic_seeded in target.tags:
+                return True
+    return False
