@@ -239,6 +239,8 @@ class Pass:
     reduction: Reduction = Reduction()
     serial: bool = False  # no loop of this pass is split between threads
     streamed: bool = False  # the pass's stores bypass the caches (`Kernel.stream`)
+    stream_lanes: int = 0  # streamed from registers, this many fp32 lanes a store, where aligned (`streaming.py`)
+    group_columns: int = 0  # a full row group's rows inside each step of this many lanes (`rowgroups.py`)
     recips: tuple[str, ...] = ()  # divisors fixed for the pass: x / d is x * (1/d), 1/d computed before the loop
     nonpos: tuple[str, ...] = ()  # values known to be <= 0 or NaN (x - rowmax(x)): exp cannot overflow
     muladds: tuple[tuple[str, str, str, str], ...] = ()  # (var, a, b, c): var = a * b + c as one fma (`rowfacts.py`)

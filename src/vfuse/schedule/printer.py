@@ -104,7 +104,9 @@ def _pass(n: int, p: Pass) -> str:
     if p.serial:
         extra.append("serial")
     if p.streamed:
-        extra.append("streamed")
+        extra.append("streamed" + (f" from registers ({p.stream_lanes} lanes) where aligned" if p.stream_lanes else ""))
+    if p.group_columns:
+        extra.append(f"group's rows per {p.group_columns}-lane step")
     if p.recips:
         extra.append(f"reciprocal of {', '.join(p.recips)}")
     if p.nonpos:

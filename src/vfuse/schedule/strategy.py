@@ -45,6 +45,11 @@ UNPREFETCHED_FLOATS = 16
 # rate), one thread, streamed / cached kernel time: 8192 rows (16 MiB) 0.79, 16384 rows 0.81,
 # 4096 rows (8 MiB, still cached) 1.12 (docs/perf-log.md, 2026-12-02).
 GROUP_STREAM_LLCS = 0.5
+# A streamed row pass stores from registers, this many fp32 lanes a non-temporal store, where its
+# outputs are aligned: g++ builds an 8-lane loop as one ymm on every x86 tier and forwards it into
+# the store (16 lanes may be two ymm, which one zmm load of the pair would stall on). The L1 chunk's
+# store and reload cost softmax 8192x1024 12 %, one thread, Zen 3 (docs/perf-log.md, session 15).
+STREAM_LANES = 8
 # A few instructions per element, so the accumulator chain is what a pass waits on.
 CHEAP = frozenset({Op.ADD, Op.SUB, Op.MUL, Op.NEG, Op.ABS, Op.MAXIMUM, Op.MINIMUM, Op.CAST, Op.WHERE})
 # Inline arithmetic in the C++ prelude: g++ vectorizes the strips' lane loop around them. A
@@ -222,12 +227,43 @@ def _pass(k: Kernel, i: int, vector: int) -> Pass:
         p,
         serial=serial,
         streamed=streamed,
+        stream_lanes=(lanes_ := stream_lanes(k, p, streamed and serial, vector)),
+        group_columns=group_columns(k, i, streamed, lanes_, vector),
         reduction=_reduction(k, p, serial, vector),
         recips=tuple(sorted(pass_invariant_divisors(k, i))),
         nonpos=tuple(sorted(below_row_max(k, p))),
         muladds=affine_fmas(k, i),
         peel=_peel(k, p, serial),
     )
+
+
+def stream_lanes(k: Kernel, p: Pass, streamed: bool, vector: int) -> int:
+    """Lanes per register store of a streamed, serial row pass (`Pass.stream_lanes`), 0 for the L1
+    chunk only: fp32 stores contiguous along a SIMD loop of a constant multiple of that many."""
+    n = min(vector, STREAM_LANES)
+    if not streamed or not k.outer or not k.inner or is_sym(k.inner[-1].size) or k.inner[-1].size % n:
+        return 0
+    v = Var(k.inner[-1].var)
+    stores = [s for s in p.body if isinstance(s, Store)]
+    return n if all(s.dtype is DType.F32 and s.index.coef(v) == 1 for s in stores) else 0
+
+
+def group_columns(k: Kernel, i: int, streamed: bool, lanes: int, vector: int) -> int:
+    """Lanes per step of a row group's storing pass walked with the group's rows inside each step
+    (`Pass.group_columns`), 0 for row by row: a pass streamed from registers, without reductions
+    or divisions by row scalars, that reads a vector every row reads (LayerNorm's weight and bias:
+    loaded once a group, not once a row). LayerNorm 8192x256, Zen 3, one thread, vs row by row
+    streamed from registers: 0.96x (0.80x with the rows in L2). Cached stores (2048 rows) measured
+    LayerNorm 0.95-0.98x, RMSNorm 1.07-1.17x under load: not taken (docs/perf-log.md, session 15)."""
+    p, n = k.passes[i], min(vector, STREAM_LANES)
+    if k.walk is not Walk.ROW_GROUPS or p.reduces or pass_invariant_divisors(k, i) or not (streamed and lanes):
+        return 0
+    if len(k.inner) != 1 or is_sym(k.inner[-1].size) or k.inner[-1].size % n:
+        return 0
+    row, v = Var(k.outer[0].var), Var(k.inner[0].var)
+    shared = any(isinstance(s, Load) and not s.index.coef(row) and s.index.coef(v) for s in p.body)
+    stores = [s for s in p.body if isinstance(s, Store)]
+    return n if shared and stores and all(s.index.coef(v) == 1 for s in stores) else 0
 
 
 def _peel(k: Kernel, p: Pass, serial: bool) -> tuple[int, int] | None:

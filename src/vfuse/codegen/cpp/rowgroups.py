@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from vfuse.codegen.cpp.groupcolumns import render_group_columns
 from vfuse.codegen.cpp.passes import render_pass
 from vfuse.codegen.cpp.prefetch import render_prefetch
 from vfuse.codegen.cpp.rows import row_region
@@ -48,12 +49,19 @@ def _groups(w: KernelWriter) -> None:
         _open_row(w, row, carried)
         if w.k.prefetch:  # each pass's row loop: its share of the row `distance` ahead
             render_prefetch(w, w.k.prefetch, i, declare=True)
-        render_pass(w, replace(p, before=tuple(s for s in p.before if not isinstance(s, Const))))
+        before = tuple(s for s in p.before if not isinstance(s, Const))
+        if p.group_columns:  # the per-row statements here, the loop over the row below
+            for s in before:
+                w.stmt(s)
+        else:
+            render_pass(w, replace(p, before=before))
         made = [s.var for s in p.before if not isinstance(s, Store | Const)] + [r.var for r in p.reduces]
         for v in made:
             w.w(f"{v}_rg[{row}_r] = {v};")
         carried += made
         w.close()
+        if p.group_columns:
+            render_group_columns(w, replace(p, before=()), carried)
     if w.k.after:
         _open_row(w, row, carried)
         for s in w.k.after:

@@ -23,9 +23,9 @@ CHUNK = 1024  # elements per chunk: at most 8 KiB per output, so the buffers sta
 STREAM_FLAG = "vf_streamed"  # a gated kernel's per-call choice (symbols are vf_s0, ...: no clash)
 
 
-def _outputs(w: KernelWriter, stores: list[Store], vec: Loop) -> list[str]:
+def _outputs(w: KernelWriter, stores: list[Store], vec: Loop, at: str = "vb") -> list[str]:
     """Where each store's chunk starts in its output (`&out[index at vb]`)."""
-    return [f"&{pointer(s.buf)}[{expr.render(s.index, {**w.names, vec.var: 'vb'})}]" for s in stores]
+    return [f"&{pointer(s.buf)}[{expr.render(s.index, {**w.names, vec.var: at})}]" for s in stores]
 
 
 def _copy_out(w: KernelWriter, stores: list[Store], vec: Loop) -> None:
@@ -57,13 +57,77 @@ def render_streamed(w: KernelWriter, p: Pass) -> None:
     for lp in rest:
         w.open_loop(lp)
     stores = [s for s in p.body if isinstance(s, Store)]
+    if p.stream_lanes:
+        w.open(f"if ({_aligned(w, stores, vec, p.stream_lanes)}) {{")
+        _from_registers(w, p, vec, stores)
+        w.close()
+        w.open("else {")
     _chunk(w, p, vec, stores)
     _copy_out(w, stores, vec)
-    w.close(1 + len(rest))
+    w.close(1 + len(rest) + bool(p.stream_lanes))
     if not row:
         w.w("vf_stream_fence();")
     if threaded:
         w.close()
+
+
+# The non-temporal store of one register of fp32 lanes, by the lanes the schedule chose; elsewhere
+# (another architecture) a plain store: the same values, cached.
+_NT_STORE = {
+    8: ("__AVX__", "_mm256_stream_ps({0}, _mm256_load_ps({1}));"),
+    4: ("__SSE__", "_mm_stream_ps({0}, _mm_load_ps({1}));"),
+}
+
+
+def _aligned(w: KernelWriter, stores: list[Store], vec: Loop, lanes: int) -> str:
+    """The condition for the register path: every output's row starts on a store's alignment (its
+    offsets step by `lanes`), and, in a gated kernel, the call streams."""
+    starts = [f"(uintptr_t){out}" for out in _outputs(w, stores, vec, "0")]
+    cond = f"(({' | '.join(starts)}) & {4 * lanes - 1}) == 0"
+    return f"{STREAM_FLAG} && {cond}" if w.k.stream_gate is not None else cond
+
+
+def _from_registers(w: KernelWriter, p: Pass, vec: Loop, stores: list[Store]) -> None:
+    """The SIMD loop in steps of `p.stream_lanes`, each output's step stored with a non-temporal
+    store: g++ vectorizes each step into one register and forwards the buffer's value into it, so
+    nothing goes through L1 (`strategy.STREAM_LANES`)."""
+    n = p.stream_lanes
+    w.open(f"for (int64_t vb = 0; vb < {vec.size}; vb += {n}) {{")
+    w.w(f"const int64_t ve = vb + {n};")
+    for j in range(len(stores)):
+        w.w(f"alignas({4 * n}) float sb{j}[{n}];")
+    _body(w, p, vec, stores, "sb")
+    for line in nt_stores(list(zip(_outputs(w, stores, vec), [f"sb{j}" for j in range(len(stores))])), n):
+        w.w(line)
+    w.close()
+
+
+def nt_stores(pairs: list[tuple[str, str]], lanes: int) -> list[str]:
+    """Lines storing each (output address, aligned buffer of `lanes` floats) pair with one
+    non-temporal store (a plain copy where the architecture has none)."""
+    guard, store = _NT_STORE[lanes]
+    return [
+        f"#if defined({guard})",
+        *(store.format(out, buf) for out, buf in pairs),
+        "#else",
+        *(f"std::memcpy({out}, {buf}, sizeof({buf}));" for out, buf in pairs),
+        "#endif",
+    ]
+
+
+def _body(w: KernelWriter, p: Pass, vec: Loop, stores: list[Store], dst: str) -> None:
+    """The vectorized loop from `vb` to `ve`, each store into `dst`<j>[i - vb]."""
+    w.w("#pragma omp simd")
+    w.open_loop(vec, "vb", "ve")
+    for v in p.reloaded:  # row kernels: values an earlier pass kept in a row buffer
+        w.w(f"const {COMPUTE_TYPE[w.dtypes[v]]} {v} = rb_{v}[{w.idx(w.k.row_index)}];")
+    for s in p.body:
+        if isinstance(s, Store):
+            conv = STORE_CONVERT.get(s.dtype, "{0}").format(s.arg)
+            w.w(f"{dst}{stores.index(s)}[{w.names[vec.var]} - vb] = {conv};")
+        else:
+            w.stmt(s)
+    w.close()
 
 
 def _chunk(w: KernelWriter, p: Pass, vec: Loop, stores: list[Store]) -> None:
@@ -77,15 +141,4 @@ def _chunk(w: KernelWriter, p: Pass, vec: Loop, stores: list[Store]) -> None:
         # copy of the buffer instead cost 7-17 % of softmax's time in L2 and LLC (Zen 3).
         for j, (s, out) in enumerate(zip(stores, _outputs(w, stores, vec), strict=True)):
             w.w(f"{STORAGE_TYPE[s.dtype]}* const sd{j} = {STREAM_FLAG} ? sb{j} : {out};")
-    w.w("#pragma omp simd")
-    w.open_loop(vec, "vb", "ve")
-    for v in p.reloaded:  # row kernels: values an earlier pass kept in a row buffer
-        w.w(f"const {COMPUTE_TYPE[w.dtypes[v]]} {v} = rb_{v}[{w.idx(w.k.row_index)}];")
-    for s in p.body:
-        if isinstance(s, Store):
-            conv = STORE_CONVERT.get(s.dtype, "{0}").format(s.arg)
-            dst = f"{'sd' if w.k.stream_gate is not None else 'sb'}{stores.index(s)}"
-            w.w(f"{dst}[{w.names[vec.var]} - vb] = {conv};")
-        else:
-            w.stmt(s)
-    w.close()
+    _body(w, p, vec, stores, "sd" if w.k.stream_gate is not None else "sb")
