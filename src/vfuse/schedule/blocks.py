@@ -17,6 +17,7 @@ rows (M in one block, K in L1-sized blocks) cost a larger call passes over C it 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from torch.utils._sympy.value_ranges import bound_sympy
 
@@ -90,11 +91,15 @@ class CallBlocks:
     """A GEMM's cache blocks: `blocks[i]` in calls where `m` <= `upto[i]`, the last one above
     them all (one piece: the same blocks at every size). Each piece's MC covers every M it
     serves that `choose_blocking` puts in one row block (the driver then runs one block of
-    rows, as with MC = M rounded up), so a piece behaves as `choose_blocking` at each M."""
+    rows, as with MC = M rounded up), so a piece behaves as `choose_blocking` at each M.
+    Over a symbolic K (`within`, then `upto` is empty): `blocks[i]` in the first call whose
+    M <= `within[i][0]` and K <= `within[i][1]` (None: no test; the last piece has none)."""
 
     m: SymSize | int
     blocks: tuple[Blocking, ...]
     upto: tuple[int, ...] = ()
+    k: SymSize | int = 0
+    within: tuple[tuple[int | None, int | None], ...] = ()
 
 
 def call_blocks(
@@ -106,17 +111,73 @@ def call_blocks(
     unit: VectorUnit,
 ) -> CallBlocks:
     """The blocks of an m x k @ k x n fp32 GEMM: at fixed sizes `choose_blocking`'s; over a symbolic
-    M alone, one piece per regime M's range reaches (`_pieces`); other symbolic sizes at their hints."""
-    if not is_sym(m) or is_sym(n) or is_sym(k):
+    M alone, one piece per regime M's range reaches (`_pieces`); over a symbolic N or K, pieces
+    per K regime and M regime within it (`_nk_pieces`), not the hints' (hinted at 49, a call at
+    2048 ran K in 42 blocks of 49)."""
+    if is_sym(n) or is_sym(k):
+        return _nk_pieces(m, n, k, caches, micro, unit)
+    if not is_sym(m):
         return CallBlocks(m, (choose_blocking(hint(m), hint(n), hint(k), *caches, micro=micro, unit=unit),))
-    r = bound_sympy(m.expr, m.env.ranges)
-    lo, hi = _bound(r.lower) or 1, _bound(r.upper)
-    pieces = [(t, b) for t, b in _pieces(n, k, caches, micro, unit) if t is None or t >= lo]
-    last = next(i for i, (t, _) in enumerate(pieces) if t is None or (hi is not None and t >= hi))
-    pieces = pieces[: last + 1]
+    pieces = _in_range(m, _pieces(n, k, caches, micro, unit))
     if len(pieces) == 1:  # one regime over the whole range: as a fixed size would get at the hint
         return CallBlocks(m, (choose_blocking(hint(m), n, k, *caches, micro=micro, unit=unit),))
     return CallBlocks(m, tuple(b for _, b in pieces), tuple(t for t, _ in pieces[:-1]))
+
+
+def _range(d: SymSize | int) -> tuple[int, int | None]:
+    if not is_sym(d):
+        return int(d), int(d)
+    r = bound_sympy(d.expr, d.env.ranges)
+    return _bound(r.lower) or 1, _bound(r.upper)
+
+
+def _in_range(d: SymSize | int, pieces: list[tuple[int | None, Blocking]]) -> list[tuple[int | None, Blocking]]:
+    """The pieces (ascending upper limits, the last None) whose sizes `d`'s range reaches."""
+    lo, hi = _range(d)
+    pieces = [(t, b) for t, b in pieces if t is None or t >= lo]
+    last = next(i for i, (t, _) in enumerate(pieces) if t is None or (hi is not None and t >= hi))
+    return pieces[: last + 1]
+
+
+# Stands for an unbounded N or K: NC and KC are then their caps (N only sets NC, and NC = its cap
+# runs every N below it as one panel, as NC = N rounded up would).
+_PAST = 1 << 30
+
+
+def _nk_pieces(
+    m: SymSize | int,
+    n: SymSize | int,
+    k: SymSize | int,
+    caches: tuple[int, int, int],
+    micro: tuple[int, int],
+    unit: VectorUnit,
+) -> CallBlocks:
+    """Over a symbolic N or K: K's regimes (one block of 64 or less, then up to twice as deep each
+    time through the L1 KC up to 1280, blocks of the L2 KC past it), and within each, M's (`_pieces` at that K),
+    each piece `choose_blocking` at its largest sizes (N at its range's end); a call takes the
+    first piece its M and K fit."""
+    n_at = _range(n)[1] or _PAST
+    l1, nr = caches[0], micro[1]
+    kc_l1 = max(16, (3 * l1 // 4) // (4 * nr) // 16 * 16)
+    # KC is K up to 1280 (one block), so MC follows K: limits doubling from 64 (below, A and the B
+    # panel are small whatever MC) keep a call's MC within half of `choose_blocking`'s at its K
+    limits = sorted(
+        {t for t in (*(kc_l1 >> i for i in range(1, 4)), *(kc_l1 << i for i in range(8))) if 64 <= t < 1280}
+    )
+    regimes: list[tuple[int | None, Any]] = [(t, None) for t in (*limits, 1280)] + [(None, None)]
+    classes = [(t, t or _range(k)[1] or _PAST) for t, _ in _in_range(k, regimes)] if is_sym(k) else [(None, hint(k))]
+    within: list[tuple[int | None, int | None]] = []
+    blocks: list[Blocking] = []
+    for tk, k_at in classes:
+        if is_sym(m):
+            m_pieces = _in_range(m, _pieces(n_at, k_at, caches, micro, unit))
+        else:
+            m_pieces = [(None, choose_blocking(hint(m), n_at, k_at, *caches, micro=micro, unit=unit))]
+        for tm, b in m_pieces:
+            within.append((tm, tk))
+            blocks.append(b)
+    within[-1] = (None, None)  # the last piece takes every call the others do not
+    return CallBlocks(m, tuple(blocks), k=k, within=tuple(within))
 
 
 def _bound(x: object) -> int | None:
@@ -166,9 +227,19 @@ def describe(b: Blocking, m: int, n: int, k: int) -> str:
 
 def describe_per_call(c: CallBlocks, n: int, k: int) -> str:
     """Each piece of `c` described at its largest M (the last: above the others), with its range."""
+    if c.within:
+        return "; ".join(_describe_within(c, b, w, n, k) for b, w in zip(c.blocks, c.within, strict=True))
     parts = [f"{describe(b, t, n, k)} up to {pretty(c.m)} = {t}" for t, b in zip(c.upto, c.blocks, strict=False)]
     past = c.upto[-1] + c.blocks[-1].mr
     return "; ".join([*parts, f"{describe(c.blocks[-1], past, n, k)} above"])
+
+
+def _describe_within(c: CallBlocks, b: Blocking, within: tuple[int | None, int | None], n: int, k: int) -> str:
+    """A piece over a symbolic K described at its largest M and K (`b`'s own blocks above them)."""
+    (tm, tk), m = within, hint(c.m)
+    at = describe(b, tm or max(m, b.mc + 1), n, tk or max(k, b.kc + 1))
+    where = [f"{pretty(d)} <= {t}" for d, t in ((c.m, tm), (c.k, tk)) if t is not None]
+    return f"{at} where {' and '.join(where)}" if where else f"{at} otherwise"
 
 
 # A packed once per call (`shared_a`) while the packed copy stays within this many floats

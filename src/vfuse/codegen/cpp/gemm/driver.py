@@ -74,8 +74,8 @@ class Driver:
     # entry takes `char* vg_pre` (its slot of the arena's persistent region, `prepack.py`), packs
     # all of B there on the first call and never packs a panel again.
     prepack: bool = False
-    # Cache blocks chosen per call (`CallBlocks`, over a symbolic M): each of MC, KC, NC that
-    # differs between the pieces is rendered as the test of M that picks it (`_block`).
+    # Cache blocks chosen per call (`CallBlocks`, over a symbolic M or K): each of MC, KC, NC that
+    # differs between the pieces is rendered as the test of M (and K) that picks it (`_block`).
     call: CallBlocks | None = None
 
 
@@ -90,16 +90,34 @@ def _block(d: Driver, blk: Blocking, field: str) -> int | str:
     if len(set(values)) == 1:
         return values[0]
     assert d.call is not None
+    if d.call.within:  # over a symbolic K: the first piece whose M and K limits the call fits
+        tests = "".join(f"{_fits(d, w)} ? {v} : " for w, v in zip(d.call.within[:-1], values, strict=False))
+        return f"({tests}{values[-1]})"
     tests = "".join(f"{d.m} <= {t} ? {v} : " for t, v in zip(d.call.upto, values, strict=False))
     return f"({tests}{values[-1]})"
 
 
+def _fits(d: Driver, within: tuple[int | None, int | None]) -> str:
+    """C++: the call's M and K within a piece's limits (`CallBlocks.within`)."""
+    tests = [f"{size} <= {t}" for size, t in zip((d.m, d.k), within, strict=True) if t is not None]
+    return f"({' && '.join(tests)})" if tests else "true"
+
+
 def _workspace(d: Driver, blk: Blocking, epi: Epilogue) -> int | str:
-    """Floats of fp32 partial-sum workspace (0: none, partial sums stay in C or never exist)."""
-    if epi.out_ctype == "float" or all(b.kc >= d.k for b in _pieces(d, blk)):
+    """Floats of fp32 partial-sum workspace (0: none, partial sums stay in C or never exist).
+    A symbolic K always has one: whether it fits a KC block is the call's (comparing here took
+    a guard, K <= the hint's KC, from the renderer)."""
+    if epi.out_ctype == "float" or (isinstance(d.k, int) and all(b.kc >= d.k for b in _pieces(d, blk))):
         return 0
-    panel = _panel(d, blk)
+    panel = _ws_panel(d, blk)
     return d.m * panel if isinstance(panel, int) else f"{d.m} * {panel}"
+
+
+def _ws_panel(d: Driver, blk: Blocking) -> int | str:
+    """A workspace row's floats: a B panel's columns, at most N's rounded up (NC past a symbolic N
+    is its cap, `schedule/blocks.py`: a call's panel is no wider than its N)."""
+    panel = _panel(d, blk)
+    return panel if isinstance(d.n, int) else f"vg_min({panel}, ({d.n} + {blk.nr - 1}) / {blk.nr} * {blk.nr})"
 
 
 def _colsum_rows(d: Driver, blk: Blocking, epi: Epilogue) -> int:
@@ -165,8 +183,10 @@ def _own_value(d: Driver, blk: Blocking) -> str:
         return "false"
     if not isinstance(d.m, int):
         return "mb == 1"
-    mc_max = -(-blk.mc // blk.mr) * blk.mr
-    return "true" if -(-d.m // mc_max) == 1 else "false"
+    ones = {-(-d.m // (-(-b.mc // b.mr) * b.mr)) == 1 for b in _pieces(d, blk)}
+    if len(ones) > 1:  # pieces over a symbolic K with other MCs
+        return "mb == 1"
+    return "true" if ones == {True} else "false"
 
 
 def _panel(d: Driver, blk: Blocking) -> int | str:
@@ -181,7 +201,7 @@ def _writeback(d: Driver, blk: Blocking, epi: Epilogue) -> str:
     nr_expr = f"(FULL ? {blk.nr} : nr)"
     ws = _workspace(d, blk, epi)
     wparam = ", float* __restrict vg_pw" if ws else ""
-    wrow = f"    float* __restrict prow = vg_pw + r * {_panel(d, blk)};\n" if ws else ""
+    wrow = f"    float* __restrict prow = vg_pw + r * {_ws_panel(d, blk)};\n" if ws else ""
     # Where partial sums live: C for fp32, the workspace otherwise; none when K fits one block.
     part = "prow" if ws else ("crow" if epi.out_ctype == "float" else "")
     partial = f"""    if (!last) {{
@@ -217,7 +237,7 @@ static inline void {d.name}_wb(const float* __restrict t, {epi.out_ctype}* __res
 def _tile_loop(d: Driver, blk: Blocking, epi: Epilogue) -> str:
     """The work-item loop: pack an A block, then jr (B slivers) x ir (A slivers) micro-kernel calls."""
     wb = f"{d.name}_wb"
-    wp = f", vg_ws + (ic + ir) * {_panel(d, blk)} + (j - jc)" if _workspace(d, blk, epi) else ""
+    wp = f", vg_ws + (ic + ir) * {_ws_panel(d, blk)} + (j - jc)" if _workspace(d, blk, epi) else ""
     wp += ", vg_cs" if _colsum_rows(d, blk, epi) else ""
     call = f"(t, c_b{wp}, co, bi, ic + ir, j, mr, nr, last{epi.names()})"
     pack_a = d.pack_a or f"vg_pack_a<{blk.mr}>(a_b + ic * {d.lda} + pc, {d.lda}, mcur, kc, ap);"
@@ -266,7 +286,7 @@ def _panel_step(d: Driver, blk: Blocking, epi: Epilogue) -> str:
         head = f"      const float* __restrict bq = bp + {at};\n      const long bstride = kc;\n"
         return head + _tile_loop(d, blk, epi)
     if _own_value(d, blk) == "true":  # each thread packs its own slivers (`_own_slivers`)
-        return f"""      const long bstride = {blk.kc};
+        return f"""      const long bstride = {_block(d, blk, "kc")};
       const float* __restrict bq = bp;
 {_tile_loop(d, blk, epi)}"""
     return f"""      const long bstride = own ? {_block(d, blk, "kc")} : kc;
@@ -368,6 +388,8 @@ static void {d.name}_one(long bi, long tid, long nth, bool coop, float* __restri
 def _entry(d: Driver, blk: Blocking, epi: Epilogue) -> str:
     kc, panel = _block(d, blk, "kc"), _panel(d, blk)
     bsize = kc * panel if isinstance(kc, int) and isinstance(panel, int) else f"{kc} * {panel}"
+    if not isinstance(d.n, int):  # NC past a symbolic N (its cap): the call's slivers only
+        bsize = f"{kc} * {_ws_panel(d, blk)}"
     wsize = _workspace(d, blk, epi)
     panel = "bp" if d.prepack else f"vg_scratch(1, {bsize})"  # prepacked: all of B, in the arena
     private = panel + (f", vg_scratch(2, {wsize})" if wsize else "")

@@ -285,7 +285,8 @@ def render_gemm(spec: GemmSpec, epilogue: Epilogue) -> str:
     body = _renamed(_instance(canonical, epilogue), epilogue)
     header = f"// vfuse gemm {spec.name}: {spec.m}x{spec.k} @ {spec.k}x{spec.n}, epilogue {epilogue.name}, {blk}\n"
     if spec.call is not None and len(spec.call.blocks) > 1:
-        header += f"// blocks per call: {spec.call.blocks[1:]} above M = {spec.call.upto}\n"
+        where = f"(M, K) within {spec.call.within}" if spec.call.within else f"above M = {spec.call.upto}"
+        header += f"// blocks per call: {spec.call.blocks[1:]} {where}\n"
     common = render_prelude() + PACKERS + render_microkernel(blk.mr, blk.nr, blk.lanes) + header
     if body is None:
         return common + _instance(spec, epilogue)
