@@ -23,33 +23,21 @@ import torch
 from vfuse.bench import train as T
 
 
-def _walk(nodes, chain: tuple[str, ...], out: list) -> None:
-    for n in nodes:
-        if type(n.extra_fields).__name__ == "_ExtraFields_Allocation":
-            out.append((n.start_time_ns, n.extra_fields.ptr, n.extra_fields.alloc_size, chain))
-        else:
-            _walk(n.children, (*chain, n.name), out)
-
-
 def _peak(events: list, skip: set) -> tuple[int, dict]:
-    """The most bytes live at once and the blocks live then, leaving out the blocks in `skip`
-    ((address, allocation time) pairs)."""
+    """The most bytes allocated in the step and live at once, as the bench counts them (a free
+    counts only for a block allocated in the step, T.step_peak_bytes), and the blocks live then,
+    leaving out the blocks in `skip` ((address, allocation time) pairs)."""
     live: dict = {}
-    skipped: set = set()  # addresses of skipped blocks not freed yet
     cur = peak = 0
     snap: dict = {}
     for t, ptr, size, chain in events:
         if size > 0 and (ptr, t) in skip:
-            skipped.add(ptr)
             continue
         if size > 0:
+            cur += size - live.get(ptr, (0,))[0]
             live[ptr] = (size, chain, t)
-        elif ptr in skipped:
-            skipped.discard(ptr)
-            continue
-        else:
-            live.pop(ptr, None)
-        cur += size  # as the bench sums them (a free of a block from before the step too)
+        elif ptr in live:
+            cur -= live.pop(ptr)[0]
         if cur > peak:
             peak, snap = cur, dict(live)
     return peak, snap
@@ -77,9 +65,7 @@ def main() -> None:
         tr.step()
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], profile_memory=True) as prof:
         tr.step()
-    events: list = []
-    _walk(prof.profiler.kineto_results.experimental_event_tree(), (), events)
-    events.sort(key=lambda e: e[0])
+    events = T.allocation_events(prof)
     peak, snap = _peak(events, set())
     grads = _grad_blocks(events, tr.model)
     no_grads, _ = _peak(events, grads)

@@ -25,6 +25,21 @@ def test_step_peak_bytes_counts_live_allocations() -> None:
     assert (4 << 20) <= peak < (4 << 20) + 4096, peak  # a and b live together; c came after a was freed
 
 
+def test_step_peak_bytes_ignores_frees_of_earlier_blocks() -> None:
+    """A block allocated under an earlier profile and freed in this step subtracts nothing: only
+    the step's own blocks count (torch reports such a free with the size it noted back then)."""
+    held: list[torch.Tensor] = []
+    train.step_peak_bytes(lambda: held.append(torch.empty(4 << 20, dtype=torch.uint8)))
+
+    def step() -> None:
+        held.clear()  # 4 MiB freed before anything is allocated
+        a = torch.empty(1 << 20, dtype=torch.uint8)
+        del a
+
+    peak = train.step_peak_bytes(step)
+    assert (1 << 20) <= peak < (1 << 20) + 4096, peak
+
+
 def test_train_quick_json(tmp_path: Path) -> None:
     out = tmp_path / "train.json"
     argv = ["--train", "--quick", "--workloads", "ln_gelu_mlp,conv_bn_relu", "--contenders", "eager,vfuse"]
