@@ -23,10 +23,20 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import math
+from collections import Counter
 from collections.abc import Sequence
 
 from vfuse.ir import Graph
-from vfuse.schedule.kernel import BufKind, ContractionKernel, MemoryPlan, Program, Segment, TorchStep
+from vfuse.schedule.kernel import (
+    AnyKernel,
+    BufKind,
+    ContractionKernel,
+    MemoryPlan,
+    Program,
+    Segment,
+    Store,
+    TorchStep,
+)
 from vfuse.schedule.memory import liveness
 
 ALIGN = 64
@@ -124,17 +134,104 @@ def _place(
     return done
 
 
+def _written(k: AnyKernel) -> set[str]:
+    if isinstance(k, ContractionKernel):
+        return set(k.written)
+    if k.parts:
+        return set().union(*(_written(p) for p in k.parts))
+    stmts = [*(s for p in k.passes for s in (*p.before, *p.body)), *k.after]
+    return {s.buf for s in stmts if isinstance(s, Store)}
+
+
+def _later(kernels: list[AnyKernel], j: int, program: Program, writes: dict[int, set[str]], free: set[str]) -> int:
+    """The index in `kernels` after which kernel j may run instead (j: it stays): after the last
+    other kernel touching each value it reads that dies in this segment (`free`), so that none
+    lives longer, only its outputs less; and before any kernel writing a value it reads or bytes
+    of the arena it reads. `writes`: what each kernel writes, by id."""
+    k, offsets = kernels[j], program.memory.offsets
+    ins = set(k.buffers) - writes[id(k)]
+    q = len(kernels) - 1
+    for y in ins & free:
+        last = max((i for i, o in enumerate(kernels) if i != j and y in o.buffers), default=-1)
+        q = min(q, max(last, j))
+
+    def span(v: str) -> tuple[int, int]:
+        return offsets[v], offsets[v] + _align(program.buffers[v].type.nbytes)
+
+    spans = [span(y) for y in ins if y in offsets]
+    for i in range(j + 1, q + 1):
+        w = writes[id(kernels[i])]
+        if w & ins or any(a < hi and lo < b for lo, hi in map(span, w & offsets.keys()) for a, b in spans):
+            return max(i - 1, j)
+    return q
+
+
+def _deferred(kernels: list[AnyKernel], program: Program, keep: set[str], outside: set[str], after: set[str]) -> list:
+    """`kernels` (one segment) with each that writes only outputs no other step touches moved by
+    `_later`, the last first; `outside` / `after`: values the other steps / the later ones touch."""
+    outs = {v for v, b in program.buffers.items() if b.kind is BufKind.OUTPUT}
+    writes = {id(k): _written(k) for k in kernels}
+    count = Counter(v for k in kernels for v in set(k.buffers))
+    free = set(count) - keep - after
+    for j in range(len(kernels) - 1, -1, -1):
+        w = writes[id(kernels[j])]
+        if w and w <= outs and not w & outside and all(count[v] == 1 for v in w):
+            q = _later(kernels, j, program, writes, free)
+            if q > j:
+                kernels.insert(q, kernels.pop(j))
+    return kernels
+
+
+def defer_outputs(program: Program, graph: Graph, donors: Sequence[str] = ()) -> Program:
+    """`program` with each kernel that writes only graph outputs nothing else reads (a weight's or
+    a bias's gradient) moved later in its segment, as far as `_later` allows: a backward computes
+    a weight gradient where the values it reads are at hand, but those are often kept alive by
+    other readers anyway (the incoming gradient; an activation the attention backward reads
+    next), and a gradient written later is live for less of the call: it may land in a donor
+    that has died meanwhile rather than in the arena next to the intermediates still to come.
+    `donors`: inputs whose bytes free up in the call (not given: a kernel may keep a donor alive
+    longer, where its bytes would not have been reused in the meantime anyway)."""
+    if program.symbols or program.in_place:
+        return program
+    kinds = {v: b.kind for v, b in program.buffers.items()}
+    keep = {v for v, kind in kinds.items() if kind is BufKind.OUTPUT or (kind is BufKind.INPUT and v not in donors)}
+    touched = [
+        set().union(*(k.buffers for k in st.kernels))
+        if isinstance(st, Segment)
+        else {i for n in st.nodes for i in graph[n].inputs} | set(st.nodes)
+        for st in program.steps
+    ]
+    steps = list(program.steps)
+    for n, st in enumerate(steps):
+        if isinstance(st, Segment) and len(st.kernels) > 1:
+            after = set().union(*touched[n + 1 :])
+            kernels = _deferred(list(st.kernels), program, keep, set().union(*touched[:n], after), after)
+            steps[n] = dataclasses.replace(st, kernels=tuple(kernels))
+    return dataclasses.replace(program, steps=tuple(steps))
+
+
 def donate_outputs(program: Program, graph: Graph, donors: Sequence[str]) -> Program:
     """`program` with `donated` set: (output, donor input, byte offset from the donor's start) for
     each output stored into donor bytes (module doc); with several donors, `donor_block` too: the
     forward returns them in one block, and an output may span adjacent dead donors. `donors`:
-    names of graph inputs that may be reused, in the order of the forward's block."""
+    names of graph inputs that may be reused, in the order of the forward's block. The kernels
+    that only write outputs run as late as `defer_outputs` allows where that leaves the smaller
+    arena."""
     if not donors or program.in_place or program.symbols:
         return program
+    variants = (program, defer_outputs(program, graph, donors), defer_outputs(program, graph, ()))
+    found = [_placed(p, graph, donors) for p in variants]
+    best = min((f for f in found if f is not None), default=None, key=lambda f: f[0])
+    return best[1] if best is not None and best[1].donated else program
+
+
+def _placed(program: Program, graph: Graph, donors: Sequence[str]) -> tuple[tuple[int, int], Program] | None:
+    """The placement of `donate_outputs` leaving the smallest arena, with its score (arena bytes,
+    minus the bytes placed in donors); None where no donor dies in the call."""
     first, _, torch_touched = _spans(program, graph)
     regions, end = _regions(program, graph, donors)
     if not any(free < math.inf for *_, free in regions):
-        return program
+        return None
     block = len(regions) > 1
     outputs = [
         (v, _align(max(b.type.nbytes, 1)), first[v])
@@ -153,8 +250,7 @@ def donate_outputs(program: Program, graph: Graph, donors: Sequence[str]) -> Pro
         score = (outputs_in_arena(candidate, graph).memory.size, -sum(n for v, n, _ in outputs if v in placed))
         if best is None or score < best[0]:
             best = (score, candidate)
-    assert best is not None
-    return best[1] if best[1].donated else program
+    return best
 
 
 def outputs_in_arena(program: Program, graph: Graph) -> Program:
