@@ -212,7 +212,8 @@ def _decide_sdpa(node: fx.Node, target: Callable[[], Target]) -> AttentionDecisi
         _check_sdpa(q, k, v, mask, a)
     except NoMatch as e:
         return AttentionDecision(node.name, False, str(e))
-    shape = (math.prod(q.shape[:-2]), q.shape[-2], k.shape[-2], q.shape[-1], v.shape[-1])
+    # Symbolic sizes (dynamic=True) are fine, the templates take run-time sizes: recorded at their hints.
+    shape = tuple(_hint(x) for x in (math.prod(q.shape[:-2]), q.shape[-2], k.shape[-2], q.shape[-1], v.shape[-1]))
     causal = bool(a.get("is_causal", False))
     kind = "none" if mask is None else "bool" if mask.dtype == torch.bool else "additive"
     written, flash = costs(shape, causal, target())
@@ -221,13 +222,16 @@ def _decide_sdpa(node: fx.Node, target: Callable[[], Target]) -> AttentionDecisi
 
 
 def _check_sdpa(q: Any, k: Any, v: Any, mask: Any, a: dict[str, Any]) -> None:
-    """NoMatch unless vfuse's kernels compute this SDPA call: fp32 CPU tensors of rank 3 or 4 and
-    static sizes, query heads grouped over key heads, a constant 0 < p < 1, a mask needing no gradient."""
+    """NoMatch unless vfuse's kernels compute this SDPA call: fp32 CPU tensors of rank 3 or 4 (sizes static
+    or symbolic: the shape checks below guard), query heads grouped over key heads, a constant 0 < p < 1,
+    a mask needing no gradient."""
     tensors = [t for t in (q, k, v, mask) if t is not None]
     if not all(isinstance(t, torch.Tensor) for t in tensors):
         raise NoMatch("SDPA operands are not tensors")
-    if any(t.device.type != "cpu" or any(not isinstance(d, int) for d in t.shape) for t in tensors):
-        raise NoMatch("SDPA with dropout on another device or with symbolic sizes")
+    if any(t.device.type != "cpu" for t in tensors):
+        raise NoMatch("SDPA with dropout on another device")
+    if any(_hint(d) is None for t in tensors for d in t.shape):
+        raise NoMatch("SDPA with dropout with a data-dependent size")
     if any(t.dtype != torch.float32 for t in (q, k, v)) or q.dim() not in (3, 4) or not q.dim() == k.dim() == v.dim():
         raise NoMatch(f"SDPA with dropout on {q.dtype} of rank {q.dim()} (fp32, rank 3 or 4)")
     if (
@@ -247,6 +251,14 @@ def _check_sdpa(q: Any, k: Any, v: Any, mask: Any, a: dict[str, Any]) -> None:
             raise NoMatch(f"attn_mask {mask.dtype} {tuple(mask.shape)} (bool or fp32 without gradient)")
         if torch.broadcast_shapes(mask.shape, scores) != scores:
             raise NoMatch(f"attn_mask {tuple(mask.shape)} does not broadcast to the scores {scores}")
+
+
+def _hint(size: Any) -> int | None:
+    """A size's value at compile time: an int, or a symbolic size's hint (None for a data-dependent one)."""
+    if isinstance(size, torch.SymInt):
+        hint = size.node.hint
+        return None if hint is None else int(hint)
+    return int(size)
 
 
 def _is_buffer(node: fx.Node) -> bool:
