@@ -317,6 +317,18 @@ def from_symbolic_program(
     return compiled
 
 
+def from_static_program(
+    graph: Graph, fusion_plan: FusionPlan, program: Program, source: str, ctx: Context
+) -> CompiledGraph:
+    """The CompiledGraph of a fixed-shape program an earlier process compiled (entry/warm_program.py):
+    no lowering, planning or scheduling; its library from the kernel cache."""
+    start = time.perf_counter()
+    executor = load(fusion_plan, program, source, build(source, program, ctx), ctx)
+    compiled = CompiledGraph(graph, fusion_plan, executor, ctx.graph_id)
+    compiled.compile_s = time.perf_counter() - start
+    return compiled
+
+
 def symbolic_executor(
     graph: Graph,
     fusion_plan: FusionPlan,

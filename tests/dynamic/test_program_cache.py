@@ -106,7 +106,7 @@ def test_a_stored_program_renders_as_it_was_saved(work: Counter[str], cache_dir:
     with torch.no_grad():
         fn, backend = _process(block, cache_dir, dynamic=True)
         _run(fn, block, (9,))
-    key = _entry(cache_dir).name.removesuffix(".program")
+    key = _entry(cache_dir).name.split(".")[0]  # <key>.<guards' digest>.program
     compiled = backend.compiled[-1]
     env = compiled.executor.env
     cache = warm_program.ProgramCache(warm.GraphCache(cache_dir))
@@ -161,7 +161,8 @@ def _stored_with_guard(block: _Block, cache_dir: Path, guard: Any) -> None:
     entry = pickle.loads(path.read_bytes())
     (symbol, _, _), *_ = entry["symbols"]
     entry["guards"].append(guard(symbol))
-    path.write_bytes(pickle.dumps(entry))
+    path.unlink()  # entries are named by their guards: a variant compiled without this one's is another file
+    path.with_name(path.name.split(".")[0] + ".edited.program").write_bytes(pickle.dumps(entry))
 
 
 def test_sizes_outside_its_guards_compile_another_variant(work: Counter[str], cache_dir: Path) -> None:
@@ -176,6 +177,28 @@ def test_sizes_outside_its_guards_compile_another_variant(work: Counter[str], ca
         assert sum(work.values()) == 0 and backend.programs.hits == 1
         _run(fn, block, (31, 9, 47))
     assert work["propagate"] == 1 and work["plan"] == 1  # the second variant only
+    assert backend.stats["graphs"] == 2 and backend.stats["eager_graphs"] == 0
+
+
+def test_every_variant_is_kept(work: Counter[str], cache_dir: Path) -> None:
+    """A process that compiled two variants keeps both: a later one loads each where its sizes
+    need it and compiles nothing (before, the second variant's entry replaced the first's)."""
+    block = _Block()
+    with torch.no_grad():
+        _stored_with_guard(block, cache_dir, lambda symbol: sympy.Le(symbol, 20))
+        fn, backend = _process(block, cache_dir, dynamic=True)
+        _run(fn, block, (9, 31))  # the second variant compiled and kept
+        assert backend.programs.hits == 1 and backend.programs.saved == 1
+        (second,) = [p for p in (cache_dir / "graphs").glob("*.program") if ".edited." not in p.name]
+        entry = pickle.loads(second.read_bytes())
+        (symbol, _, _), *_ = entry["symbols"]
+        entry["guards"].append(sympy.Gt(symbol, 20))  # so that neither entry serves every size
+        second.write_bytes(pickle.dumps(entry))
+        work.clear()
+        fn, backend = _process(block, cache_dir, dynamic=True)
+        _run(fn, block, (9, 31, 3, 47))
+    assert sum(work.values()) == work["propagate"] == 1, work  # the second variant's sym_env reads node metadata
+    assert (backend.programs.hits, backend.programs.saved) == (2, 0)
     assert backend.stats["graphs"] == 2 and backend.stats["eager_graphs"] == 0
 
 
@@ -207,6 +230,71 @@ def test_outputs_that_need_metadata_are_not_stored(work: Counter[str], cache_dir
             assert backend.programs.saved == 0 and backend.programs.hits == 0
 
 
+class _Normed(torch.nn.Module):
+    """Ends in a LayerNorm: the graph's output is an item of native_layer_norm's result (hf_bert)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.proj = torch.nn.Linear(24, 24)
+        self.norm = torch.nn.LayerNorm(24)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.norm(torch.nn.functional.gelu(self.proj(x)) + x)
+
+
+@pytest.mark.parametrize("dynamic", [True, None], ids=["dynamic", "auto"])
+def test_a_graph_ending_in_a_layer_norm_is_kept(work: Counter[str], cache_dir: Path, dynamic: bool | None) -> None:
+    """hf_bert's symbolic graph in automatic-dynamic mode returns getitem(native_layer_norm, 0):
+    its program was never kept, so every warm process planned it again."""
+    block = _Normed()
+    with torch.no_grad():
+        first, b1 = _process(block, cache_dir, dynamic=dynamic)
+        _run(first, block, (5, 9, 13))
+        planned = work["plan"]  # auto: the static graph at 5 rows, then the symbolic one
+        assert b1.programs.saved == planned
+        work.clear()
+        second, b2 = _process(block, cache_dir, dynamic=dynamic)
+        _run(second, block, (5, 9, 13, 16, 11))
+    assert b2.programs.hits == planned and b2.programs.saved == 0  # auto: the static graph's program too
+    assert sum(work.values()) == 0, work  # no propagation, lowering or planning
+    assert b2.stats["eager_graphs"] == 0
+
+
+def test_a_fixed_shape_program_is_kept(work: Counter[str], cache_dir: Path) -> None:
+    """A graph of fixed shapes (automatic dynamic's first graph) keeps its program too: a later
+    process neither propagates nor plans it, builds no library and computes eager's values."""
+    block = _Normed()
+    with torch.no_grad():
+        first, b1 = _process(block, cache_dir, dynamic=False)
+        _run(first, block, (6, 6))
+        assert b1.programs.saved == 1 and work["plan"] == 1
+        libraries = sorted(cache_dir.rglob("*.so"))
+        work.clear()
+        second, b2 = _process(block, cache_dir, dynamic=False)
+        _run(second, block, (6, 6, 6))
+    assert (b2.graph_cache.hits, b2.programs.hits, b2.programs.saved) == (1, 1, 0)
+    assert sum(work.values()) == 0, work
+    assert sorted(cache_dir.rglob("*.so")) == libraries
+    assert b2.stats["graphs"] == 1 and b2.stats["eager_graphs"] == 0
+
+
+def test_a_program_that_updates_an_input_is_not_kept(work: Counter[str], cache_dir: Path) -> None:
+    """Outputs written into inputs depend on the inputs' memory (schedule/inplace.py): not kept."""
+
+    def f(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        y.add_(1)
+        return (x * 2).relu()
+
+    with torch.no_grad():
+        for _ in range(2):
+            fn, backend = _process(f, cache_dir, dynamic=False)
+            x, y = torch.randn(5, 3), torch.randn(5, 3)
+            want = y + 1
+            torch.testing.assert_close(fn(x, y), (x * 2).relu())
+            torch.testing.assert_close(y, want)
+            assert backend.programs.saved == 0 and backend.programs.hits == 0
+
+
 def test_plain_outputs() -> None:
     gm = torch.fx.experimental.proxy_tensor.make_fx(lambda x: ((x + 1).relu(), x.t()))(torch.randn(3, 4))
     assert not warm_program.plain_outputs(gm)  # t() is a view of the input
@@ -217,3 +305,10 @@ def test_plain_outputs() -> None:
     gm = torch.fx.experimental.proxy_tensor.make_fx(lambda x: ((x + 1).relu(), x.sum(0)))(torch.randn(3, 4))
     assert warm_program.plain_outputs(gm)
     assert sym_env(gm) is None  # static: the program cache is for symbolic graphs only
+    w = torch.randn(4)
+    gm = torch.fx.experimental.proxy_tensor.make_fx(lambda x: torch.ops.aten.native_layer_norm(x, [4], w, w, 1e-5))(
+        torch.randn(3, 4)
+    )
+    assert warm_program.plain_outputs(gm)  # items of a tuple the operator allocates
+    gm = torch.fx.experimental.proxy_tensor.make_fx(lambda x: torch.split(x + 1, 2, 1)[0])(torch.randn(3, 4))
+    assert not warm_program.plain_outputs(gm)  # split's items are views

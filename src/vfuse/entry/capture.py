@@ -25,7 +25,7 @@ from torch._subclasses.fake_tensor import unset_fake_temporarily
 # The pipeline is imported with the backend (at torch.compile time), not inside the first
 # compile: a user's first call then waits for compilation only.
 from vfuse.codegen.cpp.toolchain import prepare
-from vfuse.compiler import compile_fx, from_symbolic_program, target_of
+from vfuse.compiler import compile_fx, from_static_program, from_symbolic_program, target_of
 from vfuse.context import Options
 from vfuse.entry import dropout, observe, warm
 from vfuse.entry.attention_rewrite import AttentionDecision, rewrite_attention
@@ -42,6 +42,7 @@ from vfuse.entry.warm_program import ProgramCache, plain_outputs
 from vfuse.errors import VfuseCodegenError, VfuseCompileError, VfuseOptionError
 from vfuse.frontend.decompositions import decomposition_table
 from vfuse.frontend.symbols import sym_env
+from vfuse.ir.sym import SymEnv
 from vfuse.runtime.arenas import ArenaLender
 from vfuse.runtime.compiled import CompiledGraph
 from vfuse.runtime.symbolic import SymbolicExecutor
@@ -189,11 +190,17 @@ class VfuseBackend:
             keep = warm_key if warm_key is not None and plain_outputs(gm) else None
             compile_variant = functools.partial(self.compile_symbolic, kind=kind, key=keep)
             meta = functools.partial(warm.ensure_meta, gm)
-            return Dynamic(compile_variant, lambda: _Specializing(self, gm), gm, first=first, meta=meta)
+            stored = functools.partial(self._stored_variant, keep) if keep is not None else None
+            per_shape = lambda: _Specializing(self, gm)  # noqa: E731
+            return Dynamic(compile_variant, per_shape, gm, first=first, meta=meta, stored=stored)
         frozen = frozen or {}
         if not all(i < len(example_inputs) and example_inputs[i].shape == t.shape for i, t in frozen.items()):
             frozen = {}  # AOTAutograd reordered inputs: compile without freezing rather than guess
-        fn = self.compile_static(gm, frozen, kind, example_inputs)
+        if first is not None:  # a fixed-shape program kept by an earlier process (entry/warm_program.py)
+            fn = self._adopt(first)
+        else:
+            keep = warm_key if warm_key is not None and not frozen and plain_outputs(gm) else None
+            fn = self.compile_static(gm, frozen, kind, example_inputs, key=keep)
         program = getattr(getattr(getattr(fn, "compiled", None), "executor", None), "program", None)
         if program is None or not program.donated:
             self.fixed.add(gm, example_inputs, fn, frozen, self.options)  # not one that reuses its inputs
@@ -205,8 +212,10 @@ class VfuseBackend:
         frozen: dict[int, torch.Tensor] | None = None,
         kind: str = "forward",
         example_inputs: Sequence[Any] = (),
+        key: str | None = None,
     ) -> Callable:
-        """Compile one graph of fixed shapes; returns a boxed callable (it takes one list)."""
+        """Compile one graph of fixed shapes; returns a boxed callable (it takes one list). With
+        `key` (its graph cache key), a native program that updates no input is kept for later processes."""
         frozen = frozen or {}
         ctx = graph_context(self.options, f"graph{next(self._ids)}", kind, example_inputs)
         try:
@@ -237,12 +246,21 @@ class VfuseBackend:
         mutated = _mutated_inputs(len(example_inputs)) if kind == "forward" else None
         if mutated is not None and not _copies(tensor_gm):  # training: saved inputs are not copied,
             compiled.return_inputs_as_is(mutated)  # but those AOTAutograd updates after the call
+        if key is not None and self.programs is not None and lifted is None and not frozen:
+            self.programs.save_static(key, compiled, repr(target_of(ctx)))  # no input updated in place
         share = getattr(compiled.executor, "share_arenas", None)
         if share is not None:  # its graphs run one after the other (runtime/arenas.py)
             share(self.arenas)
         self.compiled.append(compiled)
         observe.compiled(compiled, ctx, kind)
         return _calling_convention(compiled, frozen, present, lifted)
+
+    def _adopt(self, compiled: CompiledGraph) -> Callable:
+        """The boxed callable of a loaded fixed-shape program, as `compile_static` makes it."""
+        share = getattr(compiled.executor, "share_arenas", None)
+        if share is not None:
+            share(self.arenas)
+        return _calling_convention(compiled, {}, ())  # outputs all computed (`plain_outputs`)
 
     def compile_symbolic(self, gm: torch.fx.GraphModule, env: Any, kind: str, key: str | None = None) -> CompiledGraph:
         """Compile a graph over its symbolic sizes (entry/dynamic.py); raises where it cannot.
@@ -271,14 +289,24 @@ class VfuseBackend:
             env = sym_env(graph)
         except Exception:  # a symbol no input gives: compiled per shape, as on a miss
             return None
+        return self._stored_variant(key, env if env is not None else SymEnv({}), static=env is None)
+
+    def _stored_variant(self, key: str, env: Any, static: bool = False) -> CompiledGraph | None:
+        """A program an earlier process compiled the graph under `key` to that serves `env`'s
+        hints (its guards then added to `env`; `static`: a fixed-shape one); None where none does."""
+        if self.programs is None:
+            return None
         ctx = graph_context(self.options, f"graph{next(self._ids)}", "inference", ())
-        parts = self.programs.load(key, env, repr(target_of(ctx))) if env is not None else None
+        parts = self.programs.load(key, env, repr(target_of(ctx)))
         if parts is None:
             return None
         with unset_fake_temporarily():
-            compiled = from_symbolic_program(*parts, ctx, env)  # type: ignore[arg-type]
+            if static:
+                compiled = from_static_program(*parts, ctx)  # type: ignore[arg-type]
+            else:
+                compiled = from_symbolic_program(*parts, ctx, env)  # type: ignore[arg-type]
         self.compiled.append(compiled)
-        observe.compiled(compiled, ctx, "inference (dynamic)")
+        observe.compiled(compiled, ctx, "inference" if static else "inference (dynamic)")
         return compiled
 
     @property

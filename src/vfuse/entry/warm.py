@@ -16,9 +16,9 @@ sizes included). The guards the traced graph relied on (those of the shape envir
 size inputs when it was saved) are evaluated first: false at these sizes is a miss; true, they
 are added to Dynamo's shape environment, so Dynamo checks them as if AOTAutograd had run.
 `compile_aten` then compiles the graph as on a miss (kernels come from the kernel cache, by
-source). A graph with symbolic sizes whose program is kept beside it (entry/warm_program.py)
-skips both the propagation and our compile: `load`'s `ready` makes it from the placeholders'
-metadata alone, and the rest is propagated only if another variant must be compiled.
+source). A graph whose program is kept beside it (entry/warm_program.py: with symbolic sizes,
+or fixed ones) skips both the propagation and our compile: `load`'s `ready` makes it from the
+placeholders' metadata alone, and the rest is propagated only if another variant must be compiled.
 
 Anything the key cannot vouch for is not cached: training graphs, frozen parameters, graphs
 calling functions outside torch or reading module attributes, tensor subclasses, float inputs,
@@ -82,7 +82,7 @@ class GraphCache:
         """The ATen graph saved under `key`, with meta['val'] set and its guards added to the
         shape environment, its example inputs (faked as AOTAutograd fakes them) and what `ready`
         made of it; None on a miss (no entry, a corrupt one, guards false at these sizes).
-        `ready(graph)` (symbolic sizes only; placeholders' meta['val'] set) returns what the
+        `ready(graph)` (placeholders' meta['val'] set) returns what the
         caller compiled from elsewhere (entry/warm_program.py) or None: when not None, the
         graph's other nodes get no meta['val'] until `ensure_meta` (the largest part of a hit)."""
         entry = self._read(key) if self.usable() else None
@@ -406,9 +406,9 @@ def _guards_hold(guards: str | None, values: Sequence[Any]) -> bool:
 
 
 def _ready(graph: torch.fx.GraphModule, values: Sequence[Any], ready: Callable[[Any], Any] | None) -> Any:
-    """What `ready` makes of a graph with symbolic sizes whose placeholders alone have meta['val']
-    (the rest is propagated by `ensure_meta` when needed); None where it makes nothing."""
-    if ready is None or not any(_symbolic(v) for v in values):
+    """What `ready` makes of a graph whose placeholders alone have meta['val'] (the rest is
+    propagated by `ensure_meta` when needed); None where it makes nothing."""
+    if ready is None:
         return None
     for node, v in zip((n for n in graph.graph.nodes if n.op == "placeholder"), values, strict=True):
         node.meta["val"] = v
@@ -416,12 +416,6 @@ def _ready(graph: torch.fx.GraphModule, values: Sequence[Any], ready: Callable[[
     if made is not None:
         graph.meta[_DEFERRED] = list(values)
     return made
-
-
-def _symbolic(v: Any) -> bool:
-    if isinstance(v, torch.SymInt):
-        return True
-    return isinstance(v, torch.Tensor) and any(isinstance(d, torch.SymInt) for d in (*v.shape, *v.stride()))
 
 
 _DEFERRED = "vfuse_meta_deferred"  # graph.meta key: the inputs to propagate over, when not yet done

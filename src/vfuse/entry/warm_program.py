@@ -2,10 +2,12 @@
 
 The graph cache (entry/warm.py) gives a later process the ATen graph AOTAutograd traced; what
 we then made of it over its symbols (the optimized IR graph, the fusion plan, the scheduled
-Program and its C++) is kept beside it (`graphs/<key>.program`, written when the first
-variant is compiled). A hit skips fake-tensor propagation over the ATen graph (the largest part
-of a hit: symbolic sizes make every fake tensor cost sympy arithmetic), lowering, planning,
-scheduling and rendering; the library comes from the kernel cache by its source.
+Program and its C++) is kept beside it, one entry per variant the graph compiled to
+(`graphs/<key>.<guards' digest>.program`, written when the variant is compiled). A hit (the
+first variant when the graph is loaded, each later one when Dynamic needs it) skips
+fake-tensor propagation over the ATen graph (the largest part of a hit: symbolic sizes make
+every fake tensor cost sympy arithmetic), lowering, planning, scheduling and rendering; the
+library comes from the kernel cache by its source.
 
 The program serves the sizes its guards admit, whatever sizes it was compiled at (its hints
 only chose performance settings, docs/dynamic.md), so an entry is used when the graph's
@@ -15,27 +17,34 @@ needs that range) and each saved guard holds at the call's sizes; the guards the
 new compilation's own. SymSizes are saved as their expressions and bound to the new
 compilation's SymEnv on load (`persistent_id`): no SymEnv, with its compiled evaluators, is
 pickled. Only graphs whose outputs are all computed tensors (no sizes, views of inputs or
-constants among them: those need node metadata) are kept. An unreadable or corrupt entry is a
+constants among them: those need node metadata) are kept; an item of a multi-output operator's
+result (LayerNorm's normalized output, `getitem(native_layer_norm, 0)`) is such a tensor when
+the operator returns it fresh (no alias annotation). An unreadable or corrupt entry is a
 miss with a warning; entries are written atomically and read from the graph cache's directory
 only (loading one runs its pickled code, as for the graph cache).
 """
 
 from __future__ import annotations
 
+import hashlib
 import io
+import operator
 import pickle
 import warnings
+from pathlib import Path
 from typing import Any
 
 import sympy
 import torch
 
 from vfuse.cachedir import write_bytes_atomic
-from vfuse.entry.dynamic import _aliases_input
+from vfuse.entry.dynamic import MAX_VARIANTS, _aliases_input
 from vfuse.entry.warm import GraphCache
 from vfuse.fusion import FusionPlan
 from vfuse.ir import Graph
 from vfuse.ir.sym import SymEnv, SymSize
+from vfuse.runtime.arena_outputs import ArenaOutputExecutor
+from vfuse.runtime.native import NativeExecutor
 from vfuse.schedule import Program
 
 FORMAT = 1  # of an entry: a dict with these keys
@@ -55,48 +64,64 @@ class ProgramCache:
         self.hits = self.misses = self.saved = 0
 
     def load(self, key: str, env: SymEnv, target: str) -> Parts | None:
-        """The program kept under `key` for `target` (the planning target's repr), its sizes
-        bound to `env` and its guards added to it; None when there is none, it is corrupt (with
-        a warning), or it was planned for another target or does not serve `env`'s hints."""
-        path = self.root / f"{key}.program"
-        try:
-            if not self.graphs.usable():
-                raise FileNotFoundError(path)
-            data = path.read_bytes()
-        except FileNotFoundError:
-            self.misses += 1
-            return None
-        try:
-            parts = _decode(data, key, env, target)
-        except Exception as e:  # corrupt, truncated, another version's: compiled afresh
-            warnings.warn(
-                f"vfuse: program cache entry {path} is unreadable ({type(e).__name__}: {e}); compiling it", stacklevel=2
-            )
-            parts = None
-        if parts is None:
-            self.misses += 1
-            return None
-        self.hits += 1
-        return parts
+        """A program kept under `key` for `target` (the planning target's repr) that serves
+        `env`'s hints, its sizes bound to `env` and its guards added to it; None when there is
+        none (corrupt entries are skipped with a warning)."""
+        for path in self._variants(key):
+            try:
+                data = path.read_bytes()
+            except FileNotFoundError:  # replaced meanwhile
+                continue
+            try:
+                parts = _decode(data, key, env, target)
+            except Exception as e:  # corrupt, truncated, another version's: compiled afresh
+                warnings.warn(
+                    f"vfuse: program cache entry {path} is unreadable ({type(e).__name__}: {e}); compiling it",
+                    stacklevel=2,
+                )
+                continue
+            if parts is not None:
+                self.hits += 1
+                return parts
+        self.misses += 1
+        return None
+
+    def _variants(self, key: str) -> list[Path]:
+        """The entries kept under `key`, one per variant (`<key>.<guards' digest>.program`)."""
+        return sorted(self.root.glob(f"{key}.*.program")) if self.graphs.usable() else []
 
     def save(self, key: str, env: SymEnv, parts: Parts, target: str) -> None:
-        """Keep `parts` compiled under `env` (its guards final) for `target`; a cache that cannot
-        be written is left alone."""
+        """Keep `parts` compiled under `env` (its guards final) for `target`, beside the key's
+        other variants (at most MAX_VARIANTS; one with the same guards is replaced); a cache that
+        cannot be written is left alone."""
         if not self.graphs.usable():
             return
         try:
+            guards = list(env.guards)
+            path = self.root / f"{key}.{hashlib.sha256(repr(guards).encode()).hexdigest()[:16]}.program"
+            if not path.exists() and len(self._variants(key)) >= MAX_VARIANTS:
+                return
             entry = {
                 "format": FORMAT,
                 "key": key,
                 "target": target,
                 "symbols": _symbols(env),
-                "guards": list(env.guards),
+                "guards": guards,
                 "parts": _encode(parts),
             }
-            write_bytes_atomic(self.root / f"{key}.program", pickle.dumps(entry, protocol=pickle.HIGHEST_PROTOCOL))
+            write_bytes_atomic(path, pickle.dumps(entry, protocol=pickle.HIGHEST_PROTOCOL))
             self.saved += 1
         except Exception as e:
             warnings.warn(f"vfuse: program cache entry not written: {type(e).__name__}: {e}", stacklevel=2)
+
+    def save_static(self, key: str, compiled: Any, target: str) -> None:
+        """Keep a fixed-shape program (a CompiledGraph whose executor runs C++; a Triton one was
+        built by g++ on load): no symbols, no guards. The caller vouches that it updates no
+        input and compiled in no parameter."""
+        executor = compiled.executor
+        if type(executor) in (NativeExecutor, ArenaOutputExecutor):  # C++ (not Triton's source, not sized)
+            parts = (compiled.graph, compiled.plan, executor.program, executor.source)
+            self.save(key, SymEnv({}), parts, target)
 
 
 def _symbols(env: SymEnv) -> list[tuple[sympy.Symbol, str, str]]:
@@ -169,8 +194,8 @@ def _holds(guard: sympy.Basic, env: SymEnv) -> bool:
 
 def plain_outputs(gm: torch.fx.GraphModule) -> bool:
     """Whether every output of `gm` is a tensor an ATen operator computes (no size, constant,
-    tuple item or view of an input): the outputs Dynamic takes as they are, without node
-    metadata (placeholders' meta['val'] only, to tell tensor inputs)."""
+    view of an input or item an operator returns aliased): the outputs Dynamic takes as they
+    are, without node metadata (placeholders' meta['val'] only, to tell tensor inputs)."""
     out = next(n for n in gm.graph.nodes if n.op == "output")
     values = out.args[0] if isinstance(out.args[0], list | tuple) else (out.args[0],)
     return all(_computed_tensor(v) for v in values)
@@ -179,8 +204,26 @@ def plain_outputs(gm: torch.fx.GraphModule) -> bool:
 def _computed_tensor(v: Any) -> bool:
     if not isinstance(v, torch.fx.Node) or v.op != "call_function":
         return False
+    if v.target is operator.getitem:
+        return _fresh_item(v)
     op = v.target
     if not isinstance(op, torch._ops.OpOverload) or _aliases_input(v):
         return False
     returns = op._schema.returns
     return len(returns) == 1 and isinstance(returns[0].type, torch.TensorType)
+
+
+def _fresh_item(v: torch.fx.Node) -> bool:
+    """`getitem(op(...), i)` where `op` returns a tuple whose item `i` is a tensor it allocates
+    (hf_bert's last LayerNorm: its program was never kept before, session 15)."""
+    source, index = v.args if len(v.args) == 2 else (None, None)
+    if not isinstance(source, torch.fx.Node) or source.op != "call_function" or not isinstance(index, int):
+        return False
+    op = source.target
+    if not isinstance(op, torch._ops.OpOverload) or op.is_view:
+        return False
+    returns = op._schema.returns
+    if not 0 <= index < len(returns) or len(returns) < 2:  # one return: a list (split), not a tuple
+        return False
+    item = returns[index]
+    return isinstance(item.type, torch.TensorType) and item.alias_info is None
