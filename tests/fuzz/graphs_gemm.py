@@ -6,6 +6,10 @@ merged across the split, an unsqueeze; sometimes one of q, k, v selected, a perm
 the view (a bias broadcast through it, GELU, a product with a tensor of the view's shape or a
 broadcast of it) -> sometimes a reduction. This is the shape of a fused qkv projection, whose
 epilogue vfuse fuses into the GEMM over the view's loop space (codegen/cpp/contraction._groups).
+
+`dyn_linear_view_epilogue` draws the same over a batch or sequence dim of a marker size
+(graphs_dynamic.py): the views relative to the runtime shape (the split an `unflatten` of the
+last dim, batch dims merged by `reshape(-1, ...)`), for a build over symbolic sizes.
 """
 
 from __future__ import annotations
@@ -75,24 +79,67 @@ def _epilogue(g: Gen, y: int) -> int:
     return y
 
 
+def _linear(g: Gen, x: int, factors: tuple[int, ...]) -> tuple[int | None, float]:
+    """Linear of `x` to prod(factors) features, with or without bias; (its value, its bound)."""
+    v = g.vals[x]
+    srcs = [x, weight(g, (math.prod(factors), v.shape[-1]), v.dtype)]
+    if g.flag():
+        srcs.append(weight(g, (math.prod(factors),), v.dtype))
+    bound = max(v.shape[-1], 1) * v.bound * 4.5 + 4.5
+    return g.add(Step(Kind.LINEAR, None, tuple(srcs), (g.flag(5),)), bound, False), bound
+
+
 def linear_view_epilogue(g: Gen) -> int | None:
     """Linear -> view of its output -> pointwise epilogue through the view -> maybe a reduction."""
     x = _x(g)
     v = g.vals[x]
     factors = g.choice(WIDTHS)
-    srcs = [x, weight(g, (math.prod(factors), v.shape[-1]), v.dtype)]
-    if g.flag():
-        srcs.append(weight(g, (math.prod(factors),), v.dtype))
-    bound = max(v.shape[-1], 1) * v.bound * 4.5 + 4.5
-    lin = g.add(Step(Kind.LINEAR, None, tuple(srcs), (g.flag(5),)), bound, False)
+    lin, bound = _linear(g, x, factors)
     if lin is None:
         return None
     view = _view(g, v.shape[:-1], factors)
     y = g.add(Step(Kind.VIEW, V.RESHAPE, (lin,), (view,)), bound, False)
     if y is None:
         return lin
+    return _after_view(g, y, len(factors), bound)
+
+
+def dyn_linear_view_epilogue(g: Gen) -> int | None:
+    """`linear_view_epilogue` over a marker-sized batch or sequence dim (a DynGen: graphs_dynamic.py)."""
+    from tests.fuzz.graphs_dynamic import MARKERS, SV, DynKind  # it imports this module's motif
+
+    batch = [g.choice(BATCH) for _ in range(g.draw(st.integers(0, 2)))]
+    batch.insert(g.draw(st.integers(0, len(batch))), MARKERS[0])
+    if len(batch) > 1 and g.flag(3):
+        batch[next(i for i, n in enumerate(batch) if n != MARKERS[0])] = MARKERS[1]
+    x = weight(g, (*batch, g.choice(KS)), g.choice((torch.float32, torch.float32, torch.float64)))
+    factors = g.choice(WIDTHS)
+    lin, bound = _linear(g, x, factors)
+    if lin is None:
+        return None
+    y = lin
+    for f in reversed(factors[1:]):  # the last dim split: unflatten(-1, (-1, f)), innermost first
+        rank = len(g.vals[y].shape)
+        y = g.add(Step(DynKind.SYMVIEW, SV.UNFLATTEN, (y,), (rank - 1 if y == lin else rank - 2, f)), bound, False)
+        if y is None:
+            return lin
+    how = g.draw(st.integers(0, 2))
+    if how == 1 and len(batch) >= 2:  # batch dims merged (a split's first factor too, sometimes)
+        merged = len(batch) + (1 if g.flag() and len(factors) > 1 else 0)
+        y = g.add(Step(DynKind.SYMVIEW, SV.MERGE_HEAD, (y,), (merged,)), bound, False) or y
+    elif how == 2:
+        y = (
+            g.add(Step(Kind.VIEW, V.UNSQUEEZE, (y,), (g.draw(st.integers(0, len(g.vals[y].shape))),)), bound, False)
+            or y
+        )
+    return _after_view(g, y, len(factors), bound)
+
+
+def _after_view(g: Gen, y: int, nfactors: int, bound: float) -> int:
+    """Maybe one of q, k, v selected, maybe a permute, the epilogue, maybe a reduction."""
+    view = g.vals[y].shape
     if g.flag(4):  # one of q, k, v of a qkv view: a select on one of the split's dims
-        dim = len(view) - len(factors) + g.draw(st.integers(0, len(factors) - 1))
+        dim = len(view) - nfactors + g.draw(st.integers(0, nfactors - 1))
         at = g.draw(st.integers(0, max(view[dim] - 1, 0)))
         y = g.add(Step(Kind.VIEW, V.SELECT, (y,), (dim, at)), bound, False) or y
     rank = len(g.vals[y].shape)

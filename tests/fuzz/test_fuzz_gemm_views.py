@@ -1,7 +1,10 @@
 """Differential fuzzing of GEMM epilogues read through a view of the GEMM's output
 (tests/fuzz/graphs_gemm.py): a Linear, a view of its output, pointwise ops and maybe a reduction,
-then a few random steps; forward vs eager (and backward) as the other fuzz tests check them.
-`make test` draws the same programs every run; `make fuzz` draws new ones (tests/fuzz/soak.py)."""
+then a few random steps; forward vs eager (and backward) as the other fuzz tests check them. The
+dynamic programs put a batch or sequence dim at a marker size (graphs_dynamic.py), compile once
+over symbolic sizes (dynamic=True or mark_dynamic) and run at three other sizes vs eager
+(check_dynamic.py). `make test` draws the same programs every run; `make fuzz` draws new ones
+(tests/fuzz/soak.py)."""
 
 from __future__ import annotations
 
@@ -9,20 +12,25 @@ import dataclasses
 import math
 from typing import Any
 
-from hypothesis import assume, given, settings
+from hypothesis import assume, given, reject, settings
 from hypothesis import strategies as st
 from tests.fuzz.check import check_backward, check_forward, fuzz_settings
+from tests.fuzz.check_dynamic import check_dynamic
 from tests.fuzz.graphs import Config, Gen, grow
-from tests.fuzz.graphs_gemm import linear_view_epilogue
+from tests.fuzz.graphs_dynamic import DynGen, marker_dims
+from tests.fuzz.graphs_gemm import dyn_linear_view_epilogue, linear_view_epilogue
 from tests.fuzz.graphs_motifs import MOTIFS
 from tests.fuzz.graphs_ops import BUILDERS
-from tests.fuzz.program import Program
+from tests.fuzz.program import Kind, Program
 from tests.fuzz.test_fuzz_backward import CONFIG as GRAD_CONFIG
+from tests.fuzz.test_fuzz_dynamic import FORWARD as DYN_CONFIG
+from tests.fuzz.test_fuzz_dynamic import size_plans
 
 from vfuse.codegen.cpp.contraction import _groups
 
 FORWARD_EXAMPLES = 6
 BACKWARD_EXAMPLES = 2
+DYNAMIC_EXAMPLES = 2
 
 
 @st.composite
@@ -48,6 +56,24 @@ def test_gemm_epilogues_through_views_match_eager(program: Program, export: bool
 def test_gemm_epilogues_through_views_have_eager_gradients(program: Program) -> None:
     stats = check_backward(program)
     assert all(s["eager_graphs"] == 0 for s in stats.values())  # type: ignore[index]
+
+
+@st.composite
+def _dyn_programs(draw: Any) -> Program:
+    g = DynGen(draw, DYN_CONFIG)
+    y = dyn_linear_view_epilogue(g)
+    if y is None or not any(marker_dims(s) for s in g.inputs) or not any(s.kind is Kind.LINEAR for s in g.steps):
+        reject()
+    outputs = (len(g.vals) - 1, *((draw(st.integers(0, len(g.vals) - 1)),) if draw(st.booleans()) else ()))
+    return g.program(tuple(dict.fromkeys(outputs)), draw(st.integers(0, 2**31 - 1)))
+
+
+@fuzz_settings(DYNAMIC_EXAMPLES)
+@given(program=_dyn_programs(), data=st.data())
+def test_gemm_epilogues_through_views_over_symbolic_sizes_match_eager(program: Program, data: st.DataObject) -> None:
+    sizes = data.draw(size_plans(program), label="sizes")
+    stats = check_dynamic(program, sizes, data.draw(st.sampled_from(("dynamic", "mark")), label="mode"), False)
+    assert stats["eager_graphs"] == 0
 
 
 @st.composite
