@@ -20,7 +20,17 @@ from vfuse.targets.cpu import isa_for
 from vfuse.targets.isa import Isa
 
 # packed multiplies and FMAs per loop body (one vector per iteration, no epilogue at 4096)
-BUDGET = {"vf_exp_nonpos": 10, "vf_exp": 11, "vf_gelu_none": 15, "vf_silu": 10, "vf_sigmoid": 10}
+# vf_tanh / vf_gelu_tanh: exp's reduction and polynomial, one fma for expm1 or 1 + exp; GELU-tanh
+# 3 more for its argument (SiLU's 10 + 3); inline, no libmvec call.
+BUDGET = {
+    "vf_exp_nonpos": 10,
+    "vf_exp": 11,
+    "vf_gelu_none": 15,
+    "vf_silu": 10,
+    "vf_sigmoid": 10,
+    "vf_tanh": 10,
+    "vf_gelu_tanh": 13,
+}
 MUL_FMA = re.compile(r"^\s+v(fn?m(add|sub)\d*|mul)ps\s")
 
 
