@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import pickle
 import re
+import warnings
 from collections import Counter
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -276,6 +277,23 @@ def test_a_fixed_shape_program_is_kept(work: Counter[str], cache_dir: Path) -> N
     assert sum(work.values()) == 0, work
     assert sorted(cache_dir.rglob("*.so")) == libraries
     assert b2.stats["graphs"] == 1 and b2.stats["eager_graphs"] == 0
+
+
+def test_a_program_with_a_torch_fallback_is_kept(work: Counter[str], cache_dir: Path) -> None:
+    """A torch op run as a fallback (an OpOverload, a pybind11 object pickle refuses) is kept by
+    name: the later process runs the same op, computes eager's values and warns about nothing."""
+
+    def f(x: torch.Tensor) -> torch.Tensor:
+        return torch.special.i0e(x * 3).relu() + x.cumsum(0)
+
+    x = torch.randn(7, 5)
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("error")  # neither "not written" nor "unreadable"
+        for round in range(2):
+            fn, backend = _process(f, cache_dir, dynamic=False)
+            torch.testing.assert_close(fn(x), f(x))
+            assert backend.stats["fallbacks"], backend.stats  # the case this test is about
+            assert (backend.programs.saved, backend.programs.hits) == ((1, 0) if round == 0 else (0, 1))
 
 
 def test_a_program_that_updates_an_input_is_not_kept(work: Counter[str], cache_dir: Path) -> None:

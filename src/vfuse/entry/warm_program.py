@@ -101,13 +101,17 @@ class ProgramCache:
             path = self.root / f"{key}.{hashlib.sha256(repr(guards).encode()).hexdigest()[:16]}.program"
             if not path.exists() and len(self._variants(key)) >= MAX_VARIANTS:
                 return
+            try:
+                encoded = _encode(parts)
+            except (pickle.PicklingError, TypeError, RuntimeError, AttributeError):
+                return  # holds an object pickle cannot keep (a torch C++ object): compiled each process
             entry = {
                 "format": FORMAT,
                 "key": key,
                 "target": target,
                 "symbols": _symbols(env),
                 "guards": guards,
-                "parts": _encode(parts),
+                "parts": encoded,
             }
             write_bytes_atomic(path, pickle.dumps(entry, protocol=pickle.HIGHEST_PROTOCOL))
             self.saved += 1
@@ -135,6 +139,8 @@ class _Pickler(pickle.Pickler):
             return ("size", obj.expr)
         if isinstance(obj, SymEnv):
             return ("env",)
+        if isinstance(obj, torch._ops.OpOverload):  # a torch fallback's op: pybind11, not picklable
+            return ("op", obj.namespace, obj._opname, obj._overloadname)
         return None
 
 
@@ -150,6 +156,8 @@ class _Unpickler(pickle.Unpickler):
             if not pid[1].free_symbols <= set(self.env.symbols):
                 raise ValueError(f"size {pid[1]} over symbols this graph does not have")
             return SymSize(pid[1], self.env)
+        if isinstance(pid, tuple) and len(pid) == 4 and pid[0] == "op" and all(isinstance(p, str) for p in pid[1:]):
+            return getattr(getattr(getattr(torch.ops, pid[1]), pid[2]), pid[3])  # unknown op: AttributeError
         raise pickle.UnpicklingError(f"unknown persistent id {pid!r}")
 
 
