@@ -6,6 +6,7 @@ kernels match eager with partial last groups, 2 threads, a strided view as input
 from __future__ import annotations
 
 import dataclasses
+from pathlib import Path
 
 import pytest
 import torch
@@ -92,7 +93,7 @@ def test_layer_norm_of_a_view_through_torch_compile(threads: int) -> None:
             torch.set_num_threads(before)
 
 
-def test_symbolic_rows_stream_per_call(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_symbolic_rows_stream_per_call(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     # A first call under the limit (the dynamic bench's hint, 3/4 of the rows + 1) must not leave
     # larger calls unstreamed: the choice is the call's (one flag), both sides run and match eager.
     import vfuse
@@ -115,7 +116,7 @@ def test_symbolic_rows_stream_per_call(monkeypatch: pytest.MonkeyPatch) -> None:
     with torch.no_grad():
         norm.weight.uniform_(0.5, 1.5)
         norm.bias.uniform_(-1, 1)
-        c = torch.compile(norm, backend=vfuse.backend(), dynamic=True)
+        c = torch.compile(norm, backend=vfuse.backend(cache_dir=tmp_path), dynamic=True)  # renders: no kept program
         for i, rows in enumerate(shapes):
             x = torch.randn(rows, 256, generator=torch.Generator().manual_seed(i)) * 2 + 5
             torch.testing.assert_close(c(x), norm(x), rtol=1e-5, atol=1e-5)

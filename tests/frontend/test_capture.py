@@ -71,15 +71,17 @@ def test_compiled_graph_rejects_wrong_inputs_by_name() -> None:
         compiled(torch.randn(3, 4))
 
 
-def test_internal_failure_warns_and_runs_eagerly(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_internal_failure_warns_and_runs_eagerly(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     import vfuse.compiler
+
+    # A fresh cache: a program another test kept for `f` would be loaded without planning.
 
     def broken(graph, ctx):
         raise RuntimeError("planner exploded on %add (from FX node 'add')")
 
     monkeypatch.setattr(vfuse.compiler, "optimize", broken)
     torch._dynamo.reset()
-    backend = vfuse.backend()
+    backend = vfuse.backend(cache_dir=tmp_path)
     x, y = torch.randn(3, 4), torch.randn(3, 4)
     with pytest.warns(UserWarning, match="running it eagerly.*FX node 'add'"):
         out = torch.compile(f, backend=backend)(x, y)
@@ -87,7 +89,7 @@ def test_internal_failure_warns_and_runs_eagerly(monkeypatch: pytest.MonkeyPatch
     assert backend.stats["eager_graphs"] == 1
     torch._dynamo.reset()
     with pytest.raises(Exception, match="vfuse could not compile"):
-        torch.compile(f, backend=vfuse.backend(strict=True))(x, y)
+        torch.compile(f, backend=vfuse.backend(strict=True, cache_dir=tmp_path))(x, y)
     assert issubclass(VfuseCompileError, vfuse.VfuseError)
 
 
