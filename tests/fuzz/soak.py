@@ -22,6 +22,7 @@ ROUNDS = (
     ("tests/fuzz/test_fuzz_dynamic.py", 15),
     ("tests/fuzz/test_fuzz_gemm_views.py", 20),
     ("tests/fuzz/test_fuzz_attention_dropout.py", 10),
+    ("tests/fuzz/test_fuzz_warm.py", 8),
 )
 PYTEST = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--timeout=0"]
 
