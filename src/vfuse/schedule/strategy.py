@@ -52,10 +52,10 @@ GROUP_STREAM_LLCS = 0.5
 STREAM_LANES = 8
 # A few instructions per element, so the accumulator chain is what a pass waits on.
 CHEAP = frozenset({Op.ADD, Op.SUB, Op.MUL, Op.NEG, Op.ABS, Op.MAXIMUM, Op.MINIMUM, Op.CAST, Op.WHERE})
-# Inline arithmetic in the C++ prelude: g++ vectorizes the strips' lane loop around them. A
-# libm/libmvec call (log, tanh, ...) stops outer-loop vectorization ("no vectype") and would
-# leave the whole pass scalar.
-INLINE = CHEAP | {Op.EXP, Op.DIV, Op.SQRT, Op.RSQRT, Op.SIGMOID, Op.SILU}
+# Inline arithmetic in the C++ prelude's fp32 forms (codegen/cpp/prelude.py): g++ vectorizes the
+# strips' lane loop around them. A libm/libmvec call (log, sin, ...) stops outer-loop vectorization
+# ("no vectype") and would leave the whole pass scalar. erf, GELU (ea170b7) and tanh (session 15) are inline.
+INLINE = CHEAP | {Op.EXP, Op.DIV, Op.SQRT, Op.RSQRT, Op.SIGMOID, Op.SILU, Op.TANH, Op.ERF, Op.GELU}
 FLOAT_ACC = frozenset({DType.F32, DType.F16, DType.BF16})  # accumulated in float
 # Stored dtypes a flat lookup-table loop writes with byte shuffles (compute type = storage type).
 SHUFFLED = (DType.I8, DType.U8, DType.BOOL, DType.F32, DType.I32)
