@@ -19,7 +19,7 @@ from vfuse.ir.sym import hint, is_sym
 from vfuse.schedule.expr import Clamp, Lin, Var, walk
 from vfuse.schedule.gates import SizeGate, both, either, size_choice
 from vfuse.schedule.kernel import Accumulate, Compute, Kernel, Load, Loop, Pass, RandKey, Reduction, Store, Walk
-from vfuse.schedule.nest import STREAM_MIN_LLCS, stream_fixed, streamable_stores, streams_at_hint, with_stream_choice
+from vfuse.schedule.nest import STREAM_MIN_LLCS, stream_fixed, streamable_stores, with_stream_choice
 from vfuse.schedule.peel import interior, threaded_selects
 from vfuse.schedule.prefetch import SMALL_L2, plan_group_prefetch, plan_prefetch
 from vfuse.schedule.rowfacts import affine_fmas, below_row_max, pass_invariant_divisors
@@ -78,9 +78,10 @@ def decide(k: Kernel, vector: int, l1: int = 48 << 10, llc: int = 0, l2: int = 0
         k = dataclasses.replace(k, walk=Walk.TILED_TRANSPOSE, transpose=tiles, stream=False, stream_gate=None)
         k = with_tile_prefetches(with_stream_choice(k, stream_tiles(k, tiles, llc)))
     if k.walk is Walk.ROW_GROUPS:
-        k = dataclasses.replace(stream_fixed(k), row_group=ROW_GROUP, prefetch=plan_group_prefetch(k, ROW_GROUP, l1))
-        # Per call over a symbolic row count (the chunk loop's flag, codegen/cpp/streaming.py): at the
-        # hint, a first call of 6145 rows left 8192 unstreamed (the dynamic bench's layernorm_small).
+        k = dataclasses.replace(k, row_group=ROW_GROUP, prefetch=plan_group_prefetch(k, ROW_GROUP, l1))
+        # Per call over a symbolic row count (the chunk loop's flag, codegen/cpp/streaming.py), the
+        # 2-LLC gate of `nest.with_streaming` or this one: at the hint, a first call of 6145 rows left
+        # 8192 unstreamed (the dynamic bench's layernorm_small).
         k = with_prefetched_streaming(k, stream_prefetched_rows(k, llc, l2, GROUP_STREAM_LLCS))
     elif k.walk is Walk.ROWS:
         k = dataclasses.replace(k, prefetch=plan_prefetch(k, l1, l2))
@@ -191,8 +192,10 @@ def _row_scalar(index: Lin, col: Var) -> bool:
 def use_row_groups(k: Kernel, vector: int) -> bool:
     """Short rows (up to ROW_GROUP_ELEMENTS or 4 x `lanes` elements, where latency rather than
     bandwidth bounds a pass) of a one-loop row nest. Row buffers are one row long and a RandKey
-    is no plain value, so kernels with either keep the row-at-a-time walk."""
-    if len(k.outer) != 1 or streams_at_hint(k) or k.tile or not any(p.reduces for p in k.passes):
+    is no plain value, so kernels with either keep the row-at-a-time walk. Streamed kernels too
+    (row groups stream their stores: `decide`); before, 2 LLCs of stores (LayerNorm 65536x256)
+    fell back to rows: one thread, groups / rows 0.91 (131072 rows 0.93; docs/perf-log.md)."""
+    if len(k.outer) != 1 or k.tile or not any(p.reduces for p in k.passes):
         return False
     if any(is_sym(lp.size) for lp in k.inner):
         return False  # a row length known at run time only: the row-at-a-time walk serves every length
