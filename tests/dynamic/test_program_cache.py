@@ -330,3 +330,39 @@ def test_plain_outputs() -> None:
     assert warm_program.plain_outputs(gm)  # items of a tuple the operator allocates
     gm = torch.fx.experimental.proxy_tensor.make_fx(lambda x: torch.split(x + 1, 2, 1)[0])(torch.randn(3, 4))
     assert not warm_program.plain_outputs(gm)  # split's items are views
+
+
+def test_a_slice_from_both_ends_is_loaded_by_a_later_process(work: Counter[str], cache_dir: Path) -> None:
+    """`w[:, 2:-1]`: AOTAutograd's trace guards `s1 - 3 != 1`, which leaves Dynamo's range of s1
+    at [3, oo); the later process gets that guard back from the graph cache as `s1 != 4`, which
+    narrows the range to [5, oo). The program proved over [3, oo) serves it: before, ranges had
+    to be equal and every later process compiled and kept it again (issue 15, found by
+    tests/fuzz/test_fuzz_warm.py)."""
+
+    def f(w: torch.Tensor) -> torch.Tensor:
+        return w[:, 2:-1] * 2 + 1
+
+    with torch.no_grad():
+        for k in range(2):
+            fn, backend = _process(f, cache_dir, dynamic=True)
+            for shape in ((5, 11), (3, 7), (2, 37), (6, 5)):
+                w = torch.randn(shape)
+                torch.testing.assert_close(fn(w), f(w))
+            if k == 0:
+                work.clear()
+    assert (backend.graph_cache.hits, backend.programs.hits, backend.programs.saved) == (1, 1, 0)
+    assert sum(work.values()) == 0, work  # no propagation, lowering, planning or scheduling
+    assert backend.stats["eager_graphs"] == 0
+
+
+def test_a_program_serves_ranges_within_its_own() -> None:
+    """A proof over a range holds over any part of it; a wider range or other symbols miss."""
+    s, t = sympy.Symbol("s0", positive=True, integer=True), sympy.Symbol("s1", positive=True, integer=True)
+    kept = [(s, "3", "int_oo"), (t, "2", "64")]
+    assert warm_program._within([(s, "3", "int_oo"), (t, "2", "64")], kept)
+    assert warm_program._within([(s, "5", "int_oo"), (t, "2", "8")], kept)
+    assert not warm_program._within([(s, "2", "int_oo"), (t, "2", "64")], kept)  # wider below
+    assert not warm_program._within([(s, "3", "int_oo"), (t, "2", "int_oo")], kept)  # wider above
+    assert not warm_program._within([(s, "3", "int_oo")], kept)
+    assert not warm_program._within([(t, "3", "int_oo"), (s, "2", "64")], kept)
+    assert not warm_program._within([(sympy.Symbol("s0"), "3", "int_oo"), (t, "2", "64")], kept)  # assumptions

@@ -5,7 +5,9 @@ symbolic sizes) is compiled by torch.compile(backend=vfuse, strict) with a cache
 its own; then, after torch._dynamo.reset() and with a new backend that shares only that directory
 (as a later process would), it is compiled again and called at the first sizes and, over symbolic
 sizes, at others. Every call is compared with eager and a float64 reference (check.py), and a
-program the first backend kept must be loaded by the second (a hit; it keeps nothing new).
+program the first backend kept must be loaded by the second at the first sizes (a hit; it keeps
+nothing new), symbolic ones included since issue 15's fix (the later process's Dynamo narrowed a
+symbol's range, and a kept program then had to have equal ranges: tests/dynamic/test_program_cache.py).
 Programs are kept since session 15 for fixed shapes too and with torch fallbacks (an op pickled by
 name): new ways for a later process to run something else than what was compiled.
 `make test` draws the same programs every run; `make fuzz` new ones.
@@ -37,6 +39,12 @@ DYNAMIC = Config(
 )
 
 
+def _cache_dir() -> tempfile.TemporaryDirectory:
+    """A cache directory of an example's own, removed ignoring errors: the prelude's background
+    build (codegen/cpp/pch.py) may still write into it when the example ends (seen once)."""
+    return tempfile.TemporaryDirectory(ignore_cleanup_errors=True)
+
+
 def _process(fn: Callable, cache_dir: str, dynamic: bool) -> tuple[Callable, Any]:
     """A compiled `fn` of a backend that shares only `cache_dir` with earlier ones."""
     torch._dynamo.reset()
@@ -58,7 +66,7 @@ def test_kept_fixed_shape_programs_match_eager_in_a_later_process(program: Progr
     _, inputs = make_inputs(program)
     eager, ref = quiet(fn, *inputs), reference(program)
     nudged = quiet(fn, *make_inputs(program, perturb=True)[1])
-    with tempfile.TemporaryDirectory() as cache:
+    with _cache_dir() as cache:
         backends = []
         for what in ("first process", "later process"):
             run, backend = _process(fn, cache, dynamic=False)
@@ -80,13 +88,11 @@ def test_kept_symbolic_programs_match_eager_in_a_later_process(program: Program,
     later = [(data.draw(st.sampled_from(SMALL)), data.draw(st.sampled_from(MID))) for _ in range(2)]
     fn = build(program, dyn_apply)
     # the steps' int params stay ints (check_dynamic's "dynamic" mode)
-    with tempfile.TemporaryDirectory() as cache, torch._dynamo.config.patch(specialize_int=True):
-        first, _ = _process(fn, cache, dynamic=True)
+    with _cache_dir() as cache, torch._dynamo.config.patch(specialize_int=True):
+        first, b1 = _process(fn, cache, dynamic=True)
         _call(first, program, MARKERS, "first process")
         second, b2 = _process(fn, cache, dynamic=True)
         _call(second, program, MARKERS, "later process")
-        # Not asserted yet: that the later process loads what the first kept. Some symbolic programs
-        # miss and compile again (a compile, not a wrong result; session 15 note, issue 15).
-        assert b2.stats["eager_graphs"] == 0
+        _expect_warm(b1, b2)
         for at in later:  # sizes outside the loaded guards compile (and keep) another variant
             _call(second, program, at, "later process")

@@ -12,8 +12,9 @@ library comes from the kernel cache by its source.
 The program serves the sizes its guards admit, whatever sizes it was compiled at (its hints
 only chose performance settings, docs/dynamic.md), so an entry is used when the graph's
 target (the machine and instruction-set tier it was planned for: the graph's key does
-not name it), symbols and their value ranges are those it was compiled with (a decision proved over a range
-needs that range) and each saved guard holds at the call's sizes; the guards then become the
+not name it) and symbols are those it was compiled with, their value ranges lie within those it
+was compiled with (a decision proved over a range holds over any part of it) and each saved
+guard holds at the call's sizes; the guards then become the
 new compilation's own. SymSizes are saved as their expressions and bound to the new
 compilation's SymEnv on load (`persistent_id`): no SymEnv, with its compiled evaluators, is
 pickled. Only graphs whose outputs are all computed tensors (no sizes, views of inputs or
@@ -28,6 +29,7 @@ from __future__ import annotations
 
 import hashlib
 import io
+import math
 import operator
 import pickle
 import warnings
@@ -133,6 +135,27 @@ def _symbols(env: SymEnv) -> list[tuple[sympy.Symbol, str, str]]:
     return [(s, str(env.ranges[s].lower), str(env.ranges[s].upper)) for s in env.symbols]
 
 
+def _within(mine: list[tuple[sympy.Symbol, str, str]], kept: Any) -> bool:
+    """Whether `kept` (an entry's `_symbols`) has `mine`'s symbols, each range containing
+    mine: a proof over a range holds over any part of it. Not equal ranges: the later process's
+    shape environment gets the first's guards back simplified (`s0 - 3 != 1` as `s0 != 4`), and
+    those narrow Dynamo's ranges where the first process's spelling did not (issue 15)."""
+    if not isinstance(kept, list) or len(kept) != len(mine):
+        return False
+    for (symbol, lo, hi), other in zip(mine, kept):
+        if not (isinstance(other, tuple) and len(other) == 3 and other[0] == symbol):
+            return False
+        if not _bound(other[1]) <= _bound(lo) or not _bound(hi) <= _bound(other[2]):
+            return False
+    return True
+
+
+def _bound(text: str) -> float:
+    """A range's end as `_symbols` writes it (an integer or torch's and sympy's infinities)."""
+    infinite = {"int_oo": math.inf, "oo": math.inf, "-int_oo": -math.inf, "-oo": -math.inf}
+    return infinite[text] if text in infinite else int(text)
+
+
 class _Pickler(pickle.Pickler):
     def persistent_id(self, obj: Any) -> Any:
         if isinstance(obj, SymSize):
@@ -179,8 +202,8 @@ def _decode(data: bytes, key: str, env: SymEnv, target: str) -> Parts | None:
         raise ValueError("not a program cache entry")
     if entry["target"] != target:
         return None  # planned for another machine or tier (the graph's key does not say)
-    if entry["symbols"] != _symbols(env):
-        return None  # other symbols or ranges: its proofs may not hold
+    if not _within(_symbols(env), entry["symbols"]):
+        return None  # other symbols, or sizes outside the ranges its proofs used
     if not all(_holds(g, env) for g in guards):
         return None  # sizes outside the program's guards: another variant
     parts = _Unpickler(entry["parts"], env).load()
