@@ -51,6 +51,10 @@ TRANSCENDENTAL = {
 # Per-element flops of whole ops the ATen graph keeps (norms: mean, variance, normalize).
 WHOLE = {aten.native_layer_norm: 8, aten.native_batch_norm: 8, aten._native_batch_norm_legit_functional: 8}
 SIZE_KEEP_S = 1e-12  # a computed size: kept only where it cannot be recomputed
+# Capacities are integers in these units: keeping then costs exactly bytes x a per-byte figure, so
+# values that split one tensor (three selects of a stacked qkv) tie exactly with it, whatever
+# dram_bw; as floats the tie was decided by rounding (sdpa_attention's backward got 3 MiB more).
+FS = 1e15
 SEEDED = "dropout mask: recomputed from its seed, never stored"
 VIEWS = {
     aten.view, aten._unsafe_view, aten.reshape, aten.permute, aten.t, aten.transpose, aten.expand, aten.squeeze,
@@ -194,6 +198,11 @@ def _recompute_s(node: fx.Node, flops: int, target: Target) -> float:
     return flops / (target.transcendental_f32 if transcendental else target.vector_f32)
 
 
+def _units(seconds: float) -> float | int:
+    """A capacity: whole femtoseconds (math.inf stays infinite)."""
+    return seconds if math.isinf(seconds) else round(seconds * FS)
+
+
 class _Cut:
     """The flow network of one joint graph, its cut, and the figures behind each capacity."""
 
@@ -217,10 +226,10 @@ class _Cut:
         is_input = node.op == "placeholder"
         recompute = math.inf if why else _recompute_s(node, flops, target)
         if info.is_required_fw(node) or is_input:
-            g.add_edge("source", name + "_in", capacity=recompute)
+            g.add_edge("source", name + "_in", capacity=_units(recompute))
         val = node.meta.get("val")
         if isinstance(val, torch.Tensor):
-            keep = 0.0 if is_input else 2 * nbytes_of(node) / target.dram_bw
+            keep = 0.0 if is_input else nbytes_of(node) * round(2 * FS / target.dram_bw) / FS
         elif isinstance(val, torch.SymInt | torch.SymFloat | torch.SymBool | int | float):
             # A size: an input is kept for free; a computed one is recomputed from those (as torch's
             # partitions do, so a symbolic graph still matches the fixed-shape one it may reuse).
@@ -229,13 +238,16 @@ class _Cut:
             keep = math.inf  # a tuple: its getitems are kept instead
         if node in self.forced:
             keep, why = math.inf, self.forced[node]
-        g.add_edge(name + "_in", name + "_out", capacity=keep)
+        g.add_edge(name + "_in", name + "_out", capacity=_units(keep))
         for user in node.users:
             g.add_edge(name + "_out", user.name + "_in", capacity=math.inf)
         self.figures[name] = (node, flops, keep, recompute, why)
 
     def solve(self) -> tuple[set[str], set[str]]:
-        """(names kept, names recomputed in the backward)."""
+        """(names kept, names recomputed in the backward). Of equal cuts, networkx returns the
+        one nearest the sink (its side: what reaches the sink in the residual graph): the values
+        the backward reads themselves, not a tensor they are views of, which the backward would
+        copy them out of again."""
         _, (reachable, unreachable) = nx.minimum_cut(self.g, "source", "sink")
         kept, recomputed = set(), set()
         for u in reachable:
