@@ -4,6 +4,8 @@ generated expression, one shared arena grown only for a larger size."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -146,3 +148,25 @@ def test_tiled_transpose_has_a_copy_at_the_hinted_row_length() -> None:
     (k,) = ex.program.kernels
     assert k.walk is Walk.TILED_TRANSPOSE and not ex.env.guards
     assert f"{k.name}_hint(" in source and f"{k.name}_any(" in source and "== 512)" in source
+
+
+def test_strided_grouped_conv_then_group_norm_under_dynamic_sizes(tmp_path: Path) -> None:
+    """A proof over the conv's output area divided by its rows raised in torch's interval maths
+    (found by the warm fuzz): symbolic code generation failed with an error. Now the proof is
+    unproved; the grouped conv's template needs constant sizes, so it is compiled per shape (said)."""
+    torch._dynamo.reset()
+    backend = vfuse.backend(cache_dir=tmp_path)
+
+    def f(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
+        y = torch.nn.functional.conv2d(x, w, b, stride=2, groups=2)
+        return torch.nn.functional.group_norm(y, 1, g, None, eps=0.1).unsqueeze(0)
+
+    torch.manual_seed(0)
+    w, b, g = torch.randn(2, 2, 2, 1), torch.randn(2), torch.randn(2)
+    c = torch.compile(f, backend=backend, dynamic=True)
+    with torch.no_grad():
+        for shape in ((2, 4, 7, 9), (3, 4, 11, 5), (1, 4, 2, 13)):
+            x = torch.randn(shape)
+            with pytest.warns(UserWarning, match="need constant sizes"):
+                got = c(x, w, b, g)
+            torch.testing.assert_close(got, f(x, w, b, g), rtol=1e-4, atol=1e-4)

@@ -84,6 +84,16 @@ def test_known_multiple_takes_no_guard() -> None:
     assert env.guards == []
 
 
+def test_a_relation_over_a_division_is_unproved_not_an_error() -> None:
+    """torch's interval maths raises on a negative power whose base may be negative (a strided
+    conv's output rows, (s1 - s0)//2 + 1, dividing a size: found by the warm fuzz): the relation
+    is unproved, no guard, and never an exception out of the proof."""
+    env = _env()
+    rows = sympy.floor((S1 - S0) / 2) + 1
+    cond = sympy.Eq(sympy.Mod(sympy.Mod(1, S0) / rows, 7), 0)
+    assert env._prove(cond) is None and env.guards == []
+
+
 def test_shape_rules_over_symbolic_sizes() -> None:
     env = _env()
     a, b = env.size(S0), env.size(S1)

@@ -104,15 +104,21 @@ class SymEnv:
             lhs, rhs = cond.lhs, cond.rhs
             diff = lhs - rhs if cond.rel_op in (">=", ">", "==", "!=") else rhs - lhs
             for form in (sympy.expand(diff), sympy.factor(diff)):  # s0*s1 - s0 bounds only as s0*(s1 - 1)
+                if _negative_power(form):  # torch's interval maths raises (and logs) on 1/(...): unproved
+                    continue
                 try:
                     r = bound_sympy(form, self.ranges)
-                except ValueRangeError:  # torch's interval maths on a negative power (s0**-1) raised
+                except (ValueRangeError, ValueError):  # any other interval-maths failure: unproved, never a crash
                     continue
                 result = _NONNEG[cond.rel_op](r.lower, r.upper)
                 if result is not None:
                     break
         self._proofs[cond] = result
         return result
+
+
+def _negative_power(expr: sympy.Basic) -> bool:
+    return any(p.exp.is_negative for p in expr.atoms(sympy.Pow))
 
 
 def _rel(strict: bool) -> Callable[[Any, Any], bool | None]:
