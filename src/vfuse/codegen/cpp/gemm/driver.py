@@ -70,6 +70,9 @@ class Driver:
     row_names: str = ""
     elem_names: str = ""
     pack_a: str = ""
+    # Optional: packs slivers [sa, sb) of the (jc, pc) panel at `bp + s * sstride` in one call
+    # (a row-major B read row by row: vg_pack_b_rows_span); empty: `pack_b` per sliver.
+    pack_b_span: str = ""
     # B is the same on every call and every batch entry (`ContractionKernel.prepacked_b`): the
     # entry takes `char* vg_pre` (its slot of the arena's persistent region, `prepack.py`), packs
     # all of B there on the first call and never packs a panel again.
@@ -291,12 +294,7 @@ def _panel_step(d: Driver, blk: Blocking, epi: Epilogue) -> str:
 {_tile_loop(d, blk, epi)}"""
     return f"""      const long bstride = own ? {_block(d, blk, "kc")} : kc;
       if (!own) {{
-        for (long s = tid; s < nsl; s += nth) {{
-          const long j = jc + s * {blk.nr}, nr = vg_min({blk.nr}, {d.n} - j);
-          float* __restrict bps = bp + s * {blk.nr} * kc;
-          {d.pack_b}
-        }}
-      }}
+{_pack_slivers(d, blk, "nsl * tid / nth", "nsl * (tid + 1) / nth", "kc")}      }}
       if (coop && !own) {{
 #pragma omp barrier
       }}
@@ -317,12 +315,24 @@ def _own_slivers(d: Driver, blk: Blocking) -> str:
     if _own_value(d, blk) == "false":
         return ""
     return f"""        if (own) {{
-          for (long s = s0; s < s1; ++s) {{
+{_pack_slivers(d, blk, "s0", "s1", _block(d, blk, "kc"))}        }}
+"""
+
+
+def _pack_slivers(d: Driver, blk: Blocking, lo: str, hi: str, stride: int | str) -> str:
+    """Pack slivers [lo, hi) of the (jc, pc) panel, sliver s at bp + s * NR * stride: one span
+    call where the kernel has one (`Driver.pack_b_span`), else sliver by sliver."""
+    if d.pack_b_span:
+        return f"""          {{
+            const long sa = {lo}, sb = {hi}, sstride = {blk.nr} * {stride};
+            {d.pack_b_span}
+          }}
+"""
+    return f"""          for (long s = {lo}; s < {hi}; ++s) {{
             const long j = jc + s * {blk.nr}, nr = vg_min({blk.nr}, {d.n} - j);
-            float* __restrict bps = bp + s * {blk.nr} * {_block(d, blk, "kc")};
+            float* __restrict bps = bp + s * {blk.nr} * {stride};
             {d.pack_b}
           }}
-        }}
 """
 
 

@@ -149,8 +149,12 @@ def _packers(spec: GemmSpec, blk: Blocking, epilogue: Epilogue) -> tuple[str, st
     names = epilogue.names()
     if spec.a_prologue is not None:
         source += render_packer(spec.name, "a", blk.mr, spec.a_prologue, epilogue.params())
-        call = f"{packer_name(spec.name, 'a')}(bi, ic + ir, pc, vg_min({blk.mr}, mcur - ir), kc, ap + ir * kc{names});"
-        pack_a = f"for (long ir = 0; ir < mcur; ir += {blk.mr}) {call}"
+        if spec.a_prologue.inner == "r":  # one call packs the block, a K step at a time (prologue.py)
+            pack_a = f"{packer_name(spec.name, 'a')}(bi, ic, pc, mcur, kc, ap{names});"
+        else:
+            rows = f"vg_min({blk.mr}, mcur - ir)"
+            call = f"{packer_name(spec.name, 'a')}(bi, ic + ir, pc, {rows}, kc, ap + ir * kc{names});"
+            pack_a = f"for (long ir = 0; ir < mcur; ir += {blk.mr}) {call}"
     if spec.b_prologue is not None:
         source += render_packer(spec.name, "b", blk.nr, spec.b_prologue, epilogue.params())
         pack_b = f"{packer_name(spec.name, 'b')}(bi, j, pc, nr, kc, bps{names});"
@@ -159,6 +163,14 @@ def _packers(spec: GemmSpec, blk: Blocking, epilogue: Epilogue) -> tuple[str, st
     else:
         pack_b = f"vg_pack_b_rows<{blk.nr}>(b_b + pc * {ldb} + j, {ldb}, kc, nr, bps);"
     return source, pack_a, pack_b
+
+
+def _pack_b_span(spec: GemmSpec, blk: Blocking) -> str:
+    """A plain row-major B packs a panel's slivers row by row (vg_pack_b_rows_span)."""
+    if spec.b_prologue is not None or spec.trans_b:
+        return ""
+    ldb = spec.lead[1]
+    return f"vg_pack_b_rows_span<{blk.nr}>(b_b + pc * {ldb} + jc, {ldb}, kc, {spec.n} - jc, sa, sb, sstride, bp);"
 
 
 def _mpad(spec: GemmSpec, blk: Blocking) -> int:
@@ -242,6 +254,7 @@ def _instance(spec: GemmSpec, epilogue: Epilogue) -> str:
         ldc=ldc,
         batch_setup=batch_setup(spec, epilogue.out_ctype),
         pack_b=pack_b,
+        pack_b_span=_pack_b_span(spec, blk),
         row_names="    [[maybe_unused]] const long b = bi;\n",
         pack_a=pack_a,
         prepack=spec.prepack,
