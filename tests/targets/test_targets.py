@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import time
@@ -105,6 +106,31 @@ def test_real_measurement_is_plausible() -> None:
     assert 1e9 <= target.dram_bw <= target.cache_bw
     assert 0 < target.peak_f32 <= 1.2 * cpu.theoretical_f32(cpu.detect())
     assert 1e-7 <= target.launch_s <= 5e-5
+
+
+@pytest.mark.parametrize(
+    ("cores", "copy_bw", "kept"), [(2, 879e9, False), (2, 2.3e9, False), (2, 30e9, True), (64, 300e9, True)]
+)
+def test_an_implausible_dram_copy_is_replaced(
+    monkeypatch: pytest.MonkeyPatch, cores: int, copy_bw: float, kept: bool
+) -> None:
+    """A VM's clock measured a 2-core DRAM copy at 879 GB/s, and under load at 2.3 GB/s: both
+    were kept, and training peaks followed the 40x error. Bounds scale with the cores."""
+    facts = dataclasses.replace(cpu.detect(), cores=cores)
+    monkeypatch.setattr(cpu, "_copy_bw", lambda nbytes, reps: copy_bw if nbytes == 64 << 20 else 2 * copy_bw)
+    target, bad = cpu.measure(facts)
+    assert (target.dram_bw == copy_bw) is kept and ("dram_bw" in bad) is not kept
+    assert target.dram_bw == (copy_bw if kept else 10e9 * cores)
+
+
+def test_a_cached_implausible_dram_figure_is_measured_again(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    calls = _count_measurements(monkeypatch)
+    get_target("cpu", tmp_path)
+    path = tmp_path / "target_cpu.json"
+    data = json.loads(path.read_text())
+    data["target"]["dram_bw"] = 879e9 * 100  # written before the bounds existed
+    path.write_text(json.dumps(data))
+    assert get_target("cpu", tmp_path).dram_bw != 879e9 * 100 and len(calls) == 2
 
 
 def test_measurements_are_kept_only_in_a_private_directory(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

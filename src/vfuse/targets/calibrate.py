@@ -16,7 +16,7 @@ from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 
 from vfuse.cachedir import write_json_atomic
-from vfuse.targets.target import Target
+from vfuse.targets.target import DRAM_BW_PER_CORE, Target
 
 CALIBRATION_VERSION = 5
 CALIBRATION_FILE = "calibration_cpu.json"
@@ -62,7 +62,7 @@ def guarded(cal: Calibration, target: Target) -> tuple[Calibration, list[str]]:
         "l1_bw": (1e9, 4e12, target.cache_bw / n),
         "l2_bw": (1e9, 2e12, target.cache_bw / n),
         "l3_bw": (1e9, 2e12, target.cache_bw / n),
-        "dram_bw": (5e8, 1e12, target.dram_bw / n),
+        "dram_bw": (5e8, DRAM_BW_PER_CORE[1], target.dram_bw / n),  # one thread's copy
         "vector_f32": (0.01 * vector, 2.0 * vector, vector),
         "transcendental_f32": (0.005 * vector, 2.0 * vector, vector),
         "peak_f32": (0.05 * vector, 3.0 * vector, target.peak_f32 / n),

@@ -24,7 +24,7 @@ import torch
 from vfuse.cachedir import dir_problem, make_private_dir, write_json_atomic
 from vfuse.targets import calibrate
 from vfuse.targets.isa import LANES, VECTOR_REGS, CpuIsa, Isa, IsaExtra, detect_isa, machine_arch, resolve_isa
-from vfuse.targets.target import Target
+from vfuse.targets.target import DRAM_BW_PER_CORE, Target
 
 CACHE_VERSION = 1
 FMA_PIPES = 2  # vector FMA pipes per core on current x86 server cores (Zen4/5, Sapphire Rapids)
@@ -214,12 +214,18 @@ def _plausible(value: float, lo: float, hi: float, fallback: float, bad: list[st
     return fallback
 
 
+def dram_bounds(cores: int) -> tuple[float, float]:
+    """Plausible [lo, hi] for a whole-machine DRAM copy on `cores` cores (few cores saturate DRAM)."""
+    lo, hi = DRAM_BW_PER_CORE
+    return lo * min(max(cores, 1), 4), min(hi * max(cores, 1), 2e12)
+
+
 def measure(facts: CpuFacts) -> tuple[Target, list[str]]:
     """The cpu Target from static facts plus ~0.1 s of measurements, and the names of the
     measurements that were implausible and replaced by estimates."""
     bad: list[str] = []
     peak = theoretical_f32(facts)
-    dram_bw = _plausible(_copy_bw(64 * 1024 * 1024, 3), 1e9, 2e12, 10e9 * facts.cores, bad, "dram_bw")
+    dram_bw = _plausible(_copy_bw(64 * 1024 * 1024, 3), *dram_bounds(facts.cores), 10e9 * facts.cores, bad, "dram_bw")
     cache_bw = max(dram_bw, _copy_bw(min(facts.l3 // 4 or 1 << 20, 4 << 20), 10))
     f32 = _plausible(_matmul_flops(), 0.1 * peak, 1.2 * peak, 0.5 * peak, bad, "peak_f32")
     launch = _plausible(_kernel_overhead(cache_bw), 1e-7, 5e-5, 2e-6, bad, "launch_s")
@@ -302,7 +308,11 @@ def _read_cache(path: Path, facts: CpuFacts) -> tuple[Target, float] | None:
         names = {f.name for f in fields(Target)} - CALIBRATED_ONLY
         if set(data["target"]) != names:
             return None
-        return _from_json(data["target"]), float(data.get("remeasure_after", math.inf))
+        target = _from_json(data["target"])
+        lo, hi = dram_bounds(target.cores)
+        if not lo <= target.dram_bw <= hi:  # kept by a version without the bounds: measured again
+            return None
+        return target, float(data.get("remeasure_after", math.inf))
     except (OSError, ValueError, TypeError, KeyError, AttributeError):
         return None
 

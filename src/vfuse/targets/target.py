@@ -109,3 +109,10 @@ class Target:
             # No fp64 figure is kept: every target here runs fp64 at <= half the fp32 rate.
             return self.peak_f32 / 2
         return self.peak_f32
+
+
+# A DRAM copy per core: no core streams more than ~120 GB/s (Apple M-class; x86 cores 10-40), none
+# fewer than 1.5 GB/s (a Raspberry Pi 4 core ~2.5). Beyond them the clock or a neighbour lied: a VM
+# here measured 879 GB/s and, under load, 2.3 GB/s on 2 cores; the save-or-recompute cut and the
+# planner then chose by a figure 40x off (training peaks above Inductor's at the high one).
+DRAM_BW_PER_CORE = (1.5e9, 120e9)
