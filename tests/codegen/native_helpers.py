@@ -114,3 +114,20 @@ def check(
         )
         torch.testing.assert_close(g, w, rtol=rtol, atol=atol, equal_nan=True, msg=lambda m, n=name: f"%{n}: {m}")
     return ex
+
+
+def capture_renders(monkeypatch: Any, target: Any) -> list[tuple[Any, str]]:
+    """Compile for `target` and keep every (Program, C++ source) the compiler renders. Tests using
+    it need their own cache dir (a kept program skips rendering)."""
+    import vfuse.compiler as compiler
+
+    monkeypatch.setattr(compiler, "target_of", lambda ctx: target)
+    built: list[tuple[Any, str]] = []
+    real = compiler.render
+
+    def render(program: Any, ctx: Any) -> str:
+        built.append((program, real(program, ctx)))
+        return built[-1][1]
+
+    monkeypatch.setattr(compiler, "render", render)
+    return built

@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 from tests.codegen import native_helpers
 from tests.codegen.kernel_graphs import layer_norm_graph, norm_graph
-from tests.codegen.native_helpers import check, hand_plan
+from tests.codegen.native_helpers import capture_renders, check, hand_plan
 from tests.fusion.fusion_patterns import FIXED_CPU
 from tests.kernel_families import tiers_here
 
@@ -97,19 +97,10 @@ def test_symbolic_rows_stream_per_call(monkeypatch: pytest.MonkeyPatch, tmp_path
     # A first call under the limit (the dynamic bench's hint, 3/4 of the rows + 1) must not leave
     # larger calls unstreamed: the choice is the call's (one flag), both sides run and match eager.
     import vfuse
-    import vfuse.compiler as compiler
     from vfuse.codegen.cpp.streaming import STREAM_FLAG
 
     small = dataclasses.replace(get_target("cpu"), l1_bytes=32 << 10, l2_bytes=512 << 10, l3_bytes=4 << 20)
-    monkeypatch.setattr(compiler, "target_of", lambda ctx: small)
-    built: list[tuple[object, str]] = []
-    real = compiler.render
-
-    def render(program: object, ctx: object) -> str:
-        built.append((program, real(program, ctx)))  # type: ignore[arg-type]
-        return built[-1][1]
-
-    monkeypatch.setattr(compiler, "render", render)
+    built = capture_renders(monkeypatch, small)
     torch._dynamo.reset()
     norm = torch.nn.LayerNorm(256)
     shapes = [1023, 1500, 4097, 1031, 2048]  # 8 bytes a row element: 2 MiB (half the LLC) is 1024 rows

@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 from tests.codegen import native_helpers
 from tests.codegen.kernel_graphs import layer_norm_graph, norm_graph
-from tests.codegen.native_helpers import check, hand_plan
+from tests.codegen.native_helpers import capture_renders, check, hand_plan
 from tests.fusion.fusion_patterns import FIXED_CPU
 
 import vfuse
@@ -81,20 +81,11 @@ def test_layer_norm_65536_rows_through_compile() -> None:
 def test_symbolic_rows_keep_the_stream_gate_in_groups(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     # A first call over 2 LLCs of stores (the hint) must not stream every later call: row groups keep
     # the per-call gate (one flag), calls on both sides run and match eager.
-    import vfuse.compiler as compiler
     from vfuse.codegen.cpp.streaming import STREAM_FLAG
 
     # A large L2 (no half-LLC group rule) and a 256 KiB LLC: 2 LLCs of stores are 512 rows of 256.
     big_l2 = dataclasses.replace(get_target("cpu"), l2_bytes=1 << 20, l3_bytes=256 << 10)
-    monkeypatch.setattr(compiler, "target_of", lambda ctx: big_l2)
-    built: list[tuple[object, str]] = []
-    real = compiler.render
-
-    def render(program: object, ctx: object) -> str:
-        built.append((program, real(program, ctx)))  # type: ignore[arg-type]
-        return built[-1][1]
-
-    monkeypatch.setattr(compiler, "render", render)
+    built = capture_renders(monkeypatch, big_l2)
     torch._dynamo.reset()
     norm = torch.nn.LayerNorm(256)
     shapes = [1500, 37, 700, 511, 2051]

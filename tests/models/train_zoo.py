@@ -121,6 +121,20 @@ class DropoutProbe(nn.Module):
         return F.dropout(x * self.w, self.p)
 
 
+class QkvAttention(nn.Module):
+    """qkv projection, causal SDPA, output projection (the bench's sdpa_attention)."""
+
+    def __init__(self, d: int = 16, heads: int = 2) -> None:
+        super().__init__()
+        self.heads, self.qkv, self.out = heads, nn.Linear(d, 3 * d), nn.Linear(d, d)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, t, d = x.shape
+        q, k, v = self.qkv(x).view(b, t, 3, self.heads, d // self.heads).permute(2, 0, 3, 1, 4)
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return self.out(y.transpose(1, 2).reshape(b, t, d))
+
+
 def randomize(model: nn.Module, seed: int = 0) -> nn.Module:
     """Perturb every parameter and give BatchNorms non-trivial running statistics, so that a
     gradient or statistic that ignores a term would show."""

@@ -6,8 +6,7 @@ stacked gradient once (no copy of the attention backward's output), gradients as
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
-from torch import nn
+from tests.models.train_zoo import QkvAttention
 
 import vfuse
 from vfuse.interp import run
@@ -88,22 +87,10 @@ def test_overlapping_or_non_stack_cases_are_left_alone() -> None:
     assert [n.op for n in new.compute_nodes].count(Op.CAT) == 6
 
 
-class _QkvAttention(nn.Module):
-    def __init__(self, d: int, heads: int) -> None:
-        super().__init__()
-        self.heads, self.qkv, self.out = heads, nn.Linear(d, 3 * d), nn.Linear(d, d)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        b, t, d = x.shape
-        q, k, v = self.qkv(x).view(b, t, 3, self.heads, d // self.heads).permute(2, 0, 3, 1, 4)
-        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-        return self.out(y.transpose(1, 2).reshape(b, t, d))
-
-
 def test_fused_qkv_attention_backward_stores_its_gradient_once() -> None:
     torch._dynamo.reset()
     torch.manual_seed(0)
-    model = _QkvAttention(3 * 7, 3)  # head size 7, T = 37: primes
+    model = QkvAttention(3 * 7, 3)  # head size 7, T = 37: primes
     x = torch.randn(2, 37, 21)
     backend = vfuse.backend(strict=True)
     got = torch.compile(model, backend=backend)(x)

@@ -12,6 +12,7 @@ import copy
 import pytest
 import torch
 import torch.nn.functional as F
+from tests.models.train_zoo import QkvAttention
 from torch import nn
 
 import vfuse
@@ -19,20 +20,6 @@ from vfuse.ir import Op
 from vfuse.schedule.donate import _align, _written
 from vfuse.schedule.kernel import BufKind, ContractionKernel, Segment
 from vfuse.schedule.memory import liveness
-
-
-class _Attention(nn.Module):
-    """qkv projection, causal SDPA, output projection (the bench's sdpa_attention), odd sizes."""
-
-    def __init__(self, d: int = 16, heads: int = 2) -> None:
-        super().__init__()
-        self.heads, self.qkv, self.out = heads, nn.Linear(d, 3 * d), nn.Linear(d, d)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        b, t, d = x.shape
-        q, k, v = self.qkv(x).view(b, t, 3, self.heads, d // self.heads).permute(2, 0, 3, 1, 4)
-        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-        return self.out(y.transpose(1, 2).reshape(b, t, d))
 
 
 class _Mlp(nn.Module):
@@ -46,7 +33,7 @@ class _Mlp(nn.Module):
 
 
 def _x(model: nn.Module, step: int) -> torch.Tensor:
-    shape = (4, 13, 16) if isinstance(model, _Attention) else (31, 24)
+    shape = (4, 13, 16) if isinstance(model, QkvAttention) else (31, 24)
     return torch.randn(*shape, generator=torch.Generator().manual_seed(step))
 
 
@@ -83,7 +70,7 @@ def _kernels(program) -> list:
     return [k for s in program.steps if isinstance(s, Segment) for k in s.kernels]
 
 
-@pytest.mark.parametrize("make", [_Attention, _Mlp])
+@pytest.mark.parametrize("make", [QkvAttention, _Mlp])
 def test_no_kernel_reads_bytes_written_over_since_its_value_was_made(make) -> None:
     torch.manual_seed(0)
     backend = _train(make())
@@ -110,7 +97,7 @@ def test_no_kernel_reads_bytes_written_over_since_its_value_was_made(make) -> No
 
 def test_output_projection_gradient_lands_in_a_dead_donor() -> None:
     torch.manual_seed(0)
-    model = _Attention()
+    model = QkvAttention()
     backend = _train(model)
     graph, program = _backward(backend)
     kernels = _kernels(program)

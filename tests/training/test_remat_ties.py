@@ -10,26 +10,11 @@ import dataclasses
 
 import pytest
 import torch
-import torch.nn.functional as F
-from tests.models.train_zoo import check_training_step, randomize
-from torch import nn
+from tests.models.train_zoo import QkvAttention, check_training_step, randomize
 
 import vfuse
 from vfuse.entry.capture import VfuseBackend
 from vfuse.targets import get_target
-
-
-class QkvAttention(nn.Module):
-    def __init__(self, d: int, heads: int) -> None:
-        super().__init__()
-        self.heads, self.qkv, self.out = heads, nn.Linear(d, 3 * d), nn.Linear(d, d)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        b, t, d = x.shape
-        q, k, v = self.qkv(x).view(b, t, 3, self.heads, d // self.heads).permute(2, 0, 3, 1, 4)
-        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-        return self.out(y.transpose(1, 2).reshape(b, t, d))
-
 
 # 20 GB/s: the tests' figure; 879.4 GB/s: a measurement on this loaded machine. At the bench's
 # sizes (B=4 T=256 d=256) both kept the stacked tensor with float capacities.
