@@ -131,3 +131,23 @@ def capture_renders(monkeypatch: Any, target: Any) -> list[tuple[Any, str]]:
 
     monkeypatch.setattr(compiler, "render", render)
     return built
+
+
+def rendered_layernorm(monkeypatch: Any, cache_dir: Any, target: Any, rows: Sequence[int]) -> tuple[Any, str]:
+    """LayerNorm(256) under dynamic=True for `target`, called at each row count and checked against
+    eager: the one (Program, C++ source) rendered."""
+    import vfuse
+
+    built = capture_renders(monkeypatch, target)
+    torch._dynamo.reset()
+    norm = torch.nn.LayerNorm(256)
+    with torch.no_grad():
+        norm.weight.uniform_(0.5, 1.5)
+        norm.bias.uniform_(-1, 1)
+        c = torch.compile(norm, backend=vfuse.backend(cache_dir=cache_dir), dynamic=True)  # renders: no kept program
+        for i, n in enumerate(rows):
+            x = torch.randn(n, 256, generator=torch.Generator().manual_seed(i)) * 2 + 5
+            torch.testing.assert_close(c(x), norm(x), rtol=1e-5, atol=1e-5)
+    torch._dynamo.reset()
+    ((program, source),) = built
+    return program, source

@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 from tests.codegen import native_helpers
 from tests.codegen.kernel_graphs import layer_norm_graph, norm_graph
-from tests.codegen.native_helpers import capture_renders, check, hand_plan
+from tests.codegen.native_helpers import check, hand_plan, rendered_layernorm
 from tests.fusion.fusion_patterns import FIXED_CPU
 from tests.kernel_families import tiers_here
 
@@ -96,23 +96,11 @@ def test_layer_norm_of_a_view_through_torch_compile(threads: int) -> None:
 def test_symbolic_rows_stream_per_call(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     # A first call under the limit (the dynamic bench's hint, 3/4 of the rows + 1) must not leave
     # larger calls unstreamed: the choice is the call's (one flag), both sides run and match eager.
-    import vfuse
     from vfuse.codegen.cpp.streaming import STREAM_FLAG
 
     small = dataclasses.replace(get_target("cpu"), l1_bytes=32 << 10, l2_bytes=512 << 10, l3_bytes=4 << 20)
-    built = capture_renders(monkeypatch, small)
-    torch._dynamo.reset()
-    norm = torch.nn.LayerNorm(256)
     shapes = [1023, 1500, 4097, 1031, 2048]  # 8 bytes a row element: 2 MiB (half the LLC) is 1024 rows
-    with torch.no_grad():
-        norm.weight.uniform_(0.5, 1.5)
-        norm.bias.uniform_(-1, 1)
-        c = torch.compile(norm, backend=vfuse.backend(cache_dir=tmp_path), dynamic=True)  # renders: no kept program
-        for i, rows in enumerate(shapes):
-            x = torch.randn(rows, 256, generator=torch.Generator().manual_seed(i)) * 2 + 5
-            torch.testing.assert_close(c(x), norm(x), rtol=1e-5, atol=1e-5)
-    torch._dynamo.reset()
-    ((program, source),) = built
+    program, source = rendered_layernorm(monkeypatch, tmp_path, small, shapes)
     (k,) = [k for k in program.kernels if isinstance(k, Kernel) and k.stream_gate is not None]  # type: ignore[attr-defined]
     assert k.walk is Walk.ROW_GROUPS and f"const bool {STREAM_FLAG} =" in source and "vf_stream(&" in source
     # The half-LLC gate, beside (`otherwise`) the 2-LLC one every streamed kernel has.

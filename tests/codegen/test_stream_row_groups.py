@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 from tests.codegen import native_helpers
 from tests.codegen.kernel_graphs import layer_norm_graph, norm_graph
-from tests.codegen.native_helpers import capture_renders, check, hand_plan
+from tests.codegen.native_helpers import check, hand_plan, rendered_layernorm
 from tests.fusion.fusion_patterns import FIXED_CPU
 
 import vfuse
@@ -85,19 +85,8 @@ def test_symbolic_rows_keep_the_stream_gate_in_groups(monkeypatch: pytest.Monkey
 
     # A large L2 (no half-LLC group rule) and a 256 KiB LLC: 2 LLCs of stores are 512 rows of 256.
     big_l2 = dataclasses.replace(get_target("cpu"), l2_bytes=1 << 20, l3_bytes=256 << 10)
-    built = capture_renders(monkeypatch, big_l2)
-    torch._dynamo.reset()
-    norm = torch.nn.LayerNorm(256)
     shapes = [1500, 37, 700, 511, 2051]
-    with torch.no_grad():
-        norm.weight.uniform_(0.5, 1.5)
-        norm.bias.uniform_(-1, 1)
-        c = torch.compile(norm, backend=vfuse.backend(cache_dir=tmp_path), dynamic=True)  # renders: no kept program
-        for i, rows in enumerate(shapes):
-            x = torch.randn(rows, 256, generator=torch.Generator().manual_seed(i)) * 2 + 5
-            torch.testing.assert_close(c(x), norm(x), rtol=1e-5, atol=1e-5)
-    torch._dynamo.reset()
-    ((program, source),) = built
+    program, source = rendered_layernorm(monkeypatch, tmp_path, big_l2, shapes)
     (k,) = [k for k in program.kernels if isinstance(k, Kernel)]  # type: ignore[attr-defined]
     assert k.walk is Walk.ROW_GROUPS and k.stream and k.stream_gate is not None
     assert f"const bool {STREAM_FLAG} =" in source
