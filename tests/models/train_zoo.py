@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Callable, Sequence
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -210,3 +211,16 @@ def directional_derivatives(model: nn.Module, x: torch.Tensor, eps: float = 1e-5
             for p, v in zip(params, directions, strict=True):
                 p.sub_(v, alpha=sign * eps)
     return analytic, (values[0] - values[1]) / (2 * eps)
+
+
+def fix_typical_target(monkeypatch: Any) -> None:
+    """Save or recompute and the planner follow the target's figures, which this machine measures
+    (and which move with the load): tests whose structure depends on them decide with fixed,
+    typical ones: 20 GB/s DRAM, 100 G flop/s vector."""
+    import dataclasses
+
+    from vfuse.entry.capture import VfuseBackend
+    from vfuse.targets import get_target
+
+    fixed = dataclasses.replace(get_target("cpu"), dram_bw=20e9, vector_f32=100e9, transcendental_f32=0.0)
+    monkeypatch.setattr(VfuseBackend, "_target", lambda self: fixed)

@@ -4,28 +4,23 @@ Gradients match eager within 1e-4 relative; what an SDPA cannot compute exactly 
 
 from __future__ import annotations
 
-import dataclasses
 import math
 
 import pytest
 import torch
-from tests.models.train_zoo import check_training_step
+from tests.models.train_zoo import check_training_step, fix_typical_target
 from tests.training.attention_checks import check_attention_grads
 from tests.training.test_attention_backward import _attention_steps
 
 import vfuse
 from vfuse.bench.workloads_compute import Gpt2Block
-from vfuse.entry.capture import VfuseBackend
 from vfuse.ir import Op
 from vfuse.schedule.kernel import ContractionKernel
-from vfuse.targets import get_target
 
 
 @pytest.fixture(autouse=True)
 def _fixed_target(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The decision follows the target's figures; this machine's are measured (and vary under load)."""
-    fixed = dataclasses.replace(get_target("cpu"), dram_bw=20e9, vector_f32=100e9, transcendental_f32=0.0)
-    monkeypatch.setattr(VfuseBackend, "_target", lambda self: fixed)
+    fix_typical_target(monkeypatch)
 
 
 def _causal_tril(q, k, v):

@@ -3,18 +3,15 @@ once per element, instead of stored and re-read; numerics against eager, forward
 
 from __future__ import annotations
 
-import dataclasses
-
 import pytest
 import torch
 import torch.nn.functional as F
+from tests.models.train_zoo import fix_typical_target
 from torch import nn
 
 import vfuse
-from vfuse.entry.capture import VfuseBackend
 from vfuse.entry.observe import compiled_graphs
 from vfuse.ir import Op
-from vfuse.targets import get_target
 
 
 def _gelu_group_labels(plan) -> list[str]:
@@ -49,8 +46,7 @@ def test_mlp_gradients_with_gelu_recomputed_in_the_weight_gradient(monkeypatch: 
     """The backward recomputes GELU(h) for fc2's weight gradient dY^T @ GELU(h): its B prologue.
     Save or recompute follows the target's figures, measured and load-dependent (a dram_bw of
     879 GB/s measured on this 2-core machine keeps GELU): fixed ones, as tests/training/test_remat.py."""
-    fixed = dataclasses.replace(get_target("cpu"), dram_bw=20e9, vector_f32=100e9, transcendental_f32=0.0)
-    monkeypatch.setattr(VfuseBackend, "_target", lambda self: fixed)
+    fix_typical_target(monkeypatch)
     torch.manual_seed(0)
     model, x = _Mlp(131, 149), torch.randn(67, 131)  # fc2 gradient: M = 131 rows
     ref = _Mlp(131, 149)

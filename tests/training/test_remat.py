@@ -4,30 +4,24 @@ saved bytes are the bytes autograd actually holds (counted by saved-tensor hooks
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import math
 
 import pytest
 import torch
 import torch.nn.functional as F
-from tests.models.train_zoo import DropoutProbe, check_training_step, randomize
+from tests.models.train_zoo import DropoutProbe, check_training_step, fix_typical_target, randomize
 from tests.models.zoo import GPT2Block
 from torch import nn
 
 import vfuse
 from vfuse.entry import dropout, remat
-from vfuse.entry.capture import VfuseBackend
 from vfuse.ir.defs import rng
-from vfuse.targets import get_target
 
 
 @pytest.fixture(autouse=True)
 def _fixed_target(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Decisions follow the target's figures; this machine's are measured (and vary under load),
-    so the tests decide with fixed, typical ones: 20 GB/s DRAM, 100 G flop/s vector."""
-    fixed = dataclasses.replace(get_target("cpu"), dram_bw=20e9, vector_f32=100e9, transcendental_f32=0.0)
-    monkeypatch.setattr(VfuseBackend, "_target", lambda self: fixed)
+    fix_typical_target(monkeypatch)
 
 
 class LnGeluMLP(nn.Module):
