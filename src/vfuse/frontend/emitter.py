@@ -14,10 +14,11 @@ from typing import Any
 
 import torch
 import torch.fx
+import torch.utils._pytree as pytree
 
 from vfuse.context import Context
 from vfuse.frontend.errors import Fallback, LoweringError
-from vfuse.frontend.symbols import shape, to_size
+from vfuse.frontend.symbols import ScalarOps, SymScalar, shape, to_size
 from vfuse.ir import Attrs, DType, Graph, GraphBuilder, Node, Op, TensorType, Type, opdef
 from vfuse.ir.sym import SymEnv, is_sym
 
@@ -42,6 +43,8 @@ def python_scalar(v: Any, dtype: DType) -> Scalar:
     """`v` converted the way torch converts a fill value to `dtype` (int truncates toward zero)."""
     if isinstance(v, torch.SymInt | torch.SymFloat | torch.SymBool):
         raise LoweringError(None, f"symbolic scalar {v} (shapes must be specialized before lowering)")
+    if isinstance(v, SymScalar):  # only an operand (`Emitter.scalar`) computes one at run time
+        raise LoweringError(None, f"symbolic scalar {v} as a fill value is not supported")
     if is_sym(v) and dtype in SIZED_SCALARS:
         return v  # a size as a value (a mean's count): read at run time like every size
     if not isinstance(v, bool | int | float):
@@ -170,6 +173,9 @@ class Emitter:
 
     # -- emitting -------------------------------------------------------------------------
     def emit(self, op: Op, inputs: tuple[str, ...] | list[str] = (), **attrs: Any) -> str:
+        if any(isinstance(v, SymScalar) for v in attrs.values()) or (op is Op.OPAQUE and _sym_call(attrs["call"])):
+            # Attributes are fixed per program, and torch would get the placeholder: never a value.
+            raise LoweringError(self.current, f"a symbolic scalar as an attribute of {op.value}")
         a = Attrs.of(**attrs)
         out = opdef(op).infer(tuple(self.types[i] for i in inputs), a)  # type: ignore[arg-type]
         origin = self.current.name if self.current is not None else ""
@@ -193,7 +199,10 @@ class Emitter:
         return x if self.ttype(x).dtype is dtype else self.emit(Op.CAST, (x,), dtype=dtype)
 
     def scalar(self, v: Any, dtype: DType) -> str:
-        """A python scalar as a shape-() FULL node of `dtype`."""
+        """A python scalar as a shape-() FULL node of `dtype`; a float computed from the sizes
+        (SymScalar) as f64 arithmetic over them, cast to `dtype` as eager casts the double."""
+        if isinstance(v, SymScalar):
+            return self.cast(v.walk(_EmitScalar(self)), dtype)
         return self.emit(Op.FULL, value=python_scalar(v, dtype), shape=(), dtype=dtype)
 
     def operand(self, arg: Any, dtype: DType) -> str:
@@ -231,6 +240,34 @@ class Emitter:
         for n in self.nodes:
             b.add_node(n)
         return b.build(outputs)
+
+
+class _EmitScalar(ScalarOps):
+    """A SymScalar's value as f64 IR nodes: FULLs of its sizes (read at run time, as every
+    size: `vf_s0`) combined as Python combined the doubles."""
+
+    _BINARY = {"add": Op.ADD, "mul": Op.MUL, "div": Op.DIV, "pow": Op.POW}
+
+    def __init__(self, em: Emitter) -> None:
+        self.em = em
+
+    def number(self, v: float) -> str:
+        return self.em.emit(Op.FULL, value=v, shape=(), dtype=DType.F64)
+
+    def size(self, e: Any) -> str:
+        assert self.em.symbols is not None
+        return self.em.emit(Op.FULL, value=self.em.symbols.size(e), shape=(), dtype=DType.F64)
+
+    def binary(self, op: str, a: str, b: str) -> str:
+        return self.em.emit(self._BINARY[op], (a, b))
+
+    def unary(self, fn: str, a: str) -> str:
+        return self.em.emit(Op(fn), (a,))
+
+
+def _sym_call(call: Any) -> bool:
+    leaves = pytree.tree_leaves((getattr(call, "args", ()), getattr(call, "kwargs", ())))
+    return any(isinstance(v, SymScalar) for v in leaves)
 
 
 def _getitem_name(node: torch.fx.Node, index: int) -> str | None:

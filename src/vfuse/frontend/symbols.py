@@ -5,14 +5,16 @@ shapes, as SymInt placeholders (`s0: Sym(s0)`), and as size arguments computed b
 / arithmetic nodes. `sym_env(gm)` makes the compilation's SymEnv from the placeholders (each
 symbol's hint and value range from Dynamo's ShapeEnv); `to_size` turns a SymInt into a SymSize
 over it without ever asking torch for its value (which would add a guard to Dynamo's ShapeEnv,
-one a lazily compiled backward could not install). `bindings` says where each symbol's value
-is read from a call's arguments.
+one a lazily compiled backward could not install), and a SymFloat computed from sizes (the
+2.0 / (N - 1) of a variance's backward) into a `SymScalar` the emitter computes at run time.
+`bindings` says where each symbol's value is read from a call's arguments.
 """
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator, Sequence
+import math
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -20,10 +22,11 @@ import sympy
 import torch
 import torch.fx
 from torch.fx.node import map_aggregate
+from torch.utils._sympy.functions import FloatPow, FloatTrueDiv, IntTrueDiv, ToFloat
 from torch.utils._sympy.value_ranges import ValueRanges
 
 from vfuse.frontend.errors import LoweringError
-from vfuse.ir.sym import SymEnv
+from vfuse.ir.sym import SymEnv, cpp, python
 
 SYMBOLIC = (torch.SymInt, torch.SymFloat, torch.SymBool)
 
@@ -109,7 +112,9 @@ def to_size(env: SymEnv | None, v: Any) -> Any:
         if not expr.free_symbols <= set(env.hints):
             raise LoweringError(None, f"size {expr} uses symbols no input gives (data-dependent)")
         return env.size(expr)
-    if isinstance(v, torch.SymFloat | torch.SymBool):
+    if isinstance(v, torch.SymFloat):
+        return sym_scalar(env, v.node.expr)
+    if isinstance(v, torch.SymBool):
         raise LoweringError(None, f"symbolic scalar {v} is not supported")
     return v
 
@@ -164,3 +169,125 @@ def take_assert(env: SymEnv | None, node: torch.fx.Node) -> None:
 
 
 _ASSERTS = {torch.ops.aten._assert_scalar.default, torch.ops.aten.sym_constrain_range_for_size.default}
+
+
+@dataclass(frozen=True, slots=True)
+class SymScalar:
+    """A float computed from the sizes: a SymFloat over the symbols (`FloatTrueDiv(2.0,
+    ToFloat(s0) - 1.0)`). Where a lowering takes it as an operand (`Emitter.scalar`) it becomes
+    IR arithmetic in f64 over FULLs of the sizes, as Python computed it: read at run time, no
+    guard. A lowering that needs its value (`float(v)`) gets it at the hint, each symbol it
+    reads guarded equal to its hint (the program is then specialized, never wrong)."""
+
+    expr: sympy.Basic
+    env: SymEnv
+
+    def walk(self, how: ScalarOps) -> Any:
+        return _walk(self.expr, how)
+
+    def __float__(self) -> float:
+        for s in sorted(self.expr.free_symbols, key=lambda s: s.name):
+            self.env.specialize(s)
+        return float(self.walk(_Evaluate(self.env.hints)))
+
+    def __neg__(self) -> SymScalar:
+        return SymScalar(-self.expr, self.env)
+
+    def __str__(self) -> str:
+        return str(self.expr)
+
+
+def sym_scalar(env: SymEnv | None, expr: sympy.Basic) -> Any:
+    """A SymFloat's expression as a SymScalar (a float when it has no symbol); a LoweringError
+    where it reads a symbol no input gives (data-dependent) or an operation the IR lacks."""
+    if not expr.free_symbols:
+        return float(expr)
+    if env is None:
+        raise LoweringError(None, f"symbolic scalar {expr} (shapes must be specialized before lowering)")
+    if not expr.free_symbols <= set(env.hints):
+        raise LoweringError(None, f"symbolic scalar {expr} uses symbols no input gives (data-dependent)")
+    v = SymScalar(expr, env)
+    v.walk(ScalarOps())  # every operation known (else a LoweringError now)
+    return v
+
+
+class ScalarOps:
+    """What `_walk` builds a SymScalar's value with (a Python float, or IR nodes); this base
+    builds nothing (a check that every operation is known)."""
+
+    def number(self, v: float) -> Any:
+        return None
+
+    def size(self, e: sympy.Basic) -> Any:  # ToFloat of an integer size expression
+        return None
+
+    def binary(self, op: str, a: Any, b: Any) -> Any:  # op: add, mul, div, pow
+        return None
+
+    def unary(self, fn: str, a: Any) -> Any:  # fn: a math function's name (sqrt, exp, ...)
+        return None
+
+
+UNARY = ("sqrt", "exp", "log", "sin", "cos", "tan", "tanh")  # torch's OpaqueUnaryFn_<name> the IR has
+
+
+def _walk(e: sympy.Basic, how: ScalarOps) -> Any:
+    """Fold a SymFloat expression with `how`, in Python's order of operations where sympy keeps it."""
+    if e.is_Number:
+        return how.number(float(e))
+    if isinstance(e, ToFloat):
+        return how.size(_int_size(e.args[0]))
+    if isinstance(e, IntTrueDiv):
+        return how.binary("div", how.size(_int_size(e.args[0])), how.size(_int_size(e.args[1])))
+    if isinstance(e, FloatTrueDiv | FloatPow):
+        a, b = (_walk(x, how) for x in e.args)
+        return how.binary("div" if isinstance(e, FloatTrueDiv) else "pow", a, b)
+    if e.is_Add or e.is_Mul:
+        parts = [_walk(x, how) for x in e.args]
+        out = parts[0]
+        for p in parts[1:]:
+            out = how.binary("add" if e.is_Add else "mul", out, p)
+        return out
+    if e.is_Pow and e.exp.is_Integer and int(e.exp) == -1:  # sympy's x**-1 for a division
+        return how.binary("div", how.number(1.0), _walk(e.base, how))
+    if e.is_Pow:
+        return how.binary("pow", _walk(e.base, how), _walk(e.exp, how))
+    name = type(e).__name__.removeprefix("OpaqueUnaryFn_")
+    if name in UNARY and len(e.args) == 1:
+        return how.unary(name, _walk(e.args[0], how))
+    raise LoweringError(None, f"symbolic scalar {e} ({type(e).__name__}) is not supported")
+
+
+def _int_size(e: sympy.Basic) -> sympy.Basic:
+    """An integer size expression the kernels and the runtime can print (else a LoweringError)."""
+    try:
+        cpp(e), python(e)
+    except TypeError as err:
+        raise LoweringError(None, f"symbolic scalar over {e}: {err}") from None
+    return e
+
+
+class _Evaluate(ScalarOps):
+    """Python floats at the symbol values `at` (the hint: `float(SymScalar)`)."""
+
+    _BINARY: dict[str, Callable[[float, float], float]] = {
+        "add": float.__add__,
+        "mul": float.__mul__,
+        "div": lambda a, b: a / b if b else math.copysign(math.inf, a) if a else math.nan,
+        "pow": float.__pow__,
+    }
+
+    def __init__(self, at: dict[sympy.Symbol, int]) -> None:
+        self.at = at
+
+    def number(self, v: float) -> float:
+        return v
+
+    def size(self, e: sympy.Basic) -> float:
+        return float(int(e.xreplace(self.at)))
+
+    def binary(self, op: str, a: float, b: float) -> float:
+        return self._BINARY[op](a, b)
+
+    def unary(self, fn: str, a: float) -> float:
+        return float(getattr(math, fn)(a))
