@@ -31,7 +31,7 @@ def test_dynamic_smoke_json(tmp_path: Path) -> None:
         assert r["calls"][0]["graphs_so_far"] >= 1 and r["calls"][-1]["graphs_so_far"] == r["graphs"], r
         assert r["compile_s"] > 0 and all(c["steady_s"] > 0 for c in r["calls"]), r
     steady = {r["contender"]: r for r in doc["steady"]}
-    assert set(steady) == {"vfuse", "inductor"}
+    assert set(steady) == {"vfuse", "inductor", "dynamo"}  # dynamo: capture alone, its own dynamic cost
     for r in steady.values():
         assert r["ok"] and not r["error"] and r["workload"] == "chain", r
         assert r["static_graphs"] == 1 and r["dynamic_graphs"] >= 1, r  # the hint's graph serves the timed size
@@ -44,7 +44,9 @@ def test_dynamic_smoke_json(tmp_path: Path) -> None:
         rows["hf_gpt2", "vfuse", "dynamic"]["graphs"],
         rows["hf_gpt2", "inductor", "dynamic"]["graphs"],
     ]
-    assert [b["workload"] for b in doc["bars"]["steady"]] == ["chain"]
+    (steady_bar,) = doc["bars"]["steady"]
+    assert steady_bar["workload"] == "chain"
+    assert steady_bar["capture_extra_s"] == steady["dynamo"]["dynamic_s"] - steady["dynamo"]["static_s"]
 
 
 def test_resized_inputs_are_odd_sized_copies() -> None:
@@ -72,5 +74,7 @@ def test_bars_compare_vfuse_with_inductor() -> None:
 
 def test_dynamic_bad_usage() -> None:
     assert main(["--dynamic", "--smoke", "--models", "hf_resnet"]) == 2  # no sequence length to vary
+    # dynamo is only the steady part's yardstick: a run needs a compiler
     assert main(["--dynamic", "--smoke", "--contenders", "eager,dynamo"]) == 2
+    assert main(["--dynamic", "--smoke", "--contenders", "vfuse,no_such"]) == 2
     assert main(["--dynamic", "--smoke", "--workloads", "no_such_thing"]) == 2

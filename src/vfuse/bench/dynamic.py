@@ -42,6 +42,9 @@ from vfuse.bench.workloads import Workload
 
 SCHEMA = "vfuse-bench-dynamic/1"
 COMPILERS = ("vfuse", "inductor")
+# Steady part only: Dynamo with the eager backend, the share of dynamic/static that is capture's
+# own (its shape guards and SymInt arguments: ~16 us a call on a 2-core Zen 3, docs/perf-log.md).
+STEADY_ONLY = ("dynamo",)
 STEADY_WORKLOADS = (
     "chain", "transpose_add", "ln_gelu", "layernorm_small", "rms_silu", "softmax", "gelu_residual",
     "dequant_quant", "tiny_graph", "gpt2_block",
@@ -95,6 +98,8 @@ def make_build(contender: str, module: nn.Module, dynamic: bool, frozen: bool, s
     if contender == "inductor":
         options = {"freezing": True} if frozen else None
         return Build(contender, dynamic, torch.compile(module, dynamic=dynamic, options=options), None)
+    if contender == "dynamo":  # capture only: what Dynamo's own guards and calls cost each build
+        return Build(contender, dynamic, torch.compile(module, backend="eager", dynamic=dynamic), None)
     import vfuse
 
     backend = vfuse.backend(strict=strict, freeze=frozen)
@@ -163,7 +168,7 @@ def _steady_workload(w: Workload, args: argparse.Namespace, timing: TimingConfig
     with torch.no_grad():
         expected, expected_new = inst.module(*inst.inputs), inst.module(*new)
     rows, fns = [], {}
-    for contender in args.compilers:
+    for contender in args.steady_contenders:
         row = SteadyRow(w.name, contender, tuple(inst.inputs[0].shape), tuple(hint[0].shape))
         row.new_shape = tuple(new[0].shape)
         try:
@@ -248,9 +253,13 @@ def bars(models: list[dict[str, Any]], steady: list[SteadyRow]) -> dict[str, Any
         entry["new_size_extra_s"] = v["new_size"]["extra_s"]
         entry["new_size_ok"] = v["new_size"]["extra_s"] <= MAX_NEW_SIZE_EXTRA_S
         out["models"].append(entry)
+    capture = {r.workload: r for r in steady if r.contender == "dynamo" and r.ratio is not None}
     for r in steady:
         if r.contender == "vfuse" and r.ratio is not None:
             entry = {"workload": r.workload, "ratio": r.ratio, "ratio_ok": r.ratio <= MAX_DYNAMIC_RATIO}
+            if r.workload in capture:  # the per-call time dynamic capture adds by itself
+                c = capture[r.workload]
+                entry["capture_extra_s"] = c.dynamic_s - c.static_s  # type: ignore[operator]
             extra = r.new_extra_s
             entry |= {"new_size_extra_s": extra, "new_size_ok": extra is not None and extra <= MAX_NEW_SIZE_EXTRA_S}
             out["steady"].append(entry)
@@ -259,11 +268,15 @@ def bars(models: list[dict[str, Any]], steady: list[SteadyRow]) -> dict[str, Any
 
 def _resolve(args: argparse.Namespace) -> None:
     """Which models, workloads, compilers and modes this run covers (ValueError on bad names)."""
-    contenders = args.contenders or ["eager", *COMPILERS]
-    unknown = [c for c in contenders if c not in ("eager", *COMPILERS)]
+    contenders = args.contenders or ["eager", *COMPILERS, *STEADY_ONLY]
+    unknown = [c for c in contenders if c not in ("eager", *COMPILERS, *STEADY_ONLY)]
     if unknown:
-        raise ValueError(f"--dynamic contenders: any of eager, {', '.join(COMPILERS)}; not {', '.join(unknown)}")
+        known = ", ".join(COMPILERS + STEADY_ONLY)
+        raise ValueError(f"--dynamic contenders: any of eager, {known}; not {', '.join(unknown)}")
     args.compilers = [c for c in COMPILERS if c in contenders]
+    if not args.compilers:
+        raise ValueError(f"--dynamic contenders: at least one of {', '.join(COMPILERS)}")
+    args.steady_contenders = [*args.compilers, *(c for c in STEADY_ONLY if c in contenders)]
     models = dynamic_models.TEXT_MODELS if args.models is None or args.models == [] else args.models
     wrong = [m for m in models if m not in dynamic_models.TEXT_MODELS]
     if wrong:
@@ -286,7 +299,8 @@ def _timing(args: argparse.Namespace) -> TimingConfig:
 def report(args: argparse.Namespace, models: list[dict[str, Any]], steady: list[SteadyRow]) -> dict[str, Any]:
     config = {
         "dynamic": True, "smoke": args.smoke, "quick": args.quick, "threads": args.threads,
-        "compilers": args.compilers, "models": args.text_models, "modes": args.modes,
+        "compilers": args.compilers, "steady_contenders": args.steady_contenders,
+        "models": args.text_models, "modes": args.modes,
         "lengths": list(dynamic_models.lengths(args.quick)[0]), "new_length": dynamic_models.lengths(args.quick)[1],
         "workloads": args.steady_workloads, "hint_fraction": HINT_FRACTION, "new_fraction": NEW_FRACTION,
         "vfuse_strict": args.strict,

@@ -242,7 +242,8 @@ _DYN_MODELS_CAPTION = (
 _DYN_STEADY_CAPTION = (
     "median per call, interleaved; dynamic = torch.compile(dynamic=True), first called at the hint size, then"
     " timed at the static build's size; ratio = dynamic / static (bar <= 1.15); new size: first call at a 3rd size"
-    " after warm-up, over its steady call (bar <= 1 ms), + graphs it compiled"
+    " after warm-up, over its steady call (bar <= 1 ms), + graphs it compiled; dynamo = capture alone"
+    ' (backend="eager"): its dynamic - static is what Dynamo\'s dynamic guards and calls cost by themselves'
 )
 
 
