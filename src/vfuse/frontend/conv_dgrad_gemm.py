@@ -62,16 +62,20 @@ def _phase_sum(em: Emitter, col: str, taps: list[tuple[int, int, int]], shape: t
     return total
 
 
-def grad_input_gemm(em: Emitter, go: str, w: str, in_hw: Pair, stride: Pair, padding: Pair, dilation: Pair) -> str:
+def grad_input_gemm(
+    em: Emitter, go: str, w: str, in_hw: Pair, stride: Pair, padding: Pair, dilation: Pair, form: object = None
+) -> str:
     """dL/dx (N, Cin, H, W) of a groups-1 conv: one MATMUL, then per stride phase (rh, rw) the
     taps landing on it summed on the phase grid (input rows rh, rh + s, ...), the phases
-    interleaved once (a CAT per axis) and cut to the input's size."""
+    interleaved once (a CAT per axis) and cut to the input's size. `form` (the cost model's
+    FormChoice, `conv_dgrad_cost.py`) is recorded on the MATMUL for the report."""
     out_ch, cin, kh, kw = em.ttype(w).shape
     n, _, ho, wo = em.ttype(go).shape
     (sh, sw), (ph, pw), (dh, dw) = stride, padding, dilation
     a = permute(em, reshape(em, w, (out_ch, cin * kh * kw)), (1, 0))
     b = reshape(em, permute(em, go, (1, 0, 2, 3)), (out_ch, n * ho * wo))
-    col = reshape(em, em.emit(Op.MATMUL, (a, b)), (cin, kh * kw, n, ho, wo))
+    recorded = {} if form is None else {"form": form}
+    col = reshape(em, em.emit(Op.MATMUL, (a, b), **recorded), (cin, kh * kw, n, ho, wo))
     q = (-(-in_hw[0] // sh), -(-in_hw[1] // sw))  # phase lengths, the last phases' padded
     phases: dict[tuple[int, int], list[tuple[int, int, int]]] = {}
     for i in range(kh):

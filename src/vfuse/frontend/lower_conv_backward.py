@@ -28,6 +28,8 @@ from dataclasses import dataclass
 import torch
 import torch.fx
 
+from vfuse.context import Context
+from vfuse.frontend.conv_dgrad_cost import FormChoice, Shapes, choose, illegal
 from vfuse.frontend.conv_dgrad_gemm import grad_input_gemm
 from vfuse.frontend.emitter import Emitter, bind, python_scalar
 from vfuse.frontend.errors import Fallback
@@ -35,6 +37,7 @@ from vfuse.frontend.lower_layout import permute, reshape, slice_
 from vfuse.frontend.registry import lowers
 from vfuse.ir import Op
 from vfuse.ir.sym import is_sym
+from vfuse.targets import Target, get_target
 
 aten = torch.ops.aten
 
@@ -105,18 +108,22 @@ def axis_phase(r: int, out_len: int, q_len: int, k: int, s: int, p: int, d: int)
     return AxisPhase(taps[0], step, m, e, lo, hi, pad, pad - left)
 
 
-def _phase(em: Emitter, go: str, wt: str, ph: AxisPhase, pw: AxisPhase, q: Pair, groups: int) -> str:
+def _phase(
+    em: Emitter, go: str, wt: str, ph: AxisPhase, pw: AxisPhase, q: Pair, groups: int, form: FormChoice | None
+) -> str:
     """One phase's gradient (N, C, q[0], q[1]): the phase's taps, reversed, over grad_output."""
     v = slice_(em, slice_(em, go, 2, ph.lo, ph.hi), 3, pw.lo, pw.hi)
     w = slice_(em, wt, 2, ph.kh0, ph.kh0 + (ph.m - 1) * ph.step + 1, ph.step)
     w = _flip_taps(em, slice_(em, w, 3, pw.kh0, pw.kh0 + (pw.m - 1) * pw.step + 1, pw.step))
-    y = em.emit(Op.CONV2D, (v, w), stride=(1, 1), padding=(ph.pad, pw.pad), dilation=(ph.e, pw.e), groups=groups)
+    pads, recorded = (ph.pad, pw.pad), {} if form is None else {"form": form}
+    y = em.emit(Op.CONV2D, (v, w), stride=(1, 1), padding=pads, dilation=(ph.e, pw.e), groups=groups, **recorded)
     return slice_(em, slice_(em, y, 2, ph.offset, ph.offset + q[0]), 3, pw.offset, pw.offset + q[1])
 
 
-def grad_input(em: Emitter, go: str, w: str, in_hw: Pair, geo: Geometry) -> str:
+def grad_input(em: Emitter, go: str, w: str, in_hw: Pair, geo: Geometry, form: FormChoice | None = None) -> str:
     """dL/dx: per stride phase (rh, rw), a stride-1 conv of the channel-swapped weight's taps that
-    land on that phase, reversed, over grad_output; the s*s phases interleaved (module docstring)."""
+    land on that phase, reversed, over grad_output; the s*s phases interleaved (module docstring).
+    `form` (the FormChoice that chose this form) is recorded on each conv for the report."""
     out_ch, cg, kh, kw = em.ttype(w).shape
     n, g, (sh, sw) = em.ttype(go).shape[0], geo.groups, geo.stride
     wt = reshape(em, w, (g, out_ch // g, cg, kh, kw))
@@ -135,7 +142,7 @@ def grad_input(em: Emitter, go: str, w: str, in_hw: Pair, geo: Geometry) -> str:
                 dtype = em.ttype(go).dtype
                 y = em.emit(Op.FULL, value=python_scalar(0, dtype), shape=(n, g * cg, *q), dtype=dtype)
             else:
-                y = _phase(em, go, wt, ph, pw, q, g)
+                y = _phase(em, go, wt, ph, pw, q, g, form)
             row.append(reshape(em, y, (n, g * cg, q[0], 1, q[1], 1)))
         rows.append(row[0] if sw == 1 else em.emit(Op.CAT, row, dim=5))
     v = rows[0] if sh == 1 else em.emit(Op.CAT, rows, dim=3)
@@ -215,22 +222,26 @@ def grad_weight_1x1(em: Emitter, go: str, x: str, geo: Geometry) -> str:
     return reshape(em, em.emit(Op.MATMUL, (g, xv)), (out_ch, c, 1, 1))
 
 
-def gemm_form(go_shape: Sequence[int], w_shape: Sequence[int], geo: Geometry) -> bool:
-    """Whether grad_input is one GEMM and a col2im sum (`frontend/conv_dgrad_gemm.py`) rather than
-    one stride-1 conv per stride phase: a strided groups-1 conv with a kernel larger than 1x1, at
-    fixed sizes. Measured (2x128x16x16 -> 256 channels, 3x3 stride 2, one thread, Zen 3): four
-    phase convs and their CAT 2.79 ms, the GEMM 1.16 + the col2im 0.37 ms. At stride 1 the two
-    forms measured within noise of each other (2x256x8x8: 2.38 vs 2.50 ms); the conv keeps its
-    fused epilogue there. Kernels past 4x4 keep the conv form: a 7x7's 49 tap planes exceed the
-    planner's kernel-size cap and the split col2im kernels computed wrong values (2x3x16x16, 7
-    channels, stride 2: garbage; left for the scheduler's owner)."""
-    taps = w_shape[2] * w_shape[3]
-    if geo.groups != 1 or not 1 < taps <= MAX_GEMM_TAPS or any(is_sym(d) for d in (*go_shape, *w_shape)):
-        return False
-    return max(geo.stride) > 1
-
-
+# Legality of the GEMM form (`conv_dgrad_cost.illegal`): more tap planes than this keep the phase
+# form: a 7x7's 49 planes exceed the planner's kernel-size cap and the split col2im kernels computed
+# wrong values (2x3x16x16, 7 channels, stride 2: garbage; left for the scheduler's owner).
 MAX_GEMM_TAPS = 16
+
+
+def dgrad_target(ctx: Context) -> Target:
+    """The target the compilation plans for (its figures price the data gradient's forms)."""
+    o = ctx.options
+    return get_target(o.target, o.cache_dir, isa=o.isa)
+
+
+def form_of(em: Emitter, go: str, w: str, in_hw: Pair, geo: Geometry) -> FormChoice:
+    """grad_input's form: one GEMM and a col2im sum (`frontend/conv_dgrad_gemm.py`) or one
+    stride-1 conv per stride phase, whichever the target's figures price lower where both are
+    legal (`frontend/conv_dgrad_cost.py`). Measured (2x128x16x16 -> 256 channels, 3x3 stride 2,
+    one thread, Zen 3): four phase convs and their CAT 2.79 ms, the GEMM 1.16 + the col2im 0.37 ms."""
+    s = Shapes(em.ttype(go).shape, em.ttype(w).shape, in_hw, geo.stride, geo.padding, geo.dilation, geo.groups)
+    why = illegal(s, MAX_GEMM_TAPS)
+    return FormChoice.legality(why) if why else choose(s, dgrad_target(em.ctx))
 
 
 def _check(em: Emitter, go: str, x: str, w: str) -> None:
@@ -255,10 +266,11 @@ def lower_convolution_backward(em: Emitter, node: torch.fx.Node) -> tuple[str | 
     gi = None
     if mask[0]:
         in_hw = em.ttype(x).shape[2:]
-        if gemm_form(em.ttype(go).shape, em.ttype(w).shape, geo):
-            gi = grad_input_gemm(em, go, w, in_hw, geo.stride, geo.padding, geo.dilation)
+        form = form_of(em, go, w, in_hw, geo)
+        if form.gemm:
+            gi = grad_input_gemm(em, go, w, in_hw, geo.stride, geo.padding, geo.dilation, form)
         else:
-            gi = grad_input(em, go, w, in_hw, geo)
+            gi = grad_input(em, go, w, in_hw, geo, form)
     kernel = em.ttype(w).shape[2:]
     # A 1x1 kernel's weight gradient is one GEMM; the swapped conv would be a conv with an
     # Ho x Wo kernel and a 1x1 output plane (2x256x8x8, stride 2: 1.0 ms vs 0.14 ms, one thread).

@@ -44,6 +44,7 @@ def report_data(report: FusionReport) -> dict[str, Any]:
         },
         "fallbacks": dict(report.fallbacks),
         "recomputed": {n: list(ids) for n, ids in report.recomputed.items()},
+        "lowered_as": report.lowering_choices,
         "kernels": [kernel_data(k) for k in report.kernels],
         "decisions": [decision_data(d) for d in report.decisions],
     }

@@ -121,6 +121,12 @@ class FusionReport:
         """Nodes computed in more than one kernel, with those kernels' ids."""
         return {n: tuple(k.id for k in ks) for n, ks in self._by_node.items() if len(ks) > 1}
 
+    @property
+    def lowering_choices(self) -> dict[str, str]:
+        """Forms the lowering chose with the target's figures, recorded on the nodes it emitted (attr
+        `form`: a conv's data gradient, `frontend/conv_dgrad_cost.py`): FX node -> the choice."""
+        return {n.origin or n.name: str(n.attrs["form"]) for n in self.graph.nodes if "form" in n.attrs}
+
     def edge_kind(self, producer: str, consumer: str) -> str:
         """How the value `producer` reaches `consumer`: "fused" (one kernel computes both, so the
         value stays on chip), "dram" (written to memory by one kernel, read by another) or

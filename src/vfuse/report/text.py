@@ -59,6 +59,8 @@ def summary_table(report: FusionReport) -> Table:
         items = [f"%{n} in kernels {_ids(k)}" for n, k in report.recomputed.items()]
         more = f"; +{len(items) - 4} more" if len(items) > 4 else ""
         t.add_row("recomputed", "; ".join(items[:4]) + more)
+    for origin, choice in report.lowering_choices.items():
+        t.add_row("lowered as", f"%{origin}: {choice}")
     fallbacks = ", ".join(f"{name} x{count}" for name, count in report.fallbacks.items())
     t.add_row("torch fallbacks", fallbacks or "none")
     if report.symbols:
