@@ -10,7 +10,9 @@ contraction (`fusion/library.py`), never as a torch convolution_backward:
   the taps whose window positions land on the stride, so each of the s*s phases is a stride-1
   conv of those taps over grad_output (no zeros inserted: the useful flops only, s*s fewer than
   a conv over grad_output dilated by s), and the phases are interleaved (CAT, a pointwise
-  kernel) and cut to the input's size, which the forward's output may not determine.
+  kernel) and cut to the input's size, which the forward's output may not determine. Where
+  both are legal, the target's figures choose between this form and one GEMM + a col2im sum
+  (`conv_dgrad_cost.py`, `conv_dgrad_gemm.py`); the choice is recorded for the report.
 * grad_weight: the batch/channel swap. Over x viewed as Cg images of G*N channels and grad_output
   as G*Og filters of N channels (Ho x Wo taps), conv2d with stride d, dilation s, padding p and
   G groups gives (Cg, Cout, >= k, >= k): cropped to the kernel and transposed (with fixed sizes,
