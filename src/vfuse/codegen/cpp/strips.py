@@ -12,15 +12,20 @@ are folded pairwise. The lanes are stored to a `vector`-long array and folded by
 (vector adds, a few shuffles) instead of g++'s serial horizontal sum. Elements past the last
 whole step go through a plain SIMD loop into the block's accumulator. Sums stay blocked; only
 their order inside a block changes. The schedule decides where, with how many chains
-(`schedule/strategy.py`).
+(`schedule/strategy.py`). An fp32 sum of a product used nowhere else (LayerNorm's variance, RMSNorm's
+sum of squares) accumulates with one fma per element instead of a multiply and an add.
 """
 
 from __future__ import annotations
 
+from collections import Counter
+from dataclasses import replace
+
 from vfuse.codegen.cpp.lanes import fold_halving
 from vfuse.codegen.cpp.rules import REDUCE_RULES
 from vfuse.codegen.cpp.writer import KernelWriter
-from vfuse.schedule.kernel import Loop, Pass, Reduce
+from vfuse.ir import DType, Op
+from vfuse.schedule.kernel import Compute, Loop, Pass, Reduce, Select, Store
 
 
 def render_strips(w: KernelWriter, p: Pass, vec: Loop, length: int) -> None:
@@ -37,7 +42,7 @@ def render_strips(w: KernelWriter, p: Pass, vec: Loop, length: int) -> None:
     if length % step:
         w.w(f"#pragma omp simd {w.clauses(p.reduces, '_blk')}")
         w.open_loop(vec, f"rb + {length // step * step}", "re")
-        w.body(p, "_blk")
+        _body(w, p, "_blk")
         w.close()
     for r in p.reduces:
         _combine(w, r, "_blk", "_sp[0]")
@@ -56,7 +61,7 @@ def _lane(w: KernelWriter, p: Pass, vec: Loop, span: int) -> None:
         # One scope per chain: the body's statements keep their names in each copy.
         w.open("{")
         w.w(f"const int64_t {i} = rb + sj + {s * vector} + sl;")
-        w.body(p, f"_q{s}")
+        _body(w, p, f"_q{s}")
         w.close()
     w.close()
     half = 1
@@ -67,6 +72,31 @@ def _lane(w: KernelWriter, p: Pass, vec: Loop, span: int) -> None:
         half *= 2
     for r in p.reduces:
         w.w(f"{r.var}_sp[sl] = {r.var}_q0;")
+
+
+def _body(w: KernelWriter, p: Pass, suffix: str) -> None:
+    """The pass's body and its accumulators' updates, a summed product as acc = fma(a, b, acc):
+    one FMA-pipe operation per element instead of a multiply and an add (Zen 3 AVX2: the
+    LayerNorm row's variance pass, docs/perf-log.md). It rounds once where a * b + acc rounded
+    twice; the product's own statement is left to g++ to drop."""
+    products = _summed_products(p) if w.range is None else {}
+    w.body(replace(p, reduces=tuple(r for r in p.reduces if r.var not in products)), suffix)
+    for r in p.reduces:
+        if r.var in products:
+            acc = f"{r.var}{suffix}"
+            w.w(f"{acc} = vf_fmaf({products[r.var][0]}, {products[r.var][1]}, {acc});")
+
+
+def _summed_products(p: Pass) -> dict[str, tuple[str, ...]]:
+    """fp32 sums whose element is an fp32 product read by nothing else: reduce var -> factors."""
+    uses = Counter(a for s in p.body if isinstance(s, Compute | Select) for a in s.args)
+    uses.update([s.arg for s in p.body if isinstance(s, Store)] + [r.arg for r in p.reduces] + list(p.buffered))
+    muls = {s.var: s.args for s in p.body if isinstance(s, Compute) and s.op is Op.MUL and s.dtype is DType.F32}
+    return {
+        r.var: muls[r.arg]
+        for r in p.reduces
+        if r.op is Op.SUM and r.dtype is DType.F32 and r.arg_dtype is DType.F32 and r.arg in muls and uses[r.arg] == 1
+    }
 
 
 def _combine(w: KernelWriter, r: Reduce, into: str, part: str) -> None:
