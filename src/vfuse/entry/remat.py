@@ -50,6 +50,13 @@ TRANSCENDENTAL = {
 }  # fmt: skip
 # Per-element flops of whole ops the ATen graph keeps (norms: mean, variance, normalize).
 WHOLE = {aten.native_layer_norm: 8, aten.native_batch_norm: 8, aten._native_batch_norm_legit_functional: 8}
+# Reductions that are not row reductions: BatchNorm's batch statistics (over N, H, W) and sums, means,
+# variances over other than a trailing run of dims. Their result is needed before any element that
+# uses it, so recomputing one in the backward is a pass of its own over its input, whose bytes a flop
+# count misses (conv_bn_relu at 20 GB/s recomputed the BatchNorm, 0.37 us of flops, rather than keep
+# a 1-byte ReLU mask, 0.46 us, though the recompute's pass reads the conv output's 18 KiB again).
+BATCH_STATS = {aten._native_batch_norm_legit_functional, aten.native_batch_norm, aten._native_batch_norm_legit}
+REDUCTIONS = {aten.sum, aten.mean, aten.var, aten.var_mean, aten.amax, aten.amin}
 SIZE_KEEP_S = 1e-12  # a computed size: kept only where it cannot be recomputed
 # Capacities are integers in these units: keeping then costs exactly bytes x a per-byte figure, so
 # values that split one tensor (three selects of a stacked qkv) tie exactly with it, whatever
@@ -194,8 +201,40 @@ def recompute_only(joint: fx.Graph) -> dict[fx.Node, str]:
 
 
 def _recompute_s(node: fx.Node, flops: int, target: Target) -> float:
+    """Flops at the target's rate, plus the pass over its input a recomputed non-row reduction reads."""
     transcendental = _packet(node) in TRANSCENDENTAL and target.transcendental_f32
-    return flops / (target.transcendental_f32 if transcendental else target.vector_f32)
+    rate = target.transcendental_f32 if transcendental else target.vector_f32
+    return flops / rate + pass_bytes(node) / target.dram_bw
+
+
+def pass_bytes(node: fx.Node) -> int:
+    """Bytes a recompute of `node` reads in a pass of its own (0: it fuses into its users' pass):
+    the input of a reduction whose result every element waits for and that is not a row reduction
+    (a row kernel recomputes those in the pass that reads the row)."""
+    packet, x = _packet(node), node.args[0] if node.args else None
+    if not isinstance(x, fx.Node):
+        return 0
+    if packet in BATCH_STATS:
+        return nbytes_of(x) if _arg(node, "training", True) else 0
+    if packet in REDUCTIONS:
+        val = x.meta.get("val")
+        rank = val.dim() if isinstance(val, torch.Tensor) else 0
+        dims = _arg(node, "dim", None)
+        if isinstance(dims, int):
+            dims = [dims]
+        if not rank or not isinstance(dims, list | tuple) or not dims:
+            return nbytes_of(x)  # a whole-tensor reduction
+        reduced = sorted(d % rank for d in dims)
+        return 0 if reduced == list(range(rank - len(reduced), rank)) else nbytes_of(x)
+    return 0
+
+
+def _arg(node: fx.Node, name: str, default: Any) -> Any:
+    """Argument `name` of an ATen call, by its schema (overloads place it differently)."""
+    for i, a in enumerate(node.target._schema.arguments):  # type: ignore[union-attr]
+        if a.name == name:
+            return node.args[i] if i < len(node.args) else node.kwargs.get(name, default)
+    return default
 
 
 def _units(seconds: float) -> float | int:
