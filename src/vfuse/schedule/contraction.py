@@ -54,6 +54,7 @@ from vfuse.schedule.microtile import (
     gemm_order_tiles,
     pick_micro_tile,
 )
+from vfuse.schedule.transposed_a import transposed_a_blocks
 
 Caches = tuple[int, int, int]
 ATTENTION = frozenset({Op.SDPA, Op.SDPA_LSE, Op.SDPA_BACKWARD})
@@ -394,7 +395,7 @@ def plan_contraction(graph: Graph, nodes: tuple[str, ...], outputs: tuple[str, .
         colsum=colsum,
     )  # fmt: skip
     if dtypes is not GPU_DTYPES:  # the C++ templates' cache blocks and other blocks (schedule/blocks.py)
-        kernel = template_blocks(kernel, tile, unit)
+        kernel = transposed_a_blocks(template_blocks(kernel, tile, unit), tile, unit)
     # Split: the leftover kernels recompute the (cheap) prologue values they read, and store
     # those other groups read, as torch used to leave them in its env. A column sum not in the
     # template runs after it, as its own row kernel.

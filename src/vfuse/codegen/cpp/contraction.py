@@ -40,7 +40,7 @@ from vfuse.ir.defs.attention_grad import grad_row_strides
 from vfuse.ir.defs.contraction import sdpa_dropout
 from vfuse.ir.sym import same
 from vfuse.schedule import expr
-from vfuse.schedule.kernel import ContractionKernel, Program
+from vfuse.schedule.kernel import ContractionKernel, Load, Program
 
 Names = dict[int, str]  # loop variable id -> C++ expression
 
@@ -68,7 +68,15 @@ def _prologue(k: ContractionKernel, i: int) -> Prologue | None:
     for s in pro.stmts:
         w.stmt(s)
     lines = tuple(line.strip() for line in w.lines)
-    return Prologue(lines, pro.result, "r" if pro.inner == -2 else "c", fits_int32(pro.stmts, k.shapes[i]))
+    inner = expr.Var(rank + pro.inner)
+    # The loads one packer step reads as a contiguous run: their addresses, for the packer's prefetch.
+    runs = tuple(
+        dict.fromkeys(f"&{pointer(s.buf)}[{w.idx(s.index)}]" for s in pro.stmts
+                      if isinstance(s, Load) and s.index.coef(inner) == 1)
+    )  # fmt: skip
+    return Prologue(
+        lines, pro.result, "r" if pro.inner == -2 else "c", fits_int32(pro.stmts, k.shapes[i]), prefetch=runs
+    )
 
 
 def _conv_names(k: ContractionKernel) -> list[str]:

@@ -18,6 +18,8 @@ loads are contiguous along ("c" for a row-major operand, "r" for nn.Linear's N x
 With `index32` (`fits_int32`: every index the prologue computes stays below 2^31) r and c are
 `int`: g++ vectorizes a 32-bit division by a constant, while AVX2 has no 64-bit multiply-high, so
 a strided conv's weight-gradient operand (K = (n, h, w) split by / and %) packed 4x slower.
+`prefetch` holds the addresses (over the same names) of the loads contiguous along `inner`: the
+block packer (`_block_loops`) asks for them a few K steps ahead.
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ class Prologue:
     value: str
     inner: str = "c"
     index32: bool = False
+    prefetch: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if self.inner not in ("r", "c"):
@@ -121,7 +124,7 @@ def render_packer(kernel: str, side: str, width: int, pro: Prologue, params: str
     for (long kk = 0; kk < kc; ++kk) dst[kk * {width} + s] = 0.0f;
 """
     elif side == "a":
-        loops = _block_loops(sliver, kdim, index, width, body, pro.value)
+        loops = _block_loops(sliver, kdim, index, width, body, pro.value, pro.prefetch)
     else:
         # Contiguous along the sliver: one K step at a time, its `width` entries innermost.
         loops = f"""  for (long kk = 0; kk < kc; ++kk) {{
@@ -138,13 +141,38 @@ def render_packer(kernel: str, side: str, width: int, pro: Prologue, params: str
     return head + loops + "}\n"
 
 
-def _block_loops(sliver: str, kdim: str, index: str, width: int, body: str, value: str) -> str:
+# K steps ahead that the block packer prefetches: each step reads one run of the operand's row,
+# a row apart (4 KB at 1024 columns), which the hardware prefetcher does not follow across pages.
+PREFETCH_STEPS = 8
+# Elements between prefetches along a run (one 64-byte line of fp32; narrower types ask twice).
+PREFETCH_RUN = 16
+
+
+def _block_prefetch(sliver: str, kdim: str, index: str, addrs: tuple[str, ...]) -> str:
+    """Prefetch the run of K step kk + PREFETCH_STEPS (one address per line, and its last element),
+    in a scope of its own so the prologue's address expressions read r and c there."""
+    if not addrs:
+        return ""
+    fetch = "".join(f"        __builtin_prefetch({a}, 0, 3);\n" for a in addrs)
+    return f"""    if (kk + {PREFETCH_STEPS} < kc) {{
+      [[maybe_unused]] const {index} {kdim} = static_cast<{index}>(k0 + kk + {PREFETCH_STEPS});
+      for (long q = 0; q < ns + {PREFETCH_RUN - 1}; q += {PREFETCH_RUN}) {{
+        [[maybe_unused]] const {index} {sliver} = static_cast<{index}>(s0 + vg_min(q, ns - 1));
+{fetch}      }}
+    }}
+"""
+
+
+def _block_loops(sliver: str, kdim: str, index: str, width: int, body: str, value: str,
+                 prefetch: tuple[str, ...] = ()) -> str:  # fmt: skip
     """An A operand contiguous along its rows (a weight gradient's dY^T): `ns` may cover many
     slivers (sliver q at dst + q * kc), packed one K step at a time across all of them, so each
     step reads one contiguous run of the row instead of `width` entries per sliver pass (per
-    sliver, every K step touched a new line 4 KB away: the pack was ~20% of a wgrad GEMM)."""
+    sliver, every K step touched a new line 4 KB away: the pack was ~20% of a wgrad GEMM). Each
+    step's first line still stalled (half the packer's time): `prefetch` asks for later steps."""
+    ahead = _block_prefetch(sliver, kdim, index, prefetch)
     return f"""  for (long kk = 0; kk < kc; ++kk) {{
-    [[maybe_unused]] const {index} {kdim} = static_cast<{index}>(k0 + kk);
+{ahead}    [[maybe_unused]] const {index} {kdim} = static_cast<{index}>(k0 + kk);
     for (long q0 = 0; q0 < ns; q0 += {width}) {{
       float* __restrict row = dst + q0 * kc + kk * {width};
       if (ns - q0 >= {width}) {{
