@@ -2,8 +2,9 @@
 the GEMM cache blocks of its implicit GEMM (or of the folded weight gradient's one GEMM over all
 images), whether it takes the direct path and that path's K and M blocks of channels, the folded
 template's threaded passes.
-Convs have fixed sizes (a symbolic conv is specialized per shape, docs/dynamic.md): a symbolic
-size would be taken at its hint."""
+A conv over symbolic planes (docs/dynamic.md) takes the implicit GEMM: its driver blocks at run
+time and its gather reads the sizes (`vf_s0`), where the direct path's padded copy and tile are
+laid out for constant planes; its cache blocks are the hints' (a performance choice only)."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from typing import Any
 
 from vfuse.ir import Op
 from vfuse.ir.shapes import Shape
-from vfuse.ir.sym import hint
+from vfuse.ir.sym import hint, is_sym
 from vfuse.schedule.blocks import (
     CallBlocks,
     ConvBlocks,
@@ -54,7 +55,12 @@ def conv_blocks(
         return blocks, folded_passes(hint(x[0] * x[1] * x[2] * x[3]), m * n)
     icb, mb = direct_blocks(hint(w[1]), m, hint(w[2] * w[3]), tile[0], caches)
     compact = bool(attrs.get("compact"))
-    direct = direct_conv(attrs, w) and direct_fits(attrs, x, w, out_shape, tile[0], tile[1], compact)
+    planes = (*x[2:], *out_shape[2:])
+    direct = (
+        direct_conv(attrs, w)
+        and not any(map(is_sym, planes))
+        and direct_fits(attrs, x, w, out_shape, tile[0], tile[1], compact)
+    )
     # Images share the weight: packed once per call for all of them (a strided pass over it per image).
     return blocks, ConvBlocks(icb, mb, direct=direct, weight_once=hint(x[0]) > 1)
 

@@ -28,6 +28,7 @@ from vfuse.codegen.cpp.gemm.epilogue import Epilogue
 from vfuse.codegen.cpp.gemm.gemm import DEFAULT_CACHES, check_kernel_name
 from vfuse.codegen.cpp.gemm.microkernel import PACKERS, render_microkernel
 from vfuse.codegen.cpp.gemm.prelude import render_prelude
+from vfuse.ir.sym import is_sym
 from vfuse.schedule.blocks import ConvBlocks
 from vfuse.schedule.microtile import AVX512, VectorUnit
 
@@ -69,7 +70,7 @@ class ConvSpec:
         check_kernel_name(self.name)
         if self.c_in % self.groups or self.c_out % self.groups:
             raise ValueError(f"{self.name}: channels {self.c_in}->{self.c_out} not divisible by groups {self.groups}")
-        if min(self.out_hw) < 1:
+        if any(d < 1 for d in self.out_hw):  # each proved (symbolic planes): min() would compare OH with OW
             raise ValueError(f"{self.name}: empty output {self.out_hw}")
 
     @property
@@ -105,7 +106,7 @@ def _im2col(spec: ConvSpec, nr: int) -> str:
 // Output columns of a sliver form a few runs along one output row (found once per sliver);
 // per K row, each run is one (strided) row segment of X clipped to the padding.
 static inline void {spec.name}_im2col(const float* __restrict x, long pc, long kc, long j, long nr,
-                                      float* __restrict bps) {{
+                                      float* __restrict bps{_SEEDS if symbolic(spec) else ""}) {{
   long run_c[{nr + 1}], run_oh[{nr}], run_ow[{nr}];
   int nrun = 0;
   for (long c = 0; c < nr; ++nrun) {{
@@ -131,6 +132,16 @@ static inline void {spec.name}_im2col(const float* __restrict x, long pc, long k
   }}
 }}
 """
+
+
+# Symbolic planes (`vf_s0`: `seeds[k]`, ir/sym.py) in a helper the driver calls: it takes the
+# driver's `seeds` (the epilogue's argument in a symbolic program).
+_SEEDS = ", const int64_t* __restrict seeds"
+
+
+def symbolic(spec: ConvSpec) -> bool:
+    """Whether the conv's planes are symbolic sizes (the implicit GEMM only: schedule/conv_blocks.py)."""
+    return any(is_sym(d) for d in (spec.h, spec.w))
 
 
 def _table_path(spec: ConvSpec, nr: int) -> str:
@@ -215,7 +226,7 @@ def render_conv2d_gemm(spec: ConvSpec, epilogue: Epilogue) -> str:
         pack = f"vg_pack_b_rows<{blk.nr}>(x_b + pc * {n_cols} + j, {n_cols}, kc, nr, bps);"
         gather = ""
     else:
-        pack = f"{spec.name}_im2col(x_b, pc, kc, j, nr, bps);"
+        pack = f"{spec.name}_im2col(x_b, pc, kc, j, nr, bps{', seeds' if symbolic(spec) else ''});"
         gather = phase_copy(spec) + phased_im2col(spec, blk.nr) if phased(spec) else _im2col(spec, blk.nr)
     params = "const float* __restrict X, const float* __restrict Wt, float* __restrict Y"
     # Images share the weight: packed once per call where the schedule says (ConvSpec.blocks; outside a

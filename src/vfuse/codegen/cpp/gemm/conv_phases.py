@@ -16,14 +16,17 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from vfuse.ir.sym import is_sym
+
 if TYPE_CHECKING:
     from vfuse.codegen.cpp.gemm.conv import ConvSpec
 
 
 def phased(spec: ConvSpec) -> bool:
     """Whether the implicit GEMM reads this conv's input through column phases: a column stride > 1
-    (stride 1 has contiguous segments already, and its own path: conv_direct.py / the table)."""
-    return spec.stride[1] > 1
+    (stride 1 has contiguous segments already, and its own path: conv_direct.py / the table), over
+    constant planes (the copy's per-thread buffer is sized for them; symbolic ones gather per row)."""
+    return spec.stride[1] > 1 and not any(is_sym(d) for d in (spec.h, spec.w))
 
 
 def _dims(spec: ConvSpec) -> tuple[int, int, int, int]:
