@@ -202,7 +202,9 @@ def test_updates_match_eager(name: str) -> None:
             want, got = fn(*eager_in), compiled(*comp_in)
             for w, g in zip(eager_in, comp_in, strict=True):
                 torch.testing.assert_close(g, w, rtol=1e-6, atol=1e-6)
-            torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-6)
+            # Sums of up to 257 terms of |6y| in another order than eager's (the scalar tier adds
+            # sequentially): a few ulps of the terms' size, not of the result's.
+            torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-5)
     assert backend.stats["eager_graphs"] == 0
 
 
