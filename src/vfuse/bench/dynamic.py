@@ -43,7 +43,7 @@ from vfuse.bench.workloads import Workload
 SCHEMA = "vfuse-bench-dynamic/1"
 COMPILERS = ("vfuse", "inductor")
 # Steady part only: Dynamo with the eager backend, the share of dynamic/static that is capture's
-# own (its shape guards and SymInt arguments: ~16 us a call on a 2-core Zen 3, docs/perf-log.md).
+# own (its shape guards and SymInt arguments; docs/benchmarks.md).
 STEADY_ONLY = ("dynamo",)
 STEADY_WORKLOADS = (
     "chain", "transpose_add", "ln_gelu", "layernorm_small", "rms_silu", "softmax", "gelu_residual",
