@@ -54,7 +54,9 @@ def _run(fn: Callable, c: Callable, sizes: tuple[tuple[int, int], ...]) -> None:
         x, y = torch.randn(n, m), torch.randn(n, m)
         got, want = c(x, y), fn(x, y)
         for g, w in zip(got if isinstance(got, tuple) else (got,), want if isinstance(want, tuple) else (want,)):
-            torch.testing.assert_close(g, w, rtol=1e-5, atol=1e-6)
+            # atol: a row sum of up to 97 randn values subtracted (cancellation); summed in another
+            # order than eager's it differed by 1.7e-6 once (CI, session 17).
+            torch.testing.assert_close(g, w, rtol=1e-5, atol=1e-5)
 
 
 def test_seen_sizes_skip_the_general_path(monkeypatch: pytest.MonkeyPatch) -> None:
