@@ -28,7 +28,7 @@ from tests.fuzz.test_fuzz_dynamic import size_plans
 
 from vfuse.codegen.cpp.contraction import _groups
 
-FORWARD_EXAMPLES = 6
+FORWARD_EXAMPLES = 3
 BACKWARD_EXAMPLES = 2
 DYNAMIC_EXAMPLES = 2
 

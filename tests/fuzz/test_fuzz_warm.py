@@ -32,7 +32,7 @@ from tests.fuzz.program import Program, build, make_inputs
 
 import vfuse
 
-STATIC_EXAMPLES = 4
+STATIC_EXAMPLES = 2
 DYNAMIC_EXAMPLES = 2
 DYNAMIC = Config(
     dtypes=(torch.float32,) * 4 + (torch.float64, torch.int64), kinds=DYN_KINDS, max_numel=2048, large=False
