@@ -8,7 +8,9 @@
    another size (the hint: 3/4 of the varied dim, +1), so the timed size runs a program made
    for sizes in general, not for it. All four builds are timed interleaved (bench/timing.py).
 3. The first call of the dynamic build at a third size (5/8, +1) after that warm-up: its time
-   over the steady call at that size (a compile, or a new size's setup, shows up here).
+   over the steady call at that size (a compile, or a new size's setup, shows up here); the
+   median over that size and the next smaller new ones (`NEW_SIZES`): one wall-clock sample of a
+   call was the bar's whole figure, and under load it swung by milliseconds.
 
 Each build compiles a deep copy of the module (Dynamo's cache is per code object). Frozen
 workloads compile frozen in both builds (vfuse freeze=True, Inductor freezing). See
@@ -25,7 +27,7 @@ import statistics
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import torch
@@ -56,6 +58,9 @@ HINT_FRACTION, NEW_FRACTION = 3 / 4, 5 / 8
 MAX_DYNAMIC_RATIO, MAX_NEW_SIZE_EXTRA_S = 1.15, 1e-3
 MAX_GRAPHS_VS_INDUCTOR, MAX_WARM_VS_INDUCTOR, MAX_COLD_VS_INDUCTOR = 1.0, 1.0, 1 / 3
 _NEW_SIZE_STEADY_CALLS = 5
+# New sizes whose first calls are timed (5/8 of the varied dim +1, then 1/64 of it less each); the
+# bar takes their median extra.
+NEW_SIZES = 3
 
 
 def resized(name: str, inputs: tuple[Tensor, ...], fraction: float) -> tuple[Tensor, ...]:
@@ -126,8 +131,9 @@ class SteadyRow:
     new_shape: tuple[int, ...] = ()
     new_first_s: float | None = None
     new_steady_s: float | None = None
-    new_extra_s: float | None = None
-    new_graphs: int = 0  # compiled by the first call at the new size
+    new_extra_s: float | None = None  # the median of `new_extras_s`
+    new_extras_s: list[float] = field(default_factory=list)  # each new size's first call over its steady one
+    new_graphs: int = 0  # compiled by the first calls at the new sizes
     new_max_abs_err: float | None = None
     ok: bool = False
     error: str = ""
@@ -141,36 +147,48 @@ def _check(row: SteadyRow, w: Workload, expected: Any, got: Any, field: str) -> 
     return check.ok
 
 
-def _new_size(row: SteadyRow, w: Workload, build: Build, inputs: tuple[Tensor, ...], expected: Any) -> bool:
-    """First call at a size the build has not seen, then steady calls there (collector off)."""
-    gc.disable()
-    try:
-        before = build.graphs
-        start = time.perf_counter()
-        out = build.call(inputs)
-        row.new_first_s = time.perf_counter() - start
-        steady = []
-        for _ in range(_NEW_SIZE_STEADY_CALLS):
+def _new_size(row: SteadyRow, w: Workload, build: Build, sizes: list[tuple[tuple[Tensor, ...], Any]]) -> bool:
+    """At each (inputs, expected) of a size the build has not seen: the first call, then steady
+    calls there (collector off); the row's extra is the median over the sizes."""
+    ok = True
+    for inputs, expected in sizes:
+        gc.disable()
+        try:
+            before = build.graphs
             start = time.perf_counter()
-            build.fn(*inputs)
-            steady.append(time.perf_counter() - start)
-    finally:
-        gc.enable()
-    row.new_graphs = build.graphs - before
-    row.new_steady_s = statistics.median(steady)
-    row.new_extra_s = row.new_first_s - row.new_steady_s
-    return _check(row, w, expected, out, "new_max_abs_err")
+            out = build.call(inputs)
+            first = time.perf_counter() - start
+            steady = []
+            for _ in range(_NEW_SIZE_STEADY_CALLS):
+                start = time.perf_counter()
+                build.fn(*inputs)
+                steady.append(time.perf_counter() - start)
+        finally:
+            gc.enable()
+        row.new_graphs += build.graphs - before
+        row.new_extras_s.append(first - statistics.median(steady))
+        if row.new_first_s is None:  # the figures of the first new size (`new_shape`)
+            row.new_first_s, row.new_steady_s = first, statistics.median(steady)
+        ok &= _check(row, w, expected, out, "new_max_abs_err")
+    row.new_extra_s = statistics.median(row.new_extras_s)
+    return ok
+
+
+def new_sizes(name: str, inputs: tuple[Tensor, ...]) -> list[tuple[Tensor, ...]]:
+    """The inputs at `NEW_SIZES` sizes no earlier call had: 5/8 of the varied dim (+1), then 1/64 less each."""
+    return [resized(name, inputs, NEW_FRACTION - k / 64) for k in range(NEW_SIZES)]
 
 
 def _steady_workload(w: Workload, args: argparse.Namespace, timing: TimingConfig) -> list[SteadyRow]:
     inst = w.build(args.quick)
-    hint, new = resized(w.name, inst.inputs, HINT_FRACTION), resized(w.name, inst.inputs, NEW_FRACTION)
+    hint, news = resized(w.name, inst.inputs, HINT_FRACTION), new_sizes(w.name, inst.inputs)
     with torch.no_grad():
-        expected, expected_new = inst.module(*inst.inputs), inst.module(*new)
+        expected = inst.module(*inst.inputs)
+        checked_news = [(new, inst.module(*new)) for new in news]
     rows, fns = [], {}
     for contender in args.steady_contenders:
         row = SteadyRow(w.name, contender, tuple(inst.inputs[0].shape), tuple(hint[0].shape))
-        row.new_shape = tuple(new[0].shape)
+        row.new_shape = tuple(news[0][0].shape)
         try:
             with torch.no_grad():
                 static, dyn = (make_build(contender, inst.module, d, w.frozen, args.strict) for d in (False, True))
@@ -186,7 +204,7 @@ def _steady_workload(w: Workload, args: argparse.Namespace, timing: TimingConfig
     for row, _, dyn in fns.values():
         try:
             with torch.no_grad():
-                row.ok &= _new_size(row, w, dyn, new, expected_new)
+                row.ok &= _new_size(row, w, dyn, checked_news)
         except Exception as exc:
             row.ok, row.error = False, _short_error(exc)
     return rows
