@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 from collections.abc import Callable
 from pathlib import Path
@@ -41,12 +42,25 @@ def _with_contender(monkeypatch: pytest.MonkeyPatch, name: str, prepare: Callabl
     monkeypatch.setattr(contenders, "CONTENDERS", MappingProxyType({**contenders.CONTENDERS, name: extra}))
 
 
-def test_quick_run_writes_schema_and_checks_pass(tmp_path: Path) -> None:
-    # dynamo goes through torch.compile like vfuse and Inductor, but compiles in milliseconds.
+@pytest.fixture(scope="module")
+def quick_run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """One quick run of eager, dynamo and vfuse on two workloads, with the PNG where matplotlib is
+    installed, shared by the tests that read it (one run instead of three)."""
+    tmp = tmp_path_factory.mktemp("quick_run")
+    png = tmp / "bench.png"
     threads_before = torch.get_num_threads()
-    code, report = _run(tmp_path, "--workloads", "chain,tiny_graph", "--contenders", "eager,dynamo")
+    wanted = ["--workloads", "chain,tiny_graph", "--contenders", "eager,dynamo,vfuse"]
+    has_png = importlib.util.find_spec("matplotlib") is not None
+    code, report = _run(tmp, *wanted, *(("--png", str(png)) if has_png else ()))
+    return {"code": code, "report": report, "threads": (threads_before, torch.get_num_threads()), "png": png}
+
+
+def test_quick_run_writes_schema_and_checks_pass(quick_run: dict[str, Any]) -> None:
+    # dynamo goes through torch.compile like vfuse and Inductor, but compiles in milliseconds.
+    code, report = quick_run["code"], quick_run["report"]
     assert code == 0 and report["ok"] is True
-    assert torch.get_num_threads() == threads_before  # --threads must not leak out of main()
+    threads_before, threads_after = quick_run["threads"]
+    assert threads_after == threads_before  # --threads must not leak out of main()
     assert report["schema"] == "vfuse-bench/1"
     assert report["config"]["workloads"] == ["chain", "tiny_graph"]
     machine = report["runs"][0]["machine"]
@@ -55,6 +69,7 @@ def test_quick_run_writes_schema_and_checks_pass(tmp_path: Path) -> None:
     for workload in report["runs"][0]["workloads"]:
         assert workload["minimal_bytes"] > 0
         assert workload["copy"]["prealloc_gbps"] > 0 and workload["copy"]["fresh_gbps"] > 0
+        assert [c["name"] for c in workload["contenders"]] == ["eager", "dynamo", "vfuse"]
         for c in workload["contenders"]:
             assert set(c) == _CONTENDER_KEYS
             assert c["status"] == "ok" and c["check"]["ok"] is True and c["check"]["kind"] == "float"
@@ -64,8 +79,8 @@ def test_quick_run_writes_schema_and_checks_pass(tmp_path: Path) -> None:
     assert _contender(report, "chain", "dynamo")["speedup_vs_inductor"] is None
 
 
-def test_vfuse_matches_eager_on_quick_workloads(tmp_path: Path) -> None:
-    code, report = _run(tmp_path, "--workloads", "chain,tiny_graph", "--contenders", "eager,vfuse")
+def test_vfuse_matches_eager_on_quick_workloads(quick_run: dict[str, Any]) -> None:
+    code, report = quick_run["code"], quick_run["report"]
     for workload in ("chain", "tiny_graph"):
         result = _contender(report, workload, "vfuse")
         assert result["status"] == "ok", result["error"] or result["check"]
@@ -130,11 +145,9 @@ def test_a_failed_no_mmap_child_keeps_the_parent_run(tmp_path: Path, monkeypatch
     assert "no usable results" in report["errors"][0]
 
 
-def test_png_is_written(tmp_path: Path) -> None:
+def test_png_is_written(quick_run: dict[str, Any]) -> None:
     pytest.importorskip("matplotlib")
-    png = tmp_path / "bench.png"
-    code, _ = _run(tmp_path, "--workloads", "tiny_graph", "--contenders", "eager,dynamo", "--png", str(png))
-    assert code == 0 and png.read_bytes()[:4] == b"\x89PNG"
+    assert quick_run["code"] == 0 and quick_run["png"].read_bytes()[:4] == b"\x89PNG"
 
 
 def test_compile_time_children_share_fresh_cache_dirs(monkeypatch: pytest.MonkeyPatch) -> None:

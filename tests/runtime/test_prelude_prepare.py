@@ -3,6 +3,7 @@ so that it overlaps Dynamo's tracing; backends that compile no C++ start none.""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -10,29 +11,39 @@ from pathlib import Path
 
 import pytest
 
+# One fresh interpreter for both checks (each used to start its own): the interp backend first,
+# while no build can have started in the process, then a C++ backend over another cache directory.
 _CODE = """
-import sys
+import json
 import vfuse
 from vfuse.codegen.cpp import toolchain
-b = vfuse.backend(cache_dir={cache!r}, backend={backend!r})
-sys.exit(0 if toolchain.find_toolchain().pch.started else 3)
+seen = {{}}
+vfuse.backend(cache_dir={interp!r}, backend="interp")
+seen["interp"] = toolchain.find_toolchain().pch.started
+vfuse.backend(cache_dir={cpp!r}, backend="cpp")
+seen["cpp"] = toolchain.find_toolchain().pch.started
+print(json.dumps(seen))
 """
 
 
-def _started(tmp_path: Path, backend: str) -> bool:
+@pytest.fixture(scope="module")
+def started(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict[str, bool], Path]:
+    """Whether a build had started after each backend was made, and the interp backend's cache."""
+    tmp = tmp_path_factory.mktemp("prelude")
     env = {**os.environ}
     env.pop("VFUSE_PCH", None)
-    code = _CODE.format(cache=str(tmp_path / "cache"), backend=backend)
-    rc = subprocess.run([sys.executable, "-c", code], env=env, timeout=300, check=False).returncode
-    assert rc in (0, 3)
-    return rc == 0
+    code = _CODE.format(interp=str(tmp / "interp"), cpp=str(tmp / "cpp"))
+    done = subprocess.run([sys.executable, "-c", code], env=env, timeout=300, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout.strip().splitlines()[-1]), tmp / "interp"
 
 
 @pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="built in the background on two cores or more")
-def test_backend_starts_the_prelude_build(tmp_path: Path) -> None:
-    assert _started(tmp_path, "cpp")
+def test_backend_starts_the_prelude_build(started: tuple[dict[str, bool], Path]) -> None:
+    assert started[0]["cpp"]
 
 
-def test_interp_backend_starts_no_compiler(tmp_path: Path) -> None:
-    assert not _started(tmp_path, "interp")
-    assert not list((tmp_path / "cache").glob("vf_pch_*"))
+def test_interp_backend_starts_no_compiler(started: tuple[dict[str, bool], Path]) -> None:
+    seen, interp_cache = started
+    assert not seen["interp"]
+    assert not list(interp_cache.glob("vf_pch_*"))
