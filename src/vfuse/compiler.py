@@ -77,10 +77,10 @@ def compile_fx(
     backward's donated saved activations): outputs are stored there (`schedule/donate.py`).
     """
     start = time.perf_counter()
-    graph = lower_fx(gm, ctx, symbols)
+    target = target_of(ctx)  # read once: lowering, planning and code generation see the same machine
+    graph = lower_fx(gm, ctx, symbols, target)
     graph = freeze(graph, frozen, ctx)
     graph = optimize(graph, ctx)
-    target = target_of(ctx)  # read once: planning and code generation see the same machine
     fusion_plan = plan(graph, ctx, target)
     executor: Executor
     in_place: tuple[int, ...] = ()
@@ -112,9 +112,11 @@ def compile_fx(
     return compiled
 
 
-def lower_fx(gm: torch.fx.GraphModule, ctx: Context, symbols: SymEnv | None = None) -> Graph:
+def lower_fx(
+    gm: torch.fx.GraphModule, ctx: Context, symbols: SymEnv | None = None, target: Target | None = None
+) -> Graph:
     ctx.dump("01_fx.txt", str(gm.graph))
-    graph = lower(gm, ctx, symbols)
+    graph = lower(gm, ctx, symbols, target)
     if ctx.options.verify:
         _verify(graph, "after lowering")
     ctx.dump("02_ir.txt", format_graph(graph))

@@ -98,7 +98,8 @@ GEMM_TARGET = dataclasses.replace(TYPICAL, launch_s=1.0, peak_f32=1.0, simd_lane
 def test_lowering_follows_the_choice_and_matches_eager(target, monkeypatch: pytest.MonkeyPatch) -> None:
     """The IR has exactly the chosen form's contractions (one MATMUL, or a CONV2D per phase some tap
     reaches), each recording the choice, and the compiled gradient matches eager."""
-    monkeypatch.setattr(lower_conv_backward, "dgrad_target", lambda ctx: target)
+    # The form priced with `target`'s figures; the compilation plans for this machine.
+    monkeypatch.setattr(lower_conv_backward, "choose", lambda sh, _machine: choose(sh, target))
     torch.manual_seed(0)
     forms = []
     for case in CASES:
@@ -126,7 +127,7 @@ def _reached(r: int, k: int, s: int, p: int) -> bool:
 
 
 def test_report_shows_the_choice(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(lower_conv_backward, "dgrad_target", lambda ctx: TYPICAL)
+    monkeypatch.setattr(lower_conv_backward, "choose", lambda sh, _machine: choose(sh, TYPICAL))
     x, wt = torch.randn(2, 128, 16, 16), torch.randn(256, 128, 3, 3)
     go = torch.randn_like(F.conv2d(x, wt, None, 2, 1))
     report = vfuse.explain(_grad_input(2, 1), go, x, wt)

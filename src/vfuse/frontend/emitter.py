@@ -21,6 +21,7 @@ from vfuse.frontend.errors import Fallback, LoweringError
 from vfuse.frontend.symbols import ScalarOps, SymScalar, shape, to_size
 from vfuse.ir import Attrs, DType, Graph, GraphBuilder, Node, Op, TensorType, Type, opdef
 from vfuse.ir.sym import SymEnv, is_sym
+from vfuse.targets import Target, get_target
 
 Lowered = str | tuple[str | None, ...]
 """What a lowering returns: one IR value, or one per tuple element (None: not produced)."""
@@ -83,6 +84,9 @@ class Emitter:
     env: dict[str, Any] = field(default_factory=dict)
     current: torch.fx.Node | None = None
     symbols: SymEnv | None = None  # the graph's symbolic sizes (frontend/symbols.py), if any
+    # The machine the compilation plans for: the compiler's (`compiler.target_of`), resolved
+    # once; a lowering without one (tests, the report) resolves it on first use (`hardware`).
+    target: Target | None = None
     _reserved: set[str] = field(default_factory=set)
     _seed: str | None = None
     _streams: int = 0
@@ -92,6 +96,13 @@ class Emitter:
     def __post_init__(self) -> None:
         # FX names are reserved so an intermediate never takes the name of a later FX value.
         self._reserved = {n.name for n in self.gm.graph.nodes}
+
+    def hardware(self) -> Target:
+        """The target the compilation plans for (its figures price lowering choices)."""
+        if self.target is None:
+            o = self.ctx.options
+            self.target = get_target(o.target, o.cache_dir, isa=o.isa)
+        return self.target
 
     # -- transactions -------------------------------------------------------------------
     def begin(self, node: torch.fx.Node) -> None:

@@ -23,12 +23,14 @@ from vfuse.frontend.opaque import emit_opaque
 from vfuse.frontend.symbols import SYMBOLIC, is_size_node, sized_args, take_assert, to_size
 from vfuse.ir import ConstValue, Graph, Op
 from vfuse.ir.sym import SymEnv
+from vfuse.targets import Target
 
 
-def lower(gm: torch.fx.GraphModule, ctx: Context, symbols: SymEnv | None = None) -> Graph:
+def lower(gm: torch.fx.GraphModule, ctx: Context, symbols: SymEnv | None = None, target: Target | None = None) -> Graph:
     """Lower `gm` (functional ATen ops, node.meta['val'] set) to IR. Symbolic sizes need
-    `symbols` (frontend/symbols.py: `sym_env(gm)`); without it the shapes must be concrete."""
-    em = Emitter(gm, ctx, symbols=symbols)
+    `symbols` (frontend/symbols.py: `sym_env(gm)`); without it the shapes must be concrete.
+    `target`: the machine the compilation plans for (default: ctx's, resolved on first use)."""
+    em = Emitter(gm, ctx, symbols=symbols, target=target)
     outputs: list[str] = []
     n_inputs = 0
     for node in gm.graph.nodes:

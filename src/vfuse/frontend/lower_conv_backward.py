@@ -30,7 +30,6 @@ from dataclasses import dataclass
 import torch
 import torch.fx
 
-from vfuse.context import Context
 from vfuse.frontend.conv_dgrad_cost import FormChoice, Shapes, choose, illegal
 from vfuse.frontend.conv_dgrad_gemm import grad_input_gemm
 from vfuse.frontend.emitter import Emitter, bind, python_scalar
@@ -39,7 +38,6 @@ from vfuse.frontend.lower_layout import permute, reshape, slice_
 from vfuse.frontend.registry import lowers
 from vfuse.ir import Op
 from vfuse.ir.sym import is_sym
-from vfuse.targets import Target, get_target
 
 aten = torch.ops.aten
 
@@ -230,12 +228,6 @@ def grad_weight_1x1(em: Emitter, go: str, x: str, geo: Geometry) -> str:
 MAX_GEMM_TAPS = 16
 
 
-def dgrad_target(ctx: Context) -> Target:
-    """The target the compilation plans for (its figures price the data gradient's forms)."""
-    o = ctx.options
-    return get_target(o.target, o.cache_dir, isa=o.isa)
-
-
 def form_of(em: Emitter, go: str, w: str, in_hw: Pair, geo: Geometry) -> FormChoice:
     """grad_input's form: one GEMM and a col2im sum (`frontend/conv_dgrad_gemm.py`) or one
     stride-1 conv per stride phase, whichever the target's figures price lower where both are
@@ -243,7 +235,7 @@ def form_of(em: Emitter, go: str, w: str, in_hw: Pair, geo: Geometry) -> FormCho
     one thread, Zen 3): four phase convs and their CAT 2.79 ms, the GEMM 1.16 + the col2im 0.37 ms."""
     s = Shapes(em.ttype(go).shape, em.ttype(w).shape, in_hw, geo.stride, geo.padding, geo.dilation, geo.groups)
     why = illegal(s, MAX_GEMM_TAPS)
-    return FormChoice.legality(why) if why else choose(s, dgrad_target(em.ctx))
+    return FormChoice.legality(why) if why else choose(s, em.hardware())
 
 
 def _check(em: Emitter, go: str, x: str, w: str) -> None:
