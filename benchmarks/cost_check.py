@@ -2,10 +2,14 @@
 vfuse, time every generated kernel (`CompiledGraph.profile`) and compare with its prediction.
 
     python benchmarks/cost_check.py [--graphs 120] [--reps 10] [--seed 0] [--isa avx2] [--threads 1] [--json out.json]
+                                    [--time-limit 600]
 
 Run `vfuse calibrate` first (for each tier checked): the cost model prices vfuse's kernels with the
 rates calibrated on them. On a loaded machine use --threads 1 (a kernel on two threads waits for a
-preempted one) and read the "best" figures (the fastest rep) next to the medians.
+preempted one) and read the "best" figures (the fastest rep) next to the medians: the kernels are
+timed by the wall clock, so a preempted rep counts in full (a load of 11 on 2 cores took the
+120-graph run from 5 to 15 minutes and moved row kernels' median ratio from 0.87 to 0.69).
+--time-limit stops starting graphs past that many seconds and reports those done ("graphs_run").
 
 Graph kinds: pointwise chains (1-6 ops, cheap and transcendental), broadcasts, row reductions
 (sum, softmax, LayerNorm, RMSNorm), column reductions, GEMM + epilogue, conv2d, attention; sizes from
@@ -19,6 +23,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import random
 import statistics
 import sys
@@ -249,9 +254,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--isa", default="auto")
     ap.add_argument("--threads", type=int, help="run kernels on this many threads, predicted for as many cores")
     ap.add_argument("--json", help="write every kernel's figures here")
+    ap.add_argument("--time-limit", type=float, help="start no graph past this many seconds")
     ns = ap.parse_args(argv)
-    start, rows, failed = time.perf_counter(), [], []
+    start, rows, failed, run, load = time.perf_counter(), [], [], 0, os.getloadavg()[0]
     for i, case in enumerate(cases(ns.graphs, ns.seed)):
+        if ns.time_limit is not None and time.perf_counter() - start > ns.time_limit:
+            break
+        run += 1
         try:
             got = profile_case(case, ns.reps, ns.threads, isa=ns.isa)
         except Exception as e:  # a case vfuse cannot compile is reported, not fatal to the check
@@ -266,10 +275,12 @@ def main(argv: list[str] | None = None) -> int:
     by_kind = {k: summary([r for r in rows if r.kind == k]) for k in dict.fromkeys(r.kind for r in rows)}
     result = {
         "graphs": ns.graphs,
+        "graphs_run": run,
         "failed": failed,
         "isa": ns.isa,
         "threads": ns.threads,
         "seconds": time.perf_counter() - start,
+        "load": [load, os.getloadavg()[0]],  # the 1-minute load average at the start and the end
         "median": summary(rows),
         "best": summary(rows, "best_s"),
         "by_kind": by_kind,

@@ -11,7 +11,9 @@ of `reps` runs: on a shared machine the fastest run is the one least disturbed):
   op_rates                 exp, tanh, sigmoid, GELU, SiLU, log each alone
   chain_weight             the chain's time over the sum of its ops' times alone, per op past the first
   attention_task_s         attention on 8 heads of 16 x 64, less its flops at the GEMM's rate, per head
-  peak_f32                 the GEMM template at 336 x 384 x 384 (LIBRARY_SHAPES[0])
+  peak_f32                 the GEMM template's flop/s, fitted with contraction_elem_s (per element of
+  contraction_elem_s       A, B and C) and contraction_call_s (per call) to its times over
+  contraction_call_s       LIBRARY_SHAPES and OVERHEAD_SHAPES (16 x 16 x 16 to 336 x 384 x 384)
   library_f32              peak_f32 times torch.mm's speed over the template's, the median over
                            LIBRARY_SHAPES (its ratio to peak_f32 decides whether a contraction runs in
                            the template or in torch: fusion/library.py)
@@ -29,6 +31,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 
@@ -119,14 +122,22 @@ def library_gemm_s(a: torch.Tensor, b: torch.Tensor, reps: int) -> float:
     return best
 
 
-def gemm_seconds(m: int, n: int, k: int, reps: int, rounds: int = 3, **options: Any) -> tuple[float, float]:
-    """(the template's, torch.mm's) fastest time for an m x k @ k x n GEMM on one thread, timed in
-    alternating rounds so that a load on the machine disturbs both alike."""
+def template_seconds(m: int, n: int, k: int, reps: int, **options: Any) -> tuple[Any, float]:
+    """(the compiled template, its fastest time) for an m x k @ k x n GEMM on one thread."""
     import vfuse
 
     a, b = torch.randn(m, k), torch.randn(k, n)
     g = vfuse.compile(torch.mm, (a, b), **options)
-    template = library = float("inf")
+    rows = [r for r in g.profile(a, b, reps=reps, threads=1) if r.runs != "torch"]
+    return g, rows[-1].best_s
+
+
+def gemm_seconds(m: int, n: int, k: int, reps: int, rounds: int = 3, **options: Any) -> tuple[float, float]:
+    """(the template's, torch.mm's) fastest time for an m x k @ k x n GEMM on one thread, timed in
+    alternating rounds so that a load on the machine disturbs both alike."""
+    a, b = torch.randn(m, k), torch.randn(k, n)
+    g, template = template_seconds(m, n, k, reps, **options)
+    library = float("inf")
     for _ in range(rounds):
         rows = [r for r in g.profile(a, b, reps=reps, threads=1) if r.runs != "torch"]
         template = min(template, rows[-1].best_s)
@@ -139,15 +150,40 @@ def gemm_seconds(m: int, n: int, k: int, reps: int, rounds: int = 3, **options: 
 # gradient's) and a long thin M (a conv's im2col). Zen 3 AVX2 measured parity at all three (0.99-1.06,
 # one thread, alternating rounds); the median keeps one disturbed shape from deciding.
 LIBRARY_SHAPES = ((336, 384, 384), (256, 256, 1024), (2304, 128, 256))
+# Small and thin GEMMs (m, n, k), whose time is mostly packing A and B, storing C and the call: with
+# LIBRARY_SHAPES they fit peak_f32 and the per-element and per-call costs (`overheads`). Zen 3 AVX2,
+# one thread: 16 x 16 x 16 ran at 8 GF/s, K = N = 16 at 30, against 85 at the peak's shape.
+OVERHEAD_SHAPES = ((16, 16, 16), (512, 16, 16), (16, 512, 16), (128, 128, 16), (64, 64, 64))
 
 
-def gemm_rates(reps: int, **options: Any) -> tuple[float, float]:
-    """(the template's flop/s at LIBRARY_SHAPES[0], torch.mm's speed over the template's: the median
-    over LIBRARY_SHAPES)."""
-    times = [gemm_seconds(*s, reps, **options) for s in LIBRARY_SHAPES]
-    ratios = sorted(t / lib for t, lib in times)
-    m, n, k = LIBRARY_SHAPES[0]
-    return 2 * m * n * k / times[0][0], ratios[len(ratios) // 2]
+def overheads(times: dict[tuple[int, int, int], float]) -> tuple[float, float, float]:
+    """(flop/s, seconds per element of A, B and C, seconds per call) of the template: the least
+    squares fit of t = 2mnk / peak + (mk + kn + mn) * elem + call to the GEMMs `times`, each
+    weighted by 1 / t (relative errors); elem and call clamped at 0 (then fitted again without)."""
+    shapes = list(times)
+    t = np.array([times[s] for s in shapes])
+    cols = np.array([[2 * m * n * k, m * k + k * n + m * n, 1.0] for m, n, k in shapes], dtype=float)
+    keep = [0, 1, 2]
+    while True:
+        x, *_ = np.linalg.lstsq(cols[:, keep] / t[:, None], np.ones(len(t)), rcond=None)
+        fit = dict(zip(keep, x))
+        negative = [i for i in keep[1:] if fit[i] < 0]
+        if not negative or fit[0] <= 0:
+            break
+        keep = [i for i in keep if i not in negative]
+    inv_peak = fit[0] if fit[0] > 0 else sum(c[0] for c in cols) / t.sum()
+    return 1.0 / inv_peak, max(fit.get(1, 0.0), 0.0), max(fit.get(2, 0.0), 0.0)
+
+
+def gemm_rates(reps: int, **options: Any) -> tuple[float, float, float, float]:
+    """(the template's flop/s, torch.mm's speed over the template's: the median over LIBRARY_SHAPES,
+    seconds per element and per call past the flops: `overheads`)."""
+    times = {s: gemm_seconds(*s, reps, **options) for s in LIBRARY_SHAPES}
+    ratios = sorted(t / lib for t, lib in times.values())
+    template = {s: t for s, (t, _) in times.items()}
+    template |= {s: template_seconds(*s, 3 * reps, **options)[1] for s in OVERHEAD_SHAPES}
+    peak, elem, call = overheads(template)
+    return peak, ratios[len(ratios) // 2], elem, call
 
 
 def measure_kernels(target: Target, reps: int = 30, ops: Sequence[str] = tuple(ALONE), **options: Any) -> Calibration:
@@ -168,7 +204,7 @@ def measure_kernels(target: Target, reps: int = 30, ops: Sequence[str] = tuple(A
     chain = [(op, ir_flops(op)) for op in ("exp", "tanh", "sigmoid", "gelu", "silu")]  # _transcendental's ops
     cheap = _kernel(_cheap, (torch.randn(n),), reps, **options)
     alone = op_rates(n // 2, l2, reps, ops, **options)
-    peak, ratio = gemm_rates(max(reps // 3, 3), **options)
+    peak, ratio, elem, call = gemm_rates(max(reps // 3, 3), **options)
     tiny = _kernel(lambda x: x + 1, (torch.randn(256),), reps, **options)
     heads, rows, dim = 8, 16, 64  # tiny tasks: their time is mostly the fixed cost
     qkv = tuple(torch.randn(1, heads, rows, dim) for _ in range(3))
@@ -191,6 +227,8 @@ def measure_kernels(target: Target, reps: int = 30, ops: Sequence[str] = tuple(A
         chain_weight=chain_weight(chain, _compute_rate(transcendental, l2), dict(alone)),
         attention_task_s=attention_task_s,
         library_f32=peak * ratio,
+        contraction_elem_s=elem,
+        contraction_call_s=call,
     )
 
 

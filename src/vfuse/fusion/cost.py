@@ -156,7 +156,7 @@ def _flops(nodes: Sequence[Node], form: Form, graph: Graph, target: Target) -> t
             f = hint(opdef(n.op).flops(tuple(graph[i].type for i in n.inputs), n.type, n.attrs))  # type: ignore[arg-type]
             seconds += f / fixed_rate(n, graph, target)
             if n.kind is Kind.CONTRACTION:
-                seconds += attention_extra_s(n, graph, target, f)
+                seconds += attention_extra_s(n, graph, target, f) + template_extra_s(n, graph, target)
         else:
             points = hint(form.space.get(n.name, numel_of(n)))
             f = int(per_element_flops(n, graph) * points)
@@ -186,6 +186,21 @@ def attention_extra_s(node: Node, graph: Graph, target: Target, flops: int) -> f
         skipped = max(0.0, 0.5 - ATTENTION_BLOCK_Q / 2 / max(keys, 1))
         extra -= skipped * flops / target.matrix_peak(graph[node.inputs[0]].tensor_type.dtype)
     return extra
+
+
+# The GEMM / conv templates' operands and output: A and B are packed, C's tile is stored (with its
+# epilogue); conv's input is copied into padded (phase) planes or gathered, its weight packed.
+TEMPLATE_OPS = frozenset({Op.MATMUL, Op.CONV2D})
+
+
+def template_extra_s(node: Node, graph: Graph, target: Target) -> float:
+    """On a target with calibrated contraction overheads (`Target.contraction_elem_s`): the
+    template's time past its flops, per element of its operands and output spread over the threads,
+    plus one call's fixed part. What a 16 x 16 x 16 GEMM (~1 us for 8 Kflop) or a K = 16 one pays."""
+    if node.op not in TEMPLATE_OPS or not target.contraction_elem_s or target.is_gpu:
+        return 0.0
+    elements = sum(hint(numel_of(graph[i])) for i in node.inputs[:2]) + hint(numel_of(node))
+    return elements * target.contraction_elem_s / target.max_threads + target.contraction_call_s
 
 
 def transcendental(node: Node, graph: Graph, target: Target) -> bool:

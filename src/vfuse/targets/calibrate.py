@@ -18,7 +18,7 @@ from pathlib import Path
 from vfuse.cachedir import write_json_atomic
 from vfuse.targets.target import DRAM_BW_PER_CORE, Target
 
-CALIBRATION_VERSION = 5
+CALIBRATION_VERSION = 6
 CALIBRATION_FILE = "calibration_cpu.json"
 
 
@@ -34,6 +34,9 @@ class Calibration:
     peak_f32: the GEMM template's flop/s; library_f32: torch's library GEMM at the same shape (0: not
     measured), whose ratio to peak_f32 decides template or library (`fusion/library.py`).
     serial_launch_s: a kernel too small to fork threads.
+    contraction_elem_s / contraction_call_s: the GEMM template's time past its flops at peak_f32, per
+    element of A, B and C (packing, storing the tile) and per call, fitted with peak_f32 over GEMMs
+    from 16 x 16 x 16 to the peak's shape (0: not measured).
     launch_s: a threaded kernel's fork/join on all cores (0: not measured or implausible).
     """
 
@@ -50,6 +53,13 @@ class Calibration:
     chain_weight: float = 0.0  # extra time per transcendental op past the first in one kernel
     attention_task_s: float = 0.0  # fixed cost of one (batch, head) task of the attention template
     library_f32: float = 0.0  # torch's GEMM flop/s at peak_f32's shape (0: not measured)
+    contraction_elem_s: float = 0.0  # seconds per A, B, C element of a GEMM past its flops
+    contraction_call_s: float = 0.0  # seconds per GEMM call past its flops and elements
+
+
+# Fixed costs a calibration may set, and their plausible maxima (a GEMM element past 10 ns is a
+# preempted timing, not a packing cost).
+FIXED_COSTS = {"attention_task_s": 5e-5, "contraction_elem_s": 1e-8, "contraction_call_s": 5e-5}
 
 
 def guarded(cal: Calibration, target: Target) -> tuple[Calibration, list[str]]:
@@ -72,7 +82,7 @@ def guarded(cal: Calibration, target: Target) -> tuple[Calibration, list[str]]:
     }
     bad, values = [], {}
     for f in fields(cal):
-        if f.name in ("op_rates", "chain_weight", "attention_task_s"):
+        if f.name in ("op_rates", "chain_weight", *FIXED_COSTS):
             continue
         lo, hi, fallback = ranges[f.name]
         got = getattr(cal, f.name)
@@ -82,8 +92,10 @@ def guarded(cal: Calibration, target: Target) -> tuple[Calibration, list[str]]:
             bad.append(f.name)
     values["chain_weight"] = cal.chain_weight if 0 <= cal.chain_weight <= 2 else 0.0
     bad += [] if 0 <= cal.chain_weight <= 2 else ["chain_weight"]
-    values["attention_task_s"] = cal.attention_task_s if 0 <= cal.attention_task_s <= 5e-5 else 0.0
-    bad += [] if 0 <= cal.attention_task_s <= 5e-5 else ["attention_task_s"]
+    for name, hi in FIXED_COSTS.items():  # 0 (unknown) where implausible
+        got = getattr(cal, name)
+        values[name] = got if 0 <= got <= hi else 0.0
+        bad += [] if 0 <= got <= hi else [name]
     lo, hi, _ = ranges["transcendental_f32"]
     values["op_rates"] = tuple((op, r) for op, r in cal.op_rates if lo <= r <= hi)
     bad += [f"op_rates.{op}" for op, r in cal.op_rates if not lo <= r <= hi]
@@ -110,6 +122,8 @@ def apply(target: Target, cal: Calibration) -> Target:
         attention_task_s=cal.attention_task_s,
         peak_f32=f32,
         library_f32=cal.library_f32 * n,
+        contraction_elem_s=cal.contraction_elem_s,
+        contraction_call_s=cal.contraction_call_s,
         serial_launch_s=cal.serial_launch_s,
         launch_s=cal.launch_s or target.launch_s,
         source=target.source + " (calibrated on vfuse kernels)",

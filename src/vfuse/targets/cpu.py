@@ -295,7 +295,7 @@ ESTIMATE_TTL_S = 3600.0
 
 # Target fields only a calibration sets (`targets/calibrate.apply`): never in the measured cache, so a
 # cache written before they existed stays valid and earlier versions still read the caches written now.
-CALIBRATED_ONLY = frozenset({"library_f32"})
+CALIBRATED_ONLY = frozenset({"library_f32", "contraction_elem_s", "contraction_call_s"})
 
 
 def _read_cache(path: Path, facts: CpuFacts) -> tuple[Target, float] | None:

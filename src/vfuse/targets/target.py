@@ -46,6 +46,9 @@ class Target:
         library_f32: torch's library GEMM (MKL / oneDNN / OpenBLAS) in fp32 flop/s, timed by the
         calibration beside the template's peak_f32 at the same shape, so their ratio is the tier's
         template-or-library figure (`fusion/library.py`); 0 when not calibrated.
+        contraction_elem_s / contraction_call_s: the GEMM and conv templates' time past their flops
+        at peak_f32, per element of A, B and C packed or stored (one thread: divided by the cores) and
+        per call; what makes small and thin contractions run at a fraction of the peak (0: unknown).
     """
 
     name: str
@@ -80,6 +83,8 @@ class Target:
     attention_task_s: float = 0.0
     peak_f8: float = 0.0
     library_f32: float = 0.0
+    contraction_elem_s: float = 0.0
+    contraction_call_s: float = 0.0
 
     @property
     def is_gpu(self) -> bool:
