@@ -9,7 +9,7 @@ loop over one tile row, with these integer (`long`) names in scope:
     conv  (render_conv2d): n = image, c = output channel, p = oh * OW + ow, oh, ow,
                            o = offset of the element from the NCHW output pointer
 
-Statements should use the prelude's vg_exp / vg_erf / vg_tanh / vg_gelu_tanh / vg_sigmoid instead of std::
+Statements should use the prelude's vg_exp / vg_erf / vg_tanh / vg_gelu_erf / vg_gelu_tanh / vg_sigmoid instead of std::
 math, so the loop vectorizes without -ffast-math. Extra arguments come after the output pointer
 in the kernel signature, in the order given here.
 
@@ -75,7 +75,7 @@ class Epilogue:
 
 
 _BIAS = EpilogueArg("bias", "const float*")
-_GELU_ERF = "v = 0.5f * v * (1.0f + vg_erf(v * 0.70710678118654752f));"
+_GELU_ERF = "v = vg_gelu_erf(v);"
 _GELU_TANH = "v = vg_gelu_tanh(v);"
 
 
