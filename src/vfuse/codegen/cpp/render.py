@@ -22,6 +22,7 @@ from vfuse.codegen.cpp.horizontal import render_horizontal
 from vfuse.codegen.cpp.prelude import PRELUDE
 from vfuse.codegen.cpp.rowgroups import render_row_groups
 from vfuse.codegen.cpp.rows import render_rows, render_single_row
+from vfuse.codegen.cpp.shared import share_bodies
 from vfuse.codegen.cpp.table import render_table
 from vfuse.codegen.cpp.transpose import render_transpose
 from vfuse.codegen.cpp.units import ENTRIES, PART
@@ -110,10 +111,11 @@ def render(program: Program) -> str:
         if isinstance(k, ContractionKernel):
             template, wrapper = render_contraction(k, program)
             parts.append(f"{PART}{k.name}\n{CONTRACT_FMA}\n{template}\n{CONTRACT_END}")
-            kernels.append(f"{PART}{k.name}\n{wrapper}")
+            kernels.append((k.name, wrapper))
         else:
-            kernels.append(f"{PART}{k.name}\n{render_kernel(k, program)}")
-    parts += kernels
+            kernels.append((k.name, render_kernel(k, program)))
+    # A layer's kernels repeated in the next layer compile once (`shared.py`).
+    parts += [f"{PART}{name}\n{text}" for (name, _), text in zip(kernels, share_bodies(kernels), strict=True)]
     parts += [f"{PART}{ENTRIES}", *(render_entry(seg, program) for seg in program.segments)]
     if program.profiled:
         parts += ["#include <time.h>", *(render_profiled_entry(seg, program) for seg in program.segments)]
