@@ -33,8 +33,9 @@ def owner(function: str, kernels: Sequence[str]) -> str | None:
     return max(mine, key=len) if mine else None
 
 
-# A GEMM instance several kernels share (codegen/cpp/gemm/gemm.py): its functions are named after it.
-_SHARED = re.compile(r"\bvg_gemm_[0-9a-f]{20}\b")
+# A GEMM instance several kernels share (codegen/cpp/gemm/gemm.py): its functions are named after it;
+# a body kernels alike but for their buffers call (codegen/cpp/shared.py).
+_SHARED = re.compile(r"\b(?:vg_gemm|vf_shared)_[0-9a-f]{20}\b")
 
 
 def kernel_sources(source: str, kernels: Sequence[str]) -> dict[str, str]:

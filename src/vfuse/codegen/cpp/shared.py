@@ -118,7 +118,8 @@ def _calling(k: _Kernel) -> str:
             f"#ifndef {guard}",
             f"#define {guard}",
             *k.attrs,
-            f"__attribute__((noinline)) static void {fn}({_ARGS}, {params}) {{",
+            "__attribute__((noinline))",  # a line of its own: report/source.py finds `static void` heads
+            f"static void {fn}({_ARGS}, {params}) {{",
             k.body,
             f"#endif  // {guard}",
             *k.doc,
