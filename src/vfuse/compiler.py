@@ -378,13 +378,15 @@ def takes_sizes(k: Any) -> bool:
     if isinstance(k, ContractionKernel) and k.op is Op.MATMUL and k.int8 is None:
         return True
     if isinstance(k, ContractionKernel) and k.op is Op.CONV2D:
+        if k.attrs.get("folded"):
+            return True  # the weight-gradient template reads every size at run time (conv_wgrad.py)
         if "SymSize(" not in repr((k.shapes[1], k.out_shape[1:], k.epilogue)):
             return True  # a batch size only
         # Symbolic planes: the implicit GEMM (run-time blocks, a gather reading the sizes:
-        # schedule/conv_blocks.py), not the direct path's copy nor the folded weight gradient.
+        # schedule/conv_blocks.py), not the direct path's copy.
         blocks, channels = k.conv_blocks, (k.shapes[1], k.shapes[0][1], k.out_shape[1])
         direct = blocks is None or blocks.direct
-        return "SymSize(" not in repr(channels) and not direct and not k.attrs.get("folded")
+        return "SymSize(" not in repr(channels) and not direct
     if isinstance(k, ContractionKernel) and k.op is Op.SCATTER_ADD:
         return True  # its sizes are the template's arguments (codegen/cpp/scatter.py)
     if isinstance(k, ContractionKernel) and k.op in (Op.SDPA, Op.SDPA_LSE, Op.SDPA_BACKWARD):

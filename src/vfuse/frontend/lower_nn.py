@@ -21,6 +21,7 @@ from vfuse.frontend.lower_layout import reshape
 from vfuse.frontend.lower_reduce import acc_dtype, count, mean, variance
 from vfuse.frontend.lower_source import full
 from vfuse.frontend.registry import lowers
+from vfuse.frontend.symbols import size_ratio
 from vfuse.ir import Op
 from vfuse.ir.shapes import normalize_dims
 
@@ -163,7 +164,7 @@ def _batch_norm(em: Emitter, node: torch.fx.Node, a: dict[str, Any]) -> tuple[st
         outs: list[str | None] = [em.cast(y, em.out_dtype(0)), _stat_out(em, node, 1, mu), _stat_out(em, node, 2, rstd)]
         if five:
             n = count(em, em.value(a["input"]), tuple(d for d in range(len(em.out_type(0).shape)) if d != 1))
-            unbias = n / (n - 1) if n > 1 else math.inf
+            unbias = size_ratio(em.symbols, n, n - 1) if n > 1 else math.inf
             m = a["momentum"]
             outs += [_updated(em, a["running_mean"], mu, 1.0, m, 3), _updated(em, a["running_var"], var, unbias, m, 4)]
         return tuple(outs)

@@ -26,7 +26,7 @@ from torch.utils._sympy.functions import FloatPow, FloatTrueDiv, IntTrueDiv, ToF
 from torch.utils._sympy.value_ranges import ValueRanges
 
 from vfuse.frontend.errors import LoweringError
-from vfuse.ir.sym import SymEnv, cpp, python
+from vfuse.ir.sym import SymEnv, cpp, is_sym, python
 
 SYMBOLIC = (torch.SymInt, torch.SymFloat, torch.SymBool)
 
@@ -192,6 +192,22 @@ class SymScalar:
 
     def __neg__(self) -> SymScalar:
         return SymScalar(-self.expr, self.env)
+
+    def __rmul__(self, v: float) -> SymScalar:
+        """`v * self` for a Python float `v` (a BatchNorm's momentum times its n / (n - 1))."""
+        return SymScalar(sympy.Float(v) * self.expr, self.env)
+
+
+def size_ratio(env: SymEnv | None, n: Any, d: Any) -> Any:
+    """n / d of two sizes as Python divides them: a float at fixed sizes, else a SymScalar (read at
+    run time, no guard; `n / d` on a SymSize would specialize on both)."""
+    if not is_sym(n) and not is_sym(d):
+        return n / d
+    return sym_scalar(env, FloatTrueDiv(ToFloat(sympy.sympify(_expr_of(n))), ToFloat(sympy.sympify(_expr_of(d)))))
+
+
+def _expr_of(v: Any) -> Any:
+    return v.expr if is_sym(v) else v
 
     def __str__(self) -> str:
         return str(self.expr)

@@ -138,4 +138,6 @@ def _gemm_mnk(k: ContractionKernel) -> tuple[SymSize | int, SymSize | int, SymSi
         a = k.shapes[0]
         return a[-2], k.out_shape[-1], a[-1]
     x, w = k.shapes[:2]
-    return folded_mnk(x, w, k.out_shape) if k.attrs.get("folded") else conv_gemm_mnk(k.attrs, w, k.out_shape)
+    if k.attrs.get("folded"):
+        return folded_mnk(x, w, k.out_shape, k.attrs["groups"])
+    return conv_gemm_mnk(k.attrs, w, k.out_shape)

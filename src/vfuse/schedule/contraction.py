@@ -338,7 +338,7 @@ def _register_tile(graph: Graph, node: str, unit: VectorUnit) -> Tile:
     if n.op in ATTENTION:
         return attention_tile(unit)
     if n.op is Op.CONV2D and folded_conv(n.attrs, *(graph[i].tensor_type.shape for i in n.inputs), shape):
-        m, cols, _ = folded_mnk(*(graph[i].tensor_type.shape for i in n.inputs), shape)
+        m, cols, _ = folded_mnk(*(graph[i].tensor_type.shape for i in n.inputs), shape, n.attrs["groups"])
         return pick_micro_tile(m, cols, unit)  # one GEMM over all images (schedule/conv_fold.py)
     if n.op is Op.CONV2D:
         # At OH x OW columns, not the direct conv's padded width: a tile that fits the padded width of a
@@ -462,7 +462,8 @@ def library_choice(
         return choose(cost, 1.0, hint(graph[k.node].type.nbytes), bool(cp.rest))
     shape = k.out_shape
     if k.op is Op.CONV2D and folded_conv(k.attrs, k.shapes[0], k.shapes[1], shape):
-        m, n, _ = folded_mnk(k.shapes[0], k.shapes[1], shape)  # a weight gradient: images folded
+        m, n, _ = folded_mnk(k.shapes[0], k.shapes[1], shape, k.attrs["groups"])  # a weight gradient: images folded
+        m, n = hint(m), hint(n)  # a cost figure: at a symbolic size's hint
         epilogue = bool(k.epilogue) or bool(cp.rest)
         return choose(cost, tile_waste(m, n, k.mr, k.nr), hint(graph[k.node].type.nbytes), epilogue, efficiency)
     if k.op is Op.CONV2D:

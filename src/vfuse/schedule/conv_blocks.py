@@ -19,6 +19,7 @@ from vfuse.ir.sym import hint, is_sym
 from vfuse.schedule.blocks import (
     CallBlocks,
     ConvBlocks,
+    call_blocks,
     choose_blocking,
     direct_blocks,
     folded_passes,
@@ -48,11 +49,14 @@ def conv_blocks(
     """(the GEMM cache blocks, the conv's own blocks) of a conv read as `shapes` (x, w), folded
     where `attrs` say so (schedule/conv_fold.py)."""
     x, w = shapes[:2]
-    folded = bool(attrs.get("folded"))
-    m, n, k = (hint(d) for d in (folded_mnk(x, w, out_shape) if folded else conv_gemm_mnk(attrs, w, out_shape)))
+    if attrs.get("folded"):
+        # Over a symbolic K (the batch, the kernel plane: a weight gradient) the driver picks its
+        # blocks per call, as a MATMUL's (`call_blocks`); fixed sizes: `choose_blocking`'s.
+        m, n, k = folded_mnk(x, w, out_shape, attrs["groups"])
+        blocks = call_blocks(m, n, k, caches, tile, unit)
+        return blocks, folded_passes(hint(x[0] * x[1] * x[2] * x[3]), hint(m * n))
+    m, n, k = (hint(d) for d in conv_gemm_mnk(attrs, w, out_shape))
     blocks = CallBlocks(m, (choose_blocking(m, n, k, *caches, micro=tile, unit=unit),))
-    if folded:
-        return blocks, folded_passes(hint(x[0] * x[1] * x[2] * x[3]), m * n)
     icb, mb = direct_blocks(hint(w[1]), m, hint(w[2] * w[3]), tile[0], caches)
     compact = bool(attrs.get("compact"))
     planes = (*x[2:], *out_shape[2:])

@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from vfuse.ir import Graph, Op
-from vfuse.ir.sym import is_sym
+from vfuse.ir.sym import hint, is_sym, same
 
 # Output planes up to this many pixels under a kernel plane at least as large: weight gradients
 # (3x3..7x7 outputs, grad_output's plane as the kernel: 4x4 and up), never a forward conv of a
@@ -23,17 +23,23 @@ FOLD_MAX_PLANE = 64
 
 def folded_conv(attrs: Mapping[str, Any], x_shape: tuple[Any, ...], w_shape: tuple[Any, ...],
                 out_shape: tuple[Any, ...]) -> bool:  # fmt: skip
-    """Whether the conv of these operand and output shapes takes the folded template (fixed sizes,
-    one group, a small output plane under a kernel plane at least as large)."""
-    if attrs["groups"] != 1 or any(is_sym(d) for d in (*x_shape, *w_shape, *out_shape)):
+    """Whether the conv of these operand and output shapes takes the folded template (a small output
+    plane under a kernel plane at least as large; one group, or several over symbolic sizes). The
+    template computes any conv and reads symbolic sizes at run time (a weight gradient's batch is
+    its input channels, its planes the kernel's), so the plane test is a performance choice, taken
+    at the hints: no guard. Grouped, one GEMM per group; at fixed sizes a grouped weight gradient
+    keeps the implicit GEMM it had (not measured folded), which needs constant channels."""
+    if attrs["groups"] != 1 and not any(is_sym(d) for d in (*x_shape, *w_shape, *out_shape)):
         return False
-    plane, taps = out_shape[2] * out_shape[3], w_shape[2] * w_shape[3]
+    plane, taps = hint(out_shape[2] * out_shape[3]), hint(w_shape[2] * w_shape[3])
     return plane <= FOLD_MAX_PLANE and taps >= plane
 
 
-def folded_mnk(x_shape: tuple[int, ...], w_shape: tuple[int, ...], out_shape: tuple[int, ...]) -> tuple[int, int, int]:
-    """The folded GEMM: M = output channels, N = images x output plane, K = in channels x taps."""
-    return w_shape[0], x_shape[0] * out_shape[2] * out_shape[3], w_shape[1] * w_shape[2] * w_shape[3]
+def folded_mnk(x_shape: tuple[int, ...], w_shape: tuple[int, ...], out_shape: tuple[int, ...],
+               groups: int = 1) -> tuple[int, int, int]:  # fmt: skip
+    """The folded GEMM (one per group): M = output channels of a group, N = images x output plane,
+    K = a group's in channels x taps."""
+    return w_shape[0] // groups, x_shape[0] * out_shape[2] * out_shape[3], w_shape[1] * w_shape[2] * w_shape[3]
 
 
 def swapped_base(graph: Graph, inside: frozenset[str], v: str) -> str | None:
@@ -54,11 +60,11 @@ def swapped_base(graph: Graph, inside: frozenset[str], v: str) -> str | None:
         return None
     labels: list[int | None] = []  # which dim of B each dim of `mid` is (None: an inserted 1)
     j = 0
-    for d in mid:
-        if j < 4 and d == base[j]:
+    for d in mid:  # structurally (symbolic sizes: no guard; "no" reads a copy instead)
+        if j < 4 and same(d, base[j]):
             labels.append(j)
             j += 1
-        elif d == 1:
+        elif same(d, 1):
             labels.append(None)
         else:
             return None

@@ -88,8 +88,21 @@ def test_forward_convs_are_not_folded() -> None:
     assert not folded_conv({"groups": 1}, (8, 32, 28, 28), (32, 32, 3, 3), (8, 32, 28, 28))
     assert not folded_conv({"groups": 2}, (4, 8, 9, 9), (6, 4, 9, 9), (4, 6, 3, 3))
     assert not folded_conv({"groups": 1}, (4, 8, 40, 40), (6, 8, 30, 30), (4, 6, 11, 11))
-    with pytest.raises(ValueError, match="one group"):
-        render_conv2d_folded(ConvSpec("g2", 2, 4, 9, 9, 4, 7, 7, groups=2), E.none())
+    with pytest.raises(ValueError, match="swapped operands of one group"):
+        render_conv2d_folded(ConvSpec("g2", 2, 4, 9, 9, 4, 7, 7, groups=2), E.none(), swapped=True)
+
+
+@pytest.mark.parametrize("nthreads", [1, 3])
+def test_grouped_folded_conv_is_one_gemm_per_group(build, call, nthreads: int) -> None:
+    """Groups (a grouped weight gradient over symbolic sizes takes the folded template): the driver's
+    batch entries are the groups, each its weight rows, X's channels and C's rows; torch's values."""
+    s = ConvSpec("g3", 5, 6, 9, 9, 9, 7, 7, padding=(1, 1), groups=3)
+    torch.manual_seed(3)
+    x, w = torch.randn(s.n, s.c_in, s.h, s.w), torch.randn(s.c_out, s.c_in // 3, s.kh, s.kw)
+    want = F.conv2d(x, w, None, s.stride, s.padding, s.dilation, 3)
+    out = torch.full_like(want, float("nan"))
+    call(build(render_conv2d_folded(s, E.none())), s.name, x, w, out, nthreads=nthreads)
+    torch.testing.assert_close(out, want, rtol=1e-4, atol=1e-4 * want.abs().max().item())
 
 
 @pytest.mark.parametrize("name", ["s1p1", "s2p0", "wide", "rows32", "rows7"])

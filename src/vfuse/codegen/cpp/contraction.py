@@ -240,7 +240,7 @@ def _conv(k: ContractionKernel, program: Program) -> tuple[str, str]:
     spec = ConvSpec(
         f"{k.name}_conv", n, c, h, w, o, kh, kw, tuple(a["stride"]), tuple(a["padding"]), tuple(a["dilation"]),
         a["groups"], linkage="static", caches=k.caches, prepack=k.prepacked_b, compact=bool(a.get("compact")),
-        blocking=k.gemm_blocks.blocks[0] if k.gemm_blocks else None, blocks=k.conv_blocks,
+        blocking=k.gemm_blocks.blocks[0] if k.gemm_blocks else None, blocks=k.conv_blocks, call=k.gemm_blocks,
     )  # fmt: skip
     epi = Epilogue(k.op.value, _extras(k, program), tuple(_statements(k, _conv_names(k))))
     call = f"{spec.name}({_args(k)}, {_out(k)}{epi.names()}{_pre(k, program)}, nt);"

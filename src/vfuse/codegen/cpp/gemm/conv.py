@@ -29,7 +29,7 @@ from vfuse.codegen.cpp.gemm.gemm import DEFAULT_CACHES, check_kernel_name
 from vfuse.codegen.cpp.gemm.microkernel import PACKERS, render_microkernel
 from vfuse.codegen.cpp.gemm.prelude import render_prelude
 from vfuse.ir.sym import is_sym
-from vfuse.schedule.blocks import ConvBlocks
+from vfuse.schedule.blocks import CallBlocks, ConvBlocks
 from vfuse.schedule.microtile import AVX512, VectorUnit
 
 Pair = tuple[int, int]
@@ -65,6 +65,9 @@ class ConvSpec:
     # (`ContractionKernel.conv_blocks`, schedule/conv_blocks.py); None: its rules at these sizes.
     # Not in the repr the source's header shows.
     blocks: ConvBlocks | None = field(default=None, repr=False)
+    # The GEMM's cache blocks per call (pieces over a symbolic K: the folded weight gradient's batch;
+    # `schedule/conv_blocks.py`); `blocking` is its first piece. None: `blocking` at every size.
+    call: CallBlocks | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
         check_kernel_name(self.name)

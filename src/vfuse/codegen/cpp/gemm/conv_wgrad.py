@@ -18,6 +18,10 @@ plain copies (the window's origin is found once per sliver). C lands in a scratc
 OH*OW*IMG matrix, which one pass scatters to the NCHW output, applying the epilogue there
 (names n, c, p, o as in `conv.py`). Scratch: X's size plus the output's, freed on return.
 
+Symbolic sizes (a batch or planes known at run time, docs/dynamic.md) print as C++ over `vf_s0`
+(`seeds[k]`): the entry takes `seeds` among the epilogue's arguments and hands it to the driver
+(which picks its cache blocks per call, `ConvSpec.call`) and to the packers.
+
 Generated signature (the conv template's):
     <linkage> void <name>(const float* X, const float* Wt, float* Y, <epilogue args>, int nthreads)
 """
@@ -27,10 +31,11 @@ from __future__ import annotations
 from vfuse.codegen.cpp.gemm.blocking import Blocking, choose_blocking
 from vfuse.codegen.cpp.gemm.conv import ConvSpec
 from vfuse.codegen.cpp.gemm.driver import Driver, render_driver
-from vfuse.codegen.cpp.gemm.epilogue import Epilogue
+from vfuse.codegen.cpp.gemm.epilogue import Epilogue, EpilogueArg
 from vfuse.codegen.cpp.gemm.microkernel import PACKERS, render_microkernel
 from vfuse.codegen.cpp.gemm.prelude import render_prelude
 from vfuse.codegen.cpp.transpose import transpose_helper
+from vfuse.ir.sym import is_sym
 from vfuse.schedule.blocks import folded_passes
 
 # Columns of X per transpose call: 64 x 4 bytes of each image's row, all images' in L1 at once.
@@ -38,13 +43,27 @@ _CHUNK = 64
 
 
 def spec_mnk(spec: ConvSpec) -> tuple[int, int, int]:
-    """The folded GEMM's M, N, K for `spec`."""
+    """The folded GEMM's M, N, K for `spec` (one GEMM per group)."""
     oh, ow = spec.out_hw
-    return spec.c_out, spec.n * oh * ow, spec.c_in * spec.kh * spec.kw  # schedule/conv_fold.folded_mnk
+    g = spec.groups
+    return spec.c_out // g, spec.n * oh * ow, spec.c_in // g * spec.kh * spec.kw  # schedule/conv_fold.folded_mnk
 
 
 def folded_blocking(spec: ConvSpec) -> Blocking:
     return spec.blocking or choose_blocking(*spec_mnk(spec), *spec.caches, unit=spec.unit)
+
+
+_SEEDS = EpilogueArg("seeds", "const int64_t*")
+
+
+def sized(spec: ConvSpec) -> bool:
+    """Whether some size of the conv is symbolic: read at run time through `seeds` (module doc)."""
+    return any(is_sym(d) for d in (spec.n, spec.c_in, spec.h, spec.w, spec.kh, spec.kw))
+
+
+def _seeds(spec: ConvSpec) -> tuple[str, str]:
+    """(parameter, argument) fragments passing `seeds` to a helper of a symbolic conv, else empty."""
+    return (f", {_SEEDS.decl()}", ", seeds") if sized(spec) else ("", "")
 
 
 def row_runs(spec: ConvSpec) -> bool:
@@ -68,7 +87,7 @@ def _packer(spec: ConvSpec, nr: int) -> str:
     run = ow_n * img_n if row_runs(spec) else img_n
     return f"""
 static inline void {spec.name}_fold(const float* __restrict xt, long pc, long kc, long j, long nr,
-                                    float* __restrict bps) {{
+                                    float* __restrict bps{_seeds(spec)[0]}) {{
   // Runs of columns in xt order: first column, first image, window origin of the first pixel.
   long run_c[{nr + 1}], run_img[{nr}], run_ih[{nr}], run_iw[{nr}];
   int nrun = 0;
@@ -158,7 +177,7 @@ def _pack_a_swapped(spec: ConvSpec, mr: int) -> str:
     taps, oc_n = spec.kh * spec.kw, spec.c_out
     return f"""
 static inline void {spec.name}_pack_a(const float* __restrict g, long i0, long mc, long pc, long kc,
-                                      float* __restrict ap) {{
+                                      float* __restrict ap{_seeds(spec)[0]}) {{
   for (long ir = 0; ir < mc; ir += {mr}, ap += {mr} * kc) {{
     const long mr = vg_min({mr}, mc - ir);
     for (long kk = 0; kk < kc;) {{
@@ -178,8 +197,8 @@ static inline void {spec.name}_pack_a(const float* __restrict g, long i0, long m
 
 def _scatter(spec: ConvSpec, epilogue: Epilogue, swapped: bool) -> str:
     """The entry: X transposed to images-innermost, the GEMM into scratch, then C[oc, (t, img)] ->
-    Y[img, oc, t] with the epilogue."""
-    m, n_cols, _ = spec_mnk(spec)
+    Y[img, oc, t] with the epilogue (C's rows: every group's output channels)."""
+    m, n_cols = spec.c_out, spec_mnk(spec)[1]
     plane, img_n, rows = spec.out_hw[0] * spec.out_hw[1], spec.n, spec.c_in * spec.h * spec.w
     # Threads where the schedule gave them (ConvSpec.blocks); outside a Program, its rule.
     b = spec.blocks or folded_passes(img_n * rows, m * n_cols)
@@ -191,7 +210,7 @@ def _scatter(spec: ConvSpec, epilogue: Epilogue, swapped: bool) -> str:
   const bool par = {par};
   float* xt = static_cast<float*>(std::malloc(sizeof(float) * {img_n * rows}));
   float* tmp = static_cast<float*>(std::malloc(sizeof(float) * {m * n_cols}));
-{_transpose(spec, swapped)}  {spec.name}_g(xt, Wt, tmp, nthreads);
+{_transpose(spec, swapped)}  {spec.name}_g(xt, Wt, tmp{_seeds(spec)[1]}, nthreads);
   // Channel-major: tmp's row c (OH*OW x IMG) stays in L1 while the output lines it fills, one
   // per image, are completed by the next channels (image-major swept tmp once per image: 2 MB
   // at 2x256x8x8 -> 256, 4x slower than torch).
@@ -214,28 +233,47 @@ def _scatter(spec: ConvSpec, epilogue: Epilogue, swapped: bool) -> str:
 """
 
 
+def _group_setup(spec: ConvSpec) -> str:
+    """The driver's batch entry `bi`: group bi's weight rows, X's channels (`x_g`, in xt) and C's rows."""
+    if spec.groups == 1:
+        return "  const float* __restrict a_b = Wt;\n  const long co = 0;\n  float* __restrict c_b = Y;\n"
+    m, n_cols, k = spec_mnk(spec)
+    x_group = spec.c_in // spec.groups * spec.h * spec.w * spec.n
+    return (
+        f"  const float* __restrict a_b = Wt + bi * {m * k};\n"
+        f"  const float* __restrict x_g = X + bi * {x_group};\n"
+        f"  const long co = bi * {m * n_cols};\n  float* __restrict c_b = Y + co;\n"
+    )
+
+
 def render_conv2d_folded(spec: ConvSpec, epilogue: Epilogue, swapped: bool = False) -> str:
-    """The kernel's C++ source (module doc). One group, fp32 output (the epilogue's store is a float).
+    """The kernel's C++ source (module doc). fp32 output (the epilogue's store is a float); with
+    several groups, one GEMM per group (the driver's batch entries: A's rows and X's channels of
+    the group, C's rows from the group's first output channel).
     `swapped`: X and Wt are given as the bytes of tensors with their first two dims exchanged
     ((IC, IMG, H, W) and (IC, OC, KH, KW): the weight gradient's x and grad_output, no copies)."""
-    if spec.groups != 1:
-        raise ValueError(f"{spec.name}: the folded conv takes one group, got {spec.groups}")
+    if swapped and spec.groups != 1:
+        raise ValueError(f"{spec.name}: the folded conv reads swapped operands of one group, got {spec.groups}")
+    if sized(spec) and (spec.blocking is None or spec.blocks is None or _SEEDS not in epilogue.args):
+        raise ValueError(f"{spec.name}: symbolic sizes need the schedule's blocks and `seeds` among the arguments")
     m, n_cols, k = spec_mnk(spec)
     blk = folded_blocking(spec)
+    seeds = _seeds(spec)[1]
     driver = Driver(
         name=f"{spec.name}_g",
         linkage="static",
         params="const float* __restrict X, const float* __restrict Wt, float* __restrict Y",
         args="X, Wt, Y",
-        batch=1,
+        batch=spec.groups,
         m=m,
         n=n_cols,
         k=k,
         lda=k,
         ldc=n_cols,
-        batch_setup="  const float* __restrict a_b = Wt;\n  const long co = 0;\n  float* __restrict c_b = Y;\n",
-        pack_b=f"{spec.name}_fold(X, pc, kc, j, nr, bps);",
-        pack_a=f"{spec.name}_pack_a(a_b, ic, mcur, pc, kc, ap);" if swapped else "",
+        batch_setup=_group_setup(spec),
+        pack_b=f"{spec.name}_fold({'X' if spec.groups == 1 else 'x_g'}, pc, kc, j, nr, bps{seeds});",
+        pack_a=f"{spec.name}_pack_a(a_b, ic, mcur, pc, kc, ap{seeds});" if swapped else "",
+        call=spec.call,
     )
     header = f"// vfuse folded conv2d {spec.name}: {spec}, epilogue {epilogue.name}, {blk}\n"
     return (
@@ -247,6 +285,6 @@ def render_conv2d_folded(spec: ConvSpec, epilogue: Epilogue, swapped: bool = Fal
         + _packer(spec, blk.nr)
         + (_pack_a_swapped(spec, blk.mr) if swapped else "")
         + header
-        + render_driver(driver, blk, Epilogue())
+        + render_driver(driver, blk, Epilogue(args=(_SEEDS,)) if seeds else Epilogue())
         + _scatter(spec, epilogue, swapped)
     )
