@@ -8,7 +8,7 @@ from __future__ import annotations
 import dataclasses
 
 from vfuse.codegen.cpp.lanes import render_lanes
-from vfuse.codegen.cpp.streaming import render_streamed
+from vfuse.codegen.cpp.streaming import render_streamed, serial_copy
 from vfuse.codegen.cpp.strips import render_strips
 from vfuse.codegen.cpp.writer import KernelWriter
 from vfuse.schedule.kernel import Accumulate, Loop, Pass, Range, Residue
@@ -37,6 +37,7 @@ def render_pass(w: KernelWriter, p: Pass) -> None:
 def _nest(w: KernelWriter, p: Pass) -> None:
     *rest, vec = w.k.inner
     par = [lp for lp in rest if lp.parallel and not p.serial]
+    at = w.mark()
     if par:
         collapse = f" collapse({len(par)})" if len(par) > 1 else ""
         w.w(f"#pragma omp parallel for {PARALLEL}{collapse} {w.clauses(p.reduces, '_acc')}")
@@ -60,6 +61,8 @@ def _nest(w: KernelWriter, p: Pass) -> None:
             w.unclamped = None
             w.close()
     w.close(len(rest))
+    if par:
+        serial_copy(w, at)
 
 
 def _range(w: KernelWriter, p: Pass, vec: Loop, r: Range) -> None:
@@ -131,6 +134,7 @@ def _blocked(w: KernelWriter, p: Pass, vec: Loop, parallel: bool) -> None:
         render_lanes(w, p, vec, "_acc")
         w.close()
         return
+    at = w.mark()
     if parallel:
         w.w(f"#pragma omp parallel for {PARALLEL} {w.clauses(p.reduces, '_acc')}")
     w.open(f"for (int64_t rb = 0; rb < {vec.size}; rb += {red.block}) {{")
@@ -149,3 +153,5 @@ def _blocked(w: KernelWriter, p: Pass, vec: Loop, parallel: bool) -> None:
     for r in p.reduces:
         w.combine(r, f"{r.var}_blk")
     w.close()
+    if parallel:
+        serial_copy(w, at)
