@@ -204,3 +204,22 @@ def test_own_slivers_repeated(lib, call) -> None:
             out = torch.full((case.spec.m, case.spec.n), float("nan"))
             call(lib, case.spec.name, a, b, out, extra, nthreads=case.nthreads)
             torch.testing.assert_close(out, case.ref(y), rtol=1e-4, atol=1e-4)
+
+
+# Five batch entries on two threads (not a multiple, under 4 per thread): the threads share one
+# panel buffer across entries. One MC block (M 6), N 221 in panels of 64: the short last panel
+# deals sliver 1 to thread 1, the next entry's first panel deals it to thread 0.
+OWN_BATCHES = GemmSpec.from_shapes("own_batches", (5, 6, 36), (5, 36, 221), blocking=Blocking(6, 16, 6, 36, 64, 16))
+
+
+def test_own_slivers_across_batch_entries(build, call) -> None:
+    """Without a barrier at each later batch entry's first panel, thread 0 packed the next
+    entry's sliver 1 while thread 1 still read it (a conv over 5 images of 13 x 17 under
+    dynamic=True: one image's last columns wrong in ~1 call in 4)."""
+    lib = build(render_gemm(OWN_BATCHES, E.bias_relu()))
+    torch.manual_seed(5)
+    for _ in range(40):
+        a, b, bias = torch.randn(5, 6, 36), torch.randn(5, 36, 221), torch.randn(221)
+        out = torch.full((5, 6, 221), float("nan"))
+        call(lib, "own_batches", a, b, out, bias, nthreads=2)
+        torch.testing.assert_close(out, torch.relu(a @ b + bias), rtol=1e-4, atol=1e-4)

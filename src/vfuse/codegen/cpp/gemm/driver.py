@@ -311,7 +311,8 @@ def _own_slivers(d: Driver, blk: Blocking) -> str:
     small M with a long K had two per K block, and under load each waited on a preempted thread).
     Sliver s sits at s * NR * KC whatever this block's kc, so a thread still on its last K block
     never shares bytes with another's next one; a new column panel (jc) re-deals the slivers
-    between threads, so the panel loop has one barrier there (`_one`)."""
+    between threads, so the panel loop has one barrier there, and at each later batch entry's first
+    panel (`_one`)."""
     if _own_value(d, blk) == "false":
         return ""
     return f"""        if (own) {{
@@ -381,7 +382,10 @@ static void {d.name}_one(long bi, long tid, long nth, bool coop, float* __restri
   // One MC block: each thread's items are column chunks no other thread reads (_own_slivers).
   [[maybe_unused]] const bool own = {_own_value(d, blk)};
   for (long jc = 0; jc < {d.n}; jc += {nc}) {{
-    if (own && coop && jc > 0) {{
+    // A new panel, or the next batch entry's first, re-deals the slivers: wait for every thread
+    // to finish reading the last one (a short last panel dealt sliver 1 to thread 1; entry
+    // bi + 1's first deals it to thread 0, which packed it while thread 1 still read it).
+    if (own && coop && (jc > 0 || bi > 0)) {{
 #pragma omp barrier
     }}
     const long nsl = (vg_min({nc}, {d.n} - jc) + {blk.nr - 1}) / {blk.nr};
