@@ -10,6 +10,8 @@ The RNG mirrors vfuse/ir/defs/rng.py bit for bit in uint32 arithmetic.
 
 from __future__ import annotations
 
+from vfuse.codegen.cpp.gelu_monic import monic_pq
+
 VECTOR_MATH = (
     "exp exp2 expm1 log log2 log10 log1p sin cos tan asin acos atan sinh cosh tanh asinh acosh atanh erf erfc"
 ).split()
@@ -310,14 +312,9 @@ static inline float vf_gelu_none(float x) {
   // an FMA (14 FMA-pipe operations per vector, not 15). Scaled values rounded to float, 5 moved by 1-2
   // ulps where that lowered the worst errors; over every float of [-20, 20] each error is below the
   // unscaled form's (abs 1.19e-6 -> 1.00e-6, relative in [-3, -1) 8.7e-5 -> 8.5e-5; perf-log, s. 17).
-  const float p0 = vf_fmaf(346816768.0f, w, 3778768640.0f);
-  const float p2 = vf_fmaf(1670494.375f, w, 43137332.0f);
-  const float p4 = vf_fmaf(-203.26756286621094f, w, 30827.796875f);
-  const float p = vf_fmaf(w2, vf_fmaf(w2, w2 + p4, p2), p0);
-  const float q0 = vf_fmaf(2447992576.0f, w, 9471968256.0f);
-  const float q2 = vf_fmaf(17710390.0f, w, 279354656.0f);
-  const float q = vf_fmaf(w2, vf_fmaf(w2, 604503.625f, q2), q0);
-  const float e = a * p / q;  // erf(|x| / sqrt2) / 2
+"""
+    + monic_pq("vf_fmaf")
+    + r"""  const float e = a * p / q;  // erf(|x| / sqrt2) / 2
 #else
   // Unfused (more accurate unscaled), 0.5 - 2^-25 at a = 5.6 (gelu(-1e30) was -6e22): a select.
   const float p0 = vf_fmaf(-0.0005223043900778215f, w, -0.0056908071575950125f);

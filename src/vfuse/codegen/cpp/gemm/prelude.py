@@ -7,6 +7,7 @@ compiles on its own.
 
 from __future__ import annotations
 
+from vfuse.codegen.cpp.gelu_monic import monic_pq
 from vfuse.codegen.cpp.simd import SIMD_PRELUDE
 
 # Why hand-written math: with plain `-O3 -march=native` (no -ffast-math) GCC calls scalar
@@ -14,7 +15,8 @@ from vfuse.codegen.cpp.simd import SIMD_PRELUDE
 # GEMM for small K. These are branch-free polynomial/rational forms (Cephes exp, Eigen's erf and
 # tanh) built from arithmetic, rounding and bit casts only, so GCC inlines and vectorizes them.
 # Accuracy: a few ulp of the result (erf, tanh absolute error < 2e-7), far inside rtol 1e-4.
-_MATH = r"""
+_MATH = (
+    r"""
 // Ternaries, not std::fmin/fmax: those must honour NaN rules and stay library calls.
 static inline float vg_clamp(float x, float lo, float hi) { return x < lo ? lo : (x > hi ? hi : x); }
 
@@ -116,19 +118,15 @@ static inline float vg_gelu_erf(float x) {
   const std::uint32_t ab = vg_f2bits(x) & 0x7fffffffu;
   const float ax = vg_bits2f(ab), a = vg_bits2f(ab < 0x40b33333u ? ab : 0x40b33333u);  // 5.6f
   const float w = a * a, w2 = w * w;
-  const float p0 = vg_fmaf(346816768.0f, w, 3778768640.0f);
-  const float p2 = vg_fmaf(1670494.375f, w, 43137332.0f);
-  const float p4 = vg_fmaf(-203.26756286621094f, w, 30827.796875f);
-  const float p = vg_fmaf(w2, vg_fmaf(w2, w2 + p4, p2), p0);
-  const float q0 = vg_fmaf(2447992576.0f, w, 9471968256.0f);
-  const float q2 = vg_fmaf(17710390.0f, w, 279354656.0f);
-  const float q = vg_fmaf(w2, vg_fmaf(w2, 604503.625f, q2), q0);
-  return vg_fmaf(ax, a * p / q, 0.5f * x);
+"""
+    + monic_pq("vg_fmaf")
+    + r"""  return vg_fmaf(ax, a * p / q, 0.5f * x);
 #else
   return 0.5f * x * (1.0f + vg_erf(x * 0.70710678118654752f));
 #endif
 }
 """
+)
 
 # Why scratch lives in thread-local grow-only buffers: packing buffers are megabytes; a fresh
 # malloc per call maps new pages and pays page faults on every call. thread_local gives each
