@@ -14,20 +14,11 @@ from typing import Any
 
 import pytest
 import torch
+from tests.dynamic.row_chain import RowChain
 
 import vfuse
 import vfuse.compiler as compiler
 from vfuse.entry.dynamic import Dynamic
-
-
-class RowChain(torch.nn.Module):
-    """tiny_graph's body, fewer iterations: tanh(x*y+0.5) then the row mean subtracted."""
-
-    def forward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        for _ in range(3):
-            x = torch.tanh(x * y + 0.5)
-            x = x - x.mean(-1, keepdim=True)
-        return x
 
 
 def _inputs(*shape: int) -> tuple[torch.Tensor, torch.Tensor]:

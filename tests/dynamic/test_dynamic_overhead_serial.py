@@ -8,18 +8,11 @@ from __future__ import annotations
 
 import pytest
 import torch
+from tests.dynamic.row_chain import RowChain
 
 import vfuse
 from vfuse.schedule.kernel import Kernel, Program
 from vfuse.schedule.strategy import PARALLEL_MIN
-
-
-class RowChain(torch.nn.Module):
-    def forward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        for _ in range(3):
-            x = torch.tanh(x * y + 0.5)
-            x = x - x.mean(-1, keepdim=True)
-        return x
 
 
 @pytest.mark.parametrize("threads", [1, 2])
