@@ -19,6 +19,10 @@ from tests.opinfo.records import ROWS, Row, summary
 os.environ.setdefault("VFUSE_RAISE_CODEGEN_ERRORS", "1")
 # The IR's invariants are checked after lowering and after every optimization pass.
 os.environ.setdefault("VFUSE_VERIFY", "1")
+# Plans are asserted for the torch-measured cpu target: a `vfuse calibrate` in the developer's cache
+# (calibration_cpu.json) plans differently (small GEMMs to torch, ...). Tests of the calibration
+# itself opt in with get_target(..., calibrated=True) on their own cache directories.
+os.environ.setdefault("VFUSE_CALIBRATION", "off")
 
 
 def _cpus() -> int:

@@ -201,3 +201,46 @@ def test_calibrated_ratio_decides_a_ragged_gemm(ratio: float, library: bool, mon
         assert f"library at {ratio:.2f}x the template's rate, calibrated" in rows[0].note
     compiled = vfuse.compile(torch.mm, (a, b), strict=True)
     torch.testing.assert_close(compiled(a, b), a @ b, rtol=1e-4, atol=1e-4)
+
+
+def _thin_and_square_gemms() -> tuple[object, object]:
+    from vfuse.ir import GraphBuilder, Op, TensorType, verify
+    from vfuse.ir.types import DType
+
+    graphs = []
+    for m, k, n in ((1024, 8, 1024), (384, 384, 384)):
+        b = GraphBuilder()
+        a = b.add(Op.INPUT, name="a", index=0, type=TensorType((m, k), DType.F32))
+        w = b.add(Op.INPUT, name="w", index=1, type=TensorType((k, n), DType.F32))
+        graphs.append(verify(b.build([b.add(Op.MATMUL, (a, w), name="mm")])))
+    return graphs[0], graphs[1]
+
+
+def test_each_side_pays_its_own_calibrated_overheads() -> None:
+    """On a calibrated target the template's per-element and per-call overheads (`cost.template_extra_s`)
+    are in the group's cost; the library side pays torch's own (`library_elem_s`, `library_call_s`), not
+    the template's too. With torch's overheads a quarter of the template's, a K = 8 GEMM (mostly packing
+    and storing C) runs in torch and a square GEMM (mostly flops, torch's rate 0.85x) stays a template;
+    with equal overheads they cancel and both stay templates, as without a calibration."""
+    from tests.fusion.fusion_patterns import FIXED_CPU
+
+    from vfuse.fusion import estimate
+
+    plain = dataclasses.replace(FIXED_CPU, library_f32=0.85 * FIXED_CPU.peak_f32)
+    template = {"contraction_elem_s": 0.4e-9, "contraction_call_s": 1e-6}
+    cheap = dataclasses.replace(plain, **template, library_elem_s=0.1e-9, library_call_s=1e-6)
+    equal = dataclasses.replace(plain, **template, library_elem_s=0.4e-9, library_call_s=1e-6)
+    eff = library_efficiency(plain)
+    verdicts = {}
+    for name, g in zip(("thin", "square"), _thin_and_square_gemms()):
+        out = g["mm"].type.nbytes
+        c0 = estimate(["mm"], g, plain)
+        v0 = choose(c0, 1.0, out, False, eff)
+        assert c0.template_s == c0.library_extra_s == 0 and not v0.library
+        for target in (cheap, equal):
+            c = estimate(["mm"], g, target)
+            v = choose(c, 1.0, out, False, eff)
+            assert c.template_s > 0 and v.template_s == pytest.approx(c.time_s)  # the template pays once
+            assert v.library_s == pytest.approx(v0.library_s + c.library_extra_s)  # torch: its own alone
+            verdicts[name, target is cheap] = v.library
+    assert verdicts == {("thin", True): True, ("square", True): False, ("thin", False): False, ("square", False): False}

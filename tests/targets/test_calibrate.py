@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from vfuse.errors import VfuseOptionError
 from vfuse.fusion.cost import Figures, Pressure, cost_from, memory_bw
 from vfuse.ir import Kind
 from vfuse.targets import Target, get_target
@@ -105,10 +106,39 @@ def test_cpu_target_applies_the_cached_tier(tmp_path: Path) -> None:
     assert plain.l2_bw == 0 and plain.serial_launch_s == 0
     assert plain.isa is not None
     cal_mod.write(tmp_path, detect().fingerprint(), plain.isa.value, CAL)
-    calibrated = get_target("cpu", tmp_path)
+    calibrated = get_target("cpu", tmp_path, calibrated=True)  # the suite pins VFUSE_CALIBRATION=off
     assert calibrated.l2_bw == CAL.l2_bw * plain.cores and calibrated.serial_launch_s == CAL.serial_launch_s
     data = json.loads((tmp_path / cal_mod.CALIBRATION_FILE).read_text())
     assert data["fingerprint"] == detect().fingerprint()
+
+
+def test_calibration_off_plans_with_the_measured_target(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """VFUSE_CALIBRATION=off (the suite's setting, tests/conftest.py) ignores a cached calibration, so a
+    developer's `vfuse calibrate` cannot change what the tests plan; unset or on applies it."""
+    plain = get_target("cpu", tmp_path, calibrated=False)
+    assert plain.isa is not None
+    cal_mod.write(tmp_path, detect().fingerprint(), plain.isa.value, CAL)
+    monkeypatch.setenv(cal_mod.ENV_VAR, "off")
+    assert get_target("cpu", tmp_path) == plain
+    for value in ("on", ""):
+        monkeypatch.setenv(cal_mod.ENV_VAR, value)
+        assert get_target("cpu", tmp_path).l2_bw == CAL.l2_bw * plain.cores
+    assert get_target("cpu", tmp_path, calibrated=False) == plain  # the argument wins over the variable
+    monkeypatch.setenv(cal_mod.ENV_VAR, "sometimes")
+    with pytest.raises(VfuseOptionError, match="VFUSE_CALIBRATION='sometimes'"):
+        get_target("cpu", tmp_path)
+
+
+def test_the_cache_dir_variable_names_the_target_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """get_target without a directory reads VFUSE_CACHE_DIR, the directory compiles use
+    (Options.from_env), so both see one measurement and one calibration."""
+    from vfuse.context import Options
+
+    monkeypatch.setenv("VFUSE_CACHE_DIR", str(tmp_path))
+    plain = get_target("cpu", calibrated=False)
+    assert plain.isa is not None and Options.from_env().cache_dir == tmp_path
+    cal_mod.write(tmp_path, detect().fingerprint(), plain.isa.value, CAL)
+    assert get_target("cpu", calibrated=True).l2_bw == CAL.l2_bw * plain.cores
 
 
 def _figures(nbytes: int, domain: int, kind: Kind = Kind.ELEMENTWISE) -> Figures:
@@ -157,7 +187,7 @@ def test_calibrating_vfuse_kernels_at_the_avx2_tier(tmp_path: Path) -> None:
     assert [op for op, _ in cal.op_rates] == ["exp", "gelu"]
     assert cal_mod.read(tmp_path, detect().fingerprint(), "avx2") == cal
     assert cal_mod.read(tmp_path, detect().fingerprint(), "avx512") is None
-    t = get_target("cpu", tmp_path, isa="avx2")
+    t = get_target("cpu", tmp_path, isa="avx2", calibrated=True)
     assert t.simd_lanes == 8 and t.l2_bw == pytest.approx(cal.l2_bw * t.cores)
     assert t.library_f32 == pytest.approx(cal.library_f32 * t.cores)
 

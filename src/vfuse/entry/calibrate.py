@@ -14,9 +14,10 @@ of `reps` runs: on a shared machine the fastest run is the one least disturbed):
   peak_f32                 the GEMM template's flop/s, fitted with contraction_elem_s (per element of
   contraction_elem_s       A, B and C) and contraction_call_s (per call) to its times over
   contraction_call_s       LIBRARY_SHAPES and OVERHEAD_SHAPES (16 x 16 x 16 to 336 x 384 x 384)
-  library_f32              peak_f32 times torch.mm's speed over the template's, the median over
-                           LIBRARY_SHAPES (its ratio to peak_f32 decides whether a contraction runs in
-                           the template or in torch: fusion/library.py)
+  library_f32              torch.mm's flop/s, fitted with library_elem_s and library_call_s to its
+  library_elem_s           times over the same shapes as the template's (its ratio to peak_f32 and
+  library_call_s           both sides' overheads decide whether a contraction runs in the template or
+                           in torch: fusion/library.py)
   serial_launch_s          `x + 1` on 256 elements (no threads forked)
   launch_s                 a 64K-element add on all cores, minus its data time at L2 bandwidth
 
@@ -175,15 +176,19 @@ def overheads(times: dict[tuple[int, int, int], float]) -> tuple[float, float, f
     return 1.0 / inv_peak, max(fit.get(1, 0.0), 0.0), max(fit.get(2, 0.0), 0.0)
 
 
-def gemm_rates(reps: int, **options: Any) -> tuple[float, float, float, float]:
-    """(the template's flop/s, torch.mm's speed over the template's: the median over LIBRARY_SHAPES,
-    seconds per element and per call past the flops: `overheads`)."""
+def gemm_rates(reps: int, **options: Any) -> tuple[tuple[float, float, float], tuple[float, float, float]]:
+    """`overheads` of the template and of torch.mm (flop/s, seconds per element, per call), each fitted
+    to its own times over LIBRARY_SHAPES and OVERHEAD_SHAPES: the verdict charges each side its own
+    (`fusion/library.py`); torch packs and stores too, less than the template at some shapes, more at
+    others (Zen 3, one thread: 16 x 768 x 768 325 vs 388 us, 1024 x 8 x 1024 513 vs 416 us)."""
     times = {s: gemm_seconds(*s, reps, **options) for s in LIBRARY_SHAPES}
-    ratios = sorted(t / lib for t, lib in times.values())
     template = {s: t for s, (t, _) in times.items()}
-    template |= {s: template_seconds(*s, 3 * reps, **options)[1] for s in OVERHEAD_SHAPES}
-    peak, elem, call = overheads(template)
-    return peak, ratios[len(ratios) // 2], elem, call
+    library = {s: lib for s, (_, lib) in times.items()}
+    for s in OVERHEAD_SHAPES:
+        template[s] = template_seconds(*s, 3 * reps, **options)[1]
+        m, n, k = s
+        library[s] = library_gemm_s(torch.randn(m, k), torch.randn(k, n), 3 * reps)
+    return overheads(template), overheads(library)
 
 
 def measure_kernels(target: Target, reps: int = 30, ops: Sequence[str] = tuple(ALONE), **options: Any) -> Calibration:
@@ -204,7 +209,7 @@ def measure_kernels(target: Target, reps: int = 30, ops: Sequence[str] = tuple(A
     chain = [(op, ir_flops(op)) for op in ("exp", "tanh", "sigmoid", "gelu", "silu")]  # _transcendental's ops
     cheap = _kernel(_cheap, (torch.randn(n),), reps, **options)
     alone = op_rates(n // 2, l2, reps, ops, **options)
-    peak, ratio, elem, call = gemm_rates(max(reps // 3, 3), **options)
+    (peak, elem, call), (library, library_elem, library_call) = gemm_rates(max(reps // 3, 3), **options)
     tiny = _kernel(lambda x: x + 1, (torch.randn(256),), reps, **options)
     heads, rows, dim = 8, 16, 64  # tiny tasks: their time is mostly the fixed cost
     qkv = tuple(torch.randn(1, heads, rows, dim) for _ in range(3))
@@ -226,9 +231,11 @@ def measure_kernels(target: Target, reps: int = 30, ops: Sequence[str] = tuple(A
         op_rates=alone,
         chain_weight=chain_weight(chain, _compute_rate(transcendental, l2), dict(alone)),
         attention_task_s=attention_task_s,
-        library_f32=peak * ratio,
+        library_f32=library,
         contraction_elem_s=elem,
         contraction_call_s=call,
+        library_elem_s=library_elem,
+        library_call_s=library_call,
     )
 
 

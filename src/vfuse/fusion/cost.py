@@ -3,7 +3,8 @@
     t = launch + (C + M - gamma * min(C, M)) / min(1, parallelism) + spill
 
 C = contraction flops / matrix peak + other flops / vector peak; M = unique DRAM bytes /
-DRAM bandwidth. gamma is how
+DRAM bandwidth (on calibrated CPUs by size, and at least a column walk's strided misses:
+`cost_columns`). gamma is how
 much of the shorter of C and M hides under the longer: 0.8 on GPUs (many warps in flight per
 SM hide memory latency behind arithmetic), 0.5 on CPUs (out-of-order execution and hardware
 prefetch overlap only part). Equations, constants and their calibration: docs/cost_model.md.
@@ -16,6 +17,7 @@ import math
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass, replace
 
+from vfuse.fusion.cost_columns import column_runs, strided_s
 from vfuse.fusion.forms import Form, Illegal, classify, numel_of, per_element_flops
 from vfuse.fusion.gathers import interleave_loads
 from vfuse.fusion.plan import Cost
@@ -147,16 +149,19 @@ def fixed_rate(node: Node, graph: Graph, target: Target) -> float:
     return target.vector_f32
 
 
-def _flops(nodes: Sequence[Node], form: Form, graph: Graph, target: Target) -> tuple[int, float]:
-    """(total flops, compute seconds); broadcast nodes count once per point that evaluates them,
-    which is how recompute of a duplicated or broadcast producer shows up."""
-    total, seconds, pointwise_s, chain = 0, 0.0, 0.0, 0
+def _flops(nodes: Sequence[Node], form: Form, graph: Graph, target: Target) -> tuple[int, float, float, float]:
+    """(total flops, compute seconds, the share of those seconds only a template pays, what torch's
+    library would pay instead); broadcast nodes count once per point that evaluates them, which is how
+    recompute of a duplicated or broadcast producer shows up."""
+    total, seconds, pointwise_s, chain, template_s, library_s = 0, 0.0, 0.0, 0, 0.0, 0.0
     for n in nodes:
         if n.kind in (Kind.REDUCE, Kind.CONTRACTION):
             f = hint(opdef(n.op).flops(tuple(graph[i].type for i in n.inputs), n.type, n.attrs))  # type: ignore[arg-type]
             seconds += f / fixed_rate(n, graph, target)
             if n.kind is Kind.CONTRACTION:
-                seconds += attention_extra_s(n, graph, target, f) + template_extra_s(n, graph, target)
+                template_s += template_extra_s(n, graph, target)
+                library_s += template_extra_s(n, graph, target, library=True)
+                seconds += attention_extra_s(n, graph, target, f)
         else:
             points = hint(form.space.get(n.name, numel_of(n)))
             f = int(per_element_flops(n, graph) * points)
@@ -165,7 +170,7 @@ def _flops(nodes: Sequence[Node], form: Form, graph: Graph, target: Target) -> t
             chain += transcendental(n, graph, target)
             f += g
         total += f
-    return total, seconds + pointwise_s * chain_factor(chain, target)
+    return total, seconds + template_s + pointwise_s * chain_factor(chain, target), template_s, library_s
 
 
 # Query rows per attention task (schedule/microtile.ATTENTION_BLOCK_Q): a causal mask skips the key
@@ -193,14 +198,20 @@ def attention_extra_s(node: Node, graph: Graph, target: Target, flops: int) -> f
 TEMPLATE_OPS = frozenset({Op.MATMUL, Op.CONV2D})
 
 
-def template_extra_s(node: Node, graph: Graph, target: Target) -> float:
+def template_extra_s(node: Node, graph: Graph, target: Target, library: bool = False) -> float:
     """On a target with calibrated contraction overheads (`Target.contraction_elem_s`): the
     template's time past its flops, per element of its operands and output spread over the threads,
-    plus one call's fixed part. What a 16 x 16 x 16 GEMM (~1 us for 8 Kflop) or a K = 16 one pays."""
+    plus one call's fixed part. What a 16 x 16 x 16 GEMM (~1 us for 8 Kflop) or a K = 16 one pays.
+    `library`: torch's library's own (`Target.library_elem_s`, `library_call_s`) instead."""
     if node.op not in TEMPLATE_OPS or not target.contraction_elem_s or target.is_gpu:
         return 0.0
     elements = sum(hint(numel_of(graph[i])) for i in node.inputs[:2]) + hint(numel_of(node))
-    return elements * target.contraction_elem_s / target.max_threads + target.contraction_call_s
+    elem, call = (
+        (target.library_elem_s, target.library_call_s)
+        if library
+        else (target.contraction_elem_s, target.contraction_call_s)
+    )
+    return elements * elem / target.max_threads + call
 
 
 def transcendental(node: Node, graph: Graph, target: Target) -> bool:
@@ -282,6 +293,9 @@ class Figures:
     domain: int
     rows: int
     pressure: Pressure
+    template_s: float = 0.0  # of compute_s, the template's own overheads (`Cost.template_s`)
+    strided_runs: int = 0  # column walks' row runs (`cost_columns.column_runs`)
+    library_extra_s: float = 0.0  # torch's library's overheads in place of template_s (`Cost.library_extra_s`)
 
 
 def hinted(f: Figures) -> Figures:
@@ -336,7 +350,7 @@ def cost_from(f: Figures, target: Target) -> Cost:
     """t = launch + (C + M - gamma min(C, M)) / min(1, parallelism / saturation) + spill."""
     f = hinted(f)
     nbytes = f.in_bytes + f.out_bytes
-    memory_s = nbytes / memory_bw(target, nbytes)
+    memory_s = max(nbytes / memory_bw(target, nbytes), strided_s(f.strided_runs, nbytes, target))
     par = parallelism(f.kind, f.domain, f.rows, target)
     launch_s = target.launch_s
     if serial(f, target):
@@ -352,18 +366,33 @@ def cost_from(f: Figures, target: Target) -> Cost:
         spill_s += (p.passes - 1) * f.in_bytes / target.dram_bw
     saturation = GPU_SATURATION if target.is_gpu else 1.0
     time_s = launch_s + body / min(1.0, par / saturation) + spill_s
-    return Cost(f.flops, nbytes, f.compute_s, memory_s, launch_s, time_s, p.ratio, par)
+    return Cost(f.flops, nbytes, f.compute_s, memory_s, launch_s, time_s, p.ratio, par, f.template_s, f.library_extra_s)
+
+
+def retimed(cost: Cost, compute_s: float, kind: str = "cpu") -> float:
+    """`cost.time_s` had the kernel (on a `kind` target) computed for `compute_s` seconds instead: the
+    same bytes, launch, parallelism and spill, the overlap of compute and memory taken again."""
+
+    def body(c: float) -> float:
+        return c + cost.memory_s - GAMMA[kind] * min(c, cost.memory_s)
+
+    saturation = GPU_SATURATION if kind == "gpu" else 1.0
+    return cost.time_s + (body(compute_s) - body(cost.compute_s)) / min(1.0, cost.parallelism / saturation)
 
 
 def kernel_cost(
     nodes: Sequence[Node], inputs: Collection[str], outputs: Collection[str], form: Form, graph: Graph, target: Target
 ) -> Cost:
     """Exact cost of one kernel whose form is known, from its nodes in topological order."""
-    flops, compute_s = _flops(nodes, form, graph, target)
+    flops, compute_s, template_s, library_s = _flops(nodes, form, graph, target)
     in_bytes = sum(_nbytes(graph[i]) for i in inputs)
     out_bytes = sum(_nbytes(graph[o]) for o in outputs)
     p = pressure_of(nodes, form, graph, target)
-    return cost_from(Figures(flops, compute_s, in_bytes, out_bytes, form.kind, form.domain, form.rows, p), target)
+    runs = column_runs(nodes, inputs, graph, target)
+    fig = Figures(
+        flops, compute_s, in_bytes, out_bytes, form.kind, form.domain, form.rows, p, template_s, runs, library_s
+    )
+    return cost_from(fig, target)
 
 
 def estimate(nodes: Sequence[str], graph: Graph, target: Target, outputs: Sequence[str] | None = None) -> Cost:

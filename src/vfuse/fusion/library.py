@@ -5,12 +5,15 @@ Both are priced from the planner's cost of the group (`fusion.cost`, the same mo
 the group), so the comparison uses the target's peak and bandwidth:
 
 * template: the group's time, plus the flops its register tile computes past the edges of C
-  (a 64-wide tile on an N = 3 output computes 64 columns) at the same peak;
-* library: the group's time for the useful flops (library GEMMs cover ragged edges with narrower
-  kernels) at the library's rate (`library_efficiency`: as calibrated for the tier on this machine,
-  else `LIBRARY_EFFICIENCY` of the template's rate), plus one torch call (dispatch, an
-  output allocation, leaving the native segment), and, when the group has an epilogue, a second
-  pass over the output: the epilogue then runs as its own kernel, reading the contraction's
+  (a 64-wide tile on an N = 3 output computes 64 columns) at the same peak; on a calibrated target
+  the group's time includes the template's own per-call and per-element overheads
+  (`Cost.template_s`, `cost.template_extra_s`), which only this side pays;
+* library: the group's time without those overheads but with the library's own (calibrated the
+  same way: `Cost.library_extra_s`), for the useful flops (library GEMMs cover
+  ragged edges with narrower kernels) at the library's rate (`library_efficiency`: as calibrated for
+  the tier on this machine, else `LIBRARY_EFFICIENCY` of the template's rate), plus one torch call
+  (dispatch, an output allocation, leaving the native segment), and, when the group has an epilogue,
+  a second pass over the output: the epilogue then runs as its own kernel, reading the contraction's
   output back instead of working on it in registers.
 
 The library wins only when the tile's waste costs more than the call, the lost fusion and its
@@ -25,6 +28,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from vfuse.fusion.cost import retimed
 from vfuse.fusion.plan import Cost
 from vfuse.fusion.rules import Rule
 from vfuse.ir.sym import hint
@@ -55,8 +59,9 @@ class Efficiency:
 
 
 def library_efficiency(target: object) -> Efficiency:
-    """The target's calibrated library-over-template GEMM rate (both timed at one shape on one
-    thread, `entry/calibrate.py`), clamped to EFFICIENCY_RANGE; the default without a calibration."""
+    """The target's calibrated library-over-template GEMM rate (each fitted net of its own per-element
+    and per-call overheads on one thread, `entry/calibrate.py`), clamped to EFFICIENCY_RANGE; the
+    default without a calibration."""
     lib, peak = float(getattr(target, "library_f32", 0.0)), float(getattr(target, "peak_f32", 0.0))
     if lib <= 0 or peak <= 0:
         return Efficiency()
@@ -98,9 +103,13 @@ def choose(
     """Template or library for a contraction group of planner cost `cost` whose template's tile
     computes `waste` times the useful flops; `out_bytes`: the contraction's output, which a split
     epilogue reads back and writes again (`epilogue`: the group has pointwise work after it);
-    `efficiency`: the library's rate over the template's (`library_efficiency`)."""
-    template_s = cost.time_s + cost.compute_s * (waste - 1.0)
-    library_s = cost.time_s + cost.compute_s * (1.0 / efficiency.ratio - 1.0) + LIBRARY_CALL_S
+    `efficiency`: the library's rate over the template's (`library_efficiency`). The template's own
+    overheads (`cost.template_s`) are neither padded nor charged to the library, which pays its own
+    (`cost.library_extra_s`)."""
+    work_s = cost.compute_s - cost.template_s  # what both sides compute
+    template_s = cost.time_s + work_s * (waste - 1.0)
+    library_s = retimed(cost, work_s) + work_s * (1.0 / efficiency.ratio - 1.0) + cost.library_extra_s
+    library_s += LIBRARY_CALL_S
     if epilogue:
         bandwidth = cost.bytes / cost.memory_s if cost.memory_s > 0 else math.inf
         library_s += cost.launch_s + 2 * out_bytes / bandwidth

@@ -25,6 +25,10 @@ class Cost:
     time_s: float  # launch + C + M - gamma * min(C, M), plus penalties below
     pressure: float  # live values per point / registers (GPU) or working set / cache (CPU); >1 spills
     parallelism: float  # independent work items / hardware threads; <1 leaves hardware idle
+    # Of compute_s, what only vfuse's contraction template pays (its calibrated per-call and per-element
+    # overheads, `cost.template_extra_s`): a library call of the same contraction does not.
+    template_s: float = 0.0
+    library_extra_s: float = 0.0  # what torch's library pays in its place (its own calibrated overheads)
 
     @property
     def bound(self) -> str:
@@ -42,6 +46,8 @@ class Cost:
             sum(c.time_s for c in costs),
             max((c.pressure for c in costs), default=0.0),
             min((c.parallelism for c in costs), default=1.0),
+            sum(c.template_s for c in costs),
+            sum(c.library_extra_s for c in costs),
         )
 
 

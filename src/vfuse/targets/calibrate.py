@@ -12,14 +12,33 @@ plausibility guard, and how a Target is derived from it (`apply`) or for fewer t
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 
 from vfuse.cachedir import write_json_atomic
+from vfuse.errors import VfuseOptionError
 from vfuse.targets.target import DRAM_BW_PER_CORE, Target
 
-CALIBRATION_VERSION = 6
+CALIBRATION_VERSION = 7  # 7: library_f32 is torch's own fitted rate, with its own overheads
 CALIBRATION_FILE = "calibration_cpu.json"
+# Whether a cached calibration is applied where the caller does not say: "on" (default) or "off", the
+# torch-measured target alone (the test suite pins it: a developer's calibration changes plans).
+ENV_VAR = "VFUSE_CALIBRATION"
+_SETTINGS = {"on": True, "1": True, "true": True, "auto": True, "off": False, "0": False, "false": False}
+
+
+def wanted(calibrated: bool | None = None) -> bool:
+    """Whether the cpu target applies a cached calibration: `calibrated` when given, else VFUSE_CALIBRATION
+    (unset: on); a value it does not know raises VfuseOptionError naming the variable."""
+    if calibrated is not None:
+        return calibrated
+    value = os.environ.get(ENV_VAR, "").strip().lower()
+    if not value:
+        return True
+    if value not in _SETTINGS:
+        raise VfuseOptionError(f"{ENV_VAR}={value!r} is not accepted; accepted: 'on' (default) or 'off'")
+    return _SETTINGS[value]
 
 
 @dataclass(frozen=True, slots=True)
@@ -31,12 +50,13 @@ class Calibration:
     (add, mul, abs, max) in L2; transcendental_f32: the same for exp, tanh, sigmoid, GELU, SiLU;
     op_rates: each of them (and log) alone: the IR's flop weights are instruction estimates, off by
     up to 3x against each other.
-    peak_f32: the GEMM template's flop/s; library_f32: torch's library GEMM at the same shape (0: not
-    measured), whose ratio to peak_f32 decides template or library (`fusion/library.py`).
+    peak_f32: the GEMM template's flop/s; library_f32: torch's library GEMM's (0: not measured), each
+    net of its own overheads, whose ratio decides template or library (`fusion/library.py`).
     serial_launch_s: a kernel too small to fork threads.
     contraction_elem_s / contraction_call_s: the GEMM template's time past its flops at peak_f32, per
     element of A, B and C (packing, storing the tile) and per call, fitted with peak_f32 over GEMMs
-    from 16 x 16 x 16 to the peak's shape (0: not measured).
+    from 16 x 16 x 16 to the peak's shape (0: not measured); library_elem_s / library_call_s: torch.mm's,
+    fitted with library_f32 to its times over the same shapes.
     launch_s: a threaded kernel's fork/join on all cores (0: not measured or implausible).
     """
 
@@ -55,11 +75,14 @@ class Calibration:
     library_f32: float = 0.0  # torch's GEMM flop/s at peak_f32's shape (0: not measured)
     contraction_elem_s: float = 0.0  # seconds per A, B, C element of a GEMM past its flops
     contraction_call_s: float = 0.0  # seconds per GEMM call past its flops and elements
+    library_elem_s: float = 0.0  # torch.mm's seconds per A, B, C element past its flops
+    library_call_s: float = 0.0  # torch.mm's seconds per call past its flops and elements
 
 
 # Fixed costs a calibration may set, and their plausible maxima (a GEMM element past 10 ns is a
 # preempted timing, not a packing cost).
 FIXED_COSTS = {"attention_task_s": 5e-5, "contraction_elem_s": 1e-8, "contraction_call_s": 5e-5}
+FIXED_COSTS |= {"library_elem_s": 1e-8, "library_call_s": 5e-5}
 
 
 def guarded(cal: Calibration, target: Target) -> tuple[Calibration, list[str]]:
@@ -124,6 +147,8 @@ def apply(target: Target, cal: Calibration) -> Target:
         library_f32=cal.library_f32 * n,
         contraction_elem_s=cal.contraction_elem_s,
         contraction_call_s=cal.contraction_call_s,
+        library_elem_s=cal.library_elem_s,
+        library_call_s=cal.library_call_s,
         serial_launch_s=cal.serial_launch_s,
         launch_s=cal.launch_s or target.launch_s,
         source=target.source + " (calibrated on vfuse kernels)",

@@ -295,7 +295,9 @@ ESTIMATE_TTL_S = 3600.0
 
 # Target fields only a calibration sets (`targets/calibrate.apply`): never in the measured cache, so a
 # cache written before they existed stays valid and earlier versions still read the caches written now.
-CALIBRATED_ONLY = frozenset({"library_f32", "contraction_elem_s", "contraction_call_s"})
+CALIBRATED_ONLY = frozenset(
+    {"library_f32", "contraction_elem_s", "contraction_call_s", "library_elem_s", "library_call_s"}
+)
 
 
 def _read_cache(path: Path, facts: CpuFacts) -> tuple[Target, float] | None:
@@ -341,15 +343,19 @@ def _from_json(data: dict[str, Any]) -> Target:
     return Target(**{**data, "isa": isa, "isa_extras": extras, "op_rates": rates})
 
 
-def cpu_target(cache_dir: Path, remeasure: bool = False, isa: Isa | None = None) -> Target:
+def cpu_target(
+    cache_dir: Path, remeasure: bool = False, isa: Isa | None = None, calibrated: bool | None = None
+) -> Target:
     """This machine at its own tier, or at the lower tier `isa` (VfuseOptionError when it lacks it).
-    The cache holds the measurement at the CPU's own tier; a forced tier is applied to it."""
+    The cache holds the measurement at the CPU's own tier; a forced tier is applied to it.
+    `calibrated`: apply the tier's cached calibration (None: VFUSE_CALIBRATION, default on)."""
+    use = calibrate.wanted(calibrated)  # a bad VFUSE_CALIBRATION is refused before anything is measured
     facts = detect()
     target = measured_target(cache_dir, remeasure, isa, facts)
+    if not use or target.isa is None or not _trusted(cache_dir):
+        return target
     # vfuse's own kernels at this tier, when `vfuse calibrate` has timed them (targets/calibrate.py).
-    cal = (
-        calibrate.read(cache_dir, facts.fingerprint(), target.isa.value) if target.isa and _trusted(cache_dir) else None
-    )
+    cal = calibrate.read(cache_dir, facts.fingerprint(), target.isa.value)
     return calibrate.apply(target, cal) if cal is not None else target
 
 

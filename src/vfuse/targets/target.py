@@ -43,12 +43,13 @@ class Target:
         Set by calibrating vfuse's own kernels (`targets/calibrate.py`).
         peak_f8: fp8 matrix flop/s (0: no fp8 matrix unit; fp8 operands are widened first and
         run at the fp16 rate on GPUs, the fp32 rate on CPUs, where torch computes them).
-        library_f32: torch's library GEMM (MKL / oneDNN / OpenBLAS) in fp32 flop/s, timed by the
-        calibration beside the template's peak_f32 at the same shape, so their ratio is the tier's
-        template-or-library figure (`fusion/library.py`); 0 when not calibrated.
+        library_f32: torch's library GEMM (MKL / oneDNN / OpenBLAS) in fp32 flop/s, fitted by the
+        calibration as the template's peak_f32 is, so their ratio is the tier's template-or-library
+        figure (`fusion/library.py`); 0 when not calibrated.
         contraction_elem_s / contraction_call_s: the GEMM and conv templates' time past their flops
         at peak_f32, per element of A, B and C packed or stored (one thread: divided by the cores) and
         per call; what makes small and thin contractions run at a fraction of the peak (0: unknown).
+        library_f32, library_elem_s, library_call_s: the same three figures of torch's library GEMM.
     """
 
     name: str
@@ -85,6 +86,8 @@ class Target:
     library_f32: float = 0.0
     contraction_elem_s: float = 0.0
     contraction_call_s: float = 0.0
+    library_elem_s: float = 0.0
+    library_call_s: float = 0.0
 
     @property
     def is_gpu(self) -> bool:
