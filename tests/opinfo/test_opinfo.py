@@ -26,7 +26,10 @@ from tests.opinfo.runner import cases_of, chunks, run_cases
 
 FULL = os.environ.get("VFUSE_FUZZ") == "soak"
 SUBSET_SAMPLES = 2
-CHUNK = 24  # ops per compiled graph in the subset run
+# Ops per compiled graph in the subset run. 24 is the cheapest measured: this file's CPU time with
+# a cold kernel cache was 72 s at 12, 62 s at 24, 71 s at 48 (larger graphs cost more than their
+# share; session 19, docs/perf-log.md).
+CHUNK = 24
 
 
 # Samples that cannot share their chunk's graph (Dynamo cannot trace them whole, or vfuse runs
