@@ -10,6 +10,7 @@ partial). The schedule decides which kernels and the tile width (`schedule/strat
 
 from __future__ import annotations
 
+from vfuse.codegen.cpp.streaming import serial_copy
 from vfuse.codegen.cpp.writer import KernelWriter
 
 
@@ -21,6 +22,7 @@ def render_tiled(w: KernelWriter) -> None:
     v = w.names[col.var]
     at = f"[{v} - cb]"
     collapse = f" collapse({len(rows) + 1})"
+    start = w.mark()
     if k.threaded:
         w.w(f"#pragma omp parallel for num_threads(nt) schedule(static){collapse}")
     for lp in rows:
@@ -40,6 +42,8 @@ def render_tiled(w: KernelWriter) -> None:
         w.stmt(s)
     w.close(2)
     w.close(len(rows))
+    if k.threaded:  # threads chosen per call: a serial copy for one thread (`streaming.serial_copy`)
+        serial_copy(w, start)
 
 
 def _reduce_loops(w: KernelWriter, at: str) -> None:

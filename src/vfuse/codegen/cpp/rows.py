@@ -7,6 +7,7 @@ from collections.abc import Callable
 
 from vfuse.codegen.cpp.passes import render_pass
 from vfuse.codegen.cpp.prefetch import render_prefetch
+from vfuse.codegen.cpp.streaming import serial_copy
 from vfuse.codegen.cpp.writer import KernelWriter
 
 
@@ -28,8 +29,10 @@ def render_rows(w: KernelWriter) -> None:
 
 
 def row_region(w: KernelWriter, walk: Callable[[KernelWriter], None]) -> None:
-    """The parallel region (when the kernel is threaded) whose worksharing loop `walk` opens."""
+    """The parallel region (when the kernel is threaded) whose worksharing loop `walk` opens; with
+    threads chosen per call, also its serial copy for one thread (`streaming.serial_copy`)."""
     k = w.k
+    start = w.mark()
     if k.threaded:
         w.w("#pragma omp parallel num_threads(nt)")
     w.open("{")
@@ -46,6 +49,8 @@ def row_region(w: KernelWriter, walk: Callable[[KernelWriter], None]) -> None:
     for line in w.row_buffers(False):
         w.w(line)
     w.close()
+    if k.threaded:
+        serial_copy(w, start)
 
 
 def _one_row_at_a_time(w: KernelWriter) -> None:

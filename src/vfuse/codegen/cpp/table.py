@@ -21,6 +21,7 @@ from vfuse.codegen.cpp.faults import FAULT_VAR, NO_FAULT
 from vfuse.codegen.cpp.function import kernel_function
 from vfuse.codegen.cpp.rows import render_single_row
 from vfuse.codegen.cpp.rules import COMPUTE_TYPE, STORAGE_TYPE
+from vfuse.codegen.cpp.streaming import serial_copy
 from vfuse.codegen.cpp.writer import KernelWriter, pointer
 from vfuse.ir import DType
 from vfuse.schedule.kernel import Kernel, Load, Program, Stmt, Store
@@ -308,6 +309,7 @@ class TableWriter(KernelWriter):
         (load,) = [s for s in self.stmts if isinstance(s, Load) and s.var == self.k.table]
         n = self.k.inner[0].size
         nt = "true" if self.k.stream else "false"
+        start = self.mark()
         if self.k.threaded:
             self.w("#pragma omp parallel for num_threads(nt) schedule(static)")
         self.w(f"for (int64_t vb = 0; vb < {n}; vb += {BYTES_BLOCK}) {{")
@@ -325,6 +327,8 @@ class TableWriter(KernelWriter):
         if self.k.stream:
             self.w("  vf_stream_fence();  // each thread's streamed stores land before the loop's barrier")
         self.w("}")
+        if self.k.threaded:  # threads chosen per call: a serial copy for one thread (`streaming.serial_copy`)
+            serial_copy(self, start)
 
 
 def render_table(k: Kernel, program: Program) -> str:

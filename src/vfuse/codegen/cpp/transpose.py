@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from vfuse.codegen.cpp.function import kernel_function
 from vfuse.codegen.cpp.rules import LOAD_CONVERT, STORAGE_TYPE, STORE_CONVERT
-from vfuse.codegen.cpp.streaming import STREAM_FLAG
+from vfuse.codegen.cpp.streaming import STREAM_FLAG, serial_copy
 from vfuse.codegen.cpp.writer import KernelWriter, pointer
 from vfuse.schedule import expr
 from vfuse.schedule.expr import Var
@@ -159,6 +159,7 @@ def _tiles(w: TransposeWriter) -> None:
         w.stmt(s)
     w.begin_pass(p)
     collapse = f"schedule(static) collapse({len(others) + 2})"
+    start = w.mark()
     if k.threaded and p.streamed:
         w.w("#pragma omp parallel num_threads(nt)")
         w.open("{")
@@ -189,6 +190,8 @@ def _tiles(w: TransposeWriter) -> None:
         w.w(f"if ({STREAM_FLAG}) vf_stream_fence();" if k.stream_gate is not None else "vf_stream_fence();")
         if k.threaded:
             w.close()
+    if k.threaded:  # threads chosen per call: a serial copy for one thread (`streaming.serial_copy`)
+        serial_copy(w, start)
     w.end_pass()
 
 
