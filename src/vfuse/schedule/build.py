@@ -56,6 +56,7 @@ from vfuse.schedule.microtile import AVX512, VectorUnit, vector_unit
 from vfuse.schedule.nest import make_kernel, with_streaming
 from vfuse.schedule.peel import with_ranges
 from vfuse.schedule.residue import with_residues
+from vfuse.schedule.rowhint import with_hint_copy
 from vfuse.schedule.strategy import decide
 from vfuse.schedule.table import with_table
 
@@ -338,14 +339,16 @@ def build(plan: FusionPlan, target: object, templates: bool = True, triton: bool
     for g in plan.groups:
         items += group_steps(graph, g, caches, templates, unit, gpu, efficiency)  # type: ignore[arg-type]
     vector = int(getattr(target, "simd_lanes", 16))
-    items = [
-        with_ranges(
+
+    def schedule(k: Kernel) -> Kernel:
+        return with_ranges(
             with_residues(decide(with_streaming(with_table(k), caches[2]), vector, caches[0], caches[2], caches[1]))
         )
-        if isinstance(k, Kernel)
-        else k
-        for k in items
-    ]
+
+    # C++ kernels over short rows of a symbolic length also get a copy scheduled at the length's
+    # hint (`rowhint.py`; the Triton renderer has no such copy).
+    copies = not triton and not getattr(target, "is_gpu", False)
+    items = [(with_hint_copy(k, schedule) if copies else schedule(k)) if isinstance(k, Kernel) else k for k in items]
     extras = getattr(target, "isa_extras", frozenset())
     items = [with_int8_dot(k, graph, extras) if isinstance(k, ContractionKernel) else k for k in items]
     if getattr(target, "is_gpu", False):

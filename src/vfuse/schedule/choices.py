@@ -52,11 +52,19 @@ def per_call_choices(program: Program) -> list[str]:
             out.append(f"{name} stores: chosen per call, streamed where {_where(k.stream_gate, 'bytes')}")
         if k.thread_gate is not None:
             out.append(f"{name} threads: chosen per call, several where {_where(k.thread_gate, 'loop points')}")
+        if k.at_hint is not None:  # schedule/rowhint.py
+            sizes = " and ".join(f"{s} = {h}" for s, h in k.at_hint.sizes)
+            out.append(f"{name} row length: chosen per call, a copy where {sizes} ({_copy(k.at_hint.kernel)})")
         if k.prefetch is not None and k.prefetch.per_call:
             pf = k.prefetch
             where = f" where {_where(pf.gate, '')}" if pf.gate is not None else ""
             out.append(f"{name} prefetch: chosen per call, {pretty(pf.distance)} rows ahead{where}")
     return out
+
+
+def _copy(k: Kernel) -> str:
+    """How a row kernel's copy at the hint walks: `rows, reductions lanes x32; strips x1`."""
+    return f"{k.walk.value}, reductions " + "; ".join(_reduction(p) for p in k.passes if p.reduces)
 
 
 def _where(gate: SizeGate, unit: str) -> str:

@@ -278,6 +278,15 @@ class IndexCheck:
 
 
 @dataclass(frozen=True)
+class HintCopy:
+    """`Kernel.at_hint`: the kernel scheduled with `sizes` (symbol name, hint) fixed, run by the
+    calls where every such symbol equals its hint (`codegen/cpp/render.at_hint` tests them)."""
+
+    sizes: tuple[tuple[str, int], ...]
+    kernel: Kernel
+
+
+@dataclass(frozen=True)
 class Kernel:
     """One generated function. Pointwise: `outer` is the whole nest and `passes` has one pass
     whose body is the loop body. Row: `outer` are the row loops (parallel), `inner` the
@@ -324,6 +333,9 @@ class Kernel:
     # two vectors and a permute, and a 28-wide row of 16 lanes runs mostly in the remainder: 3x3 s2
     # max-pools ran 1.5-2x slower in 512-bit vectors than in 256-bit ones on Zen 4.
     narrow_simd: bool = False
+    # Over a symbolic row length: a copy scheduled at its hint, which calls of that length run
+    # (constant trip counts: lanes, strips, row groups); others run this kernel (`rowhint.py`).
+    at_hint: HintCopy | None = None
 
     @property
     def is_row(self) -> bool:

@@ -13,6 +13,7 @@ per segment, which also writes each kernel's time (`function.render_profiled_ent
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 
 from vfuse.codegen.cpp.columns import render_tiled
@@ -50,7 +51,25 @@ RENDERERS: dict[Walk, KernelRenderer] = {
 
 
 def render_kernel(kernel: Kernel, program: Program) -> str:
+    if kernel.at_hint is not None:
+        return hint_copy(kernel, program)
     return at_hint(kernel, program, RENDERERS[kernel.walk](kernel, program))
+
+
+def hint_copy(k: Kernel, program: Program) -> str:
+    """A kernel with a copy scheduled at its row length's hint (`Kernel.at_hint`,
+    schedule/rowhint.py): both functions, and `k` running the copy in calls of those sizes."""
+    assert k.at_hint is not None
+    copy = dataclasses.replace(k.at_hint.kernel, name=f"{k.name}_hint")
+    generic = dataclasses.replace(k, name=f"{k.name}_any", at_hint=None)
+    test = " && ".join(f"{CPP_PREFIX}{s} == {h}" for s, h in k.at_hint.sizes)
+    dispatch = [
+        f"static void {k.name}{SIGNATURE} {{  // the copy scheduled at the row length's hint: {test}",
+        f"  if ({test}) {copy.name}(bufs, arena, seeds, nt);",
+        f"  else {generic.name}(bufs, arena, seeds, nt);",
+        "}",
+    ]
+    return "\n".join([render_kernel(copy, program), render_kernel(generic, program), *dispatch])
 
 
 # Walks much faster when their rows' length is a compile-time constant: a tiled transpose at a
