@@ -357,6 +357,16 @@ static void {d.name}_prepack(float* __restrict bp, long nth, {d.params}{epi.para
 """
 
 
+def _redeal(d: Driver, blk: Blocking, epi: Epilogue) -> str:
+    """C++: whether a thread's share of a panel may be another's in the next panel or batch entry
+    and hold bytes both touch, so `_one` waits there: its own B slivers (`own`), or, with B
+    prepacked (no panel barriers at all), its workspace partial sums where slivers are split
+    between threads (nsplit > 1: with whole row blocks a thread keeps its rows in every panel)."""
+    if d.prepack:
+        return "nsplit > 1" if _workspace(d, blk, epi) else "false"
+    return "own"
+
+
 def _one(d: Driver, blk: Blocking, epi: Epilogue) -> str:
     """NAME_one: one batch entry, run by thread `tid` of `nth` (coop: all threads share `bp`)."""
     m, mr = d.m, blk.mr
@@ -385,7 +395,7 @@ static void {d.name}_one(long bi, long tid, long nth, bool coop, float* __restri
     // A new panel, or the next batch entry's first, re-deals the slivers: wait for every thread
     // to finish reading the last one (a short last panel dealt sliver 1 to thread 1; entry
     // bi + 1's first deals it to thread 0, which packed it while thread 1 still read it).
-    if (own && coop && (jc > 0 || bi > 0)) {{
+    if ({_redeal(d, blk, epi)} && coop && (jc > 0 || bi > 0)) {{
 #pragma omp barrier
     }}
     const long nsl = (vg_min({nc}, {d.n} - jc) + {blk.nr - 1}) / {blk.nr};
