@@ -14,12 +14,8 @@ from __future__ import annotations
 import dataclasses
 import math
 
-from vfuse.codegen.cpp.attention import (
-    AttentionSpec,
-    MaskKind,
-    render_flash_attention,
-    render_flash_attention_backward,
-)
+from vfuse.codegen.cpp.attention import AttentionSpec, MaskKind
+from vfuse.codegen.cpp.attention.render import shared_instance
 from vfuse.codegen.cpp.gemm import (
     ConvSpec,
     Epilogue,
@@ -299,9 +295,10 @@ def _attention(k: ContractionKernel, program: Program) -> tuple[str, str]:
     body = " ".join(["float v = o;", *_statements(k, _attention_names(k)), "o = v;"])
     spec = _attention_spec(k, q, v, mask, body if k.op is Op.SDPA else "")
     ptrs = [pointer(x) for x in k.operands[:3]]
-    call = f"{spec.name}({', '.join(ptrs)}, {mptr}, {_out(k)}, {_sizes(k, q, kk)}, {', '.join(map(str, strides))}, nt"
+    source, fn = shared_instance(spec)  # every layer's alike attention: one instance (attention/render.py)
+    call = f"{fn}({', '.join(ptrs)}, {mptr}, {_out(k)}, {_sizes(k, q, kk)}, {', '.join(map(str, strides))}, nt"
     call += f"{_seed_args(k)});"
-    return render_flash_attention(spec), call
+    return source, call
 
 
 def _attention_backward(k: ContractionKernel, program: Program) -> tuple[str, str]:
@@ -318,8 +315,9 @@ def _attention_backward(k: ContractionKernel, program: Program) -> tuple[str, st
         nk = nq
     grads = f"{out}, {out} + {nq}, {out} + {nq + nk}"
     sizes = ", ".join(map(str, [*strides, *rows]))
-    call = f"{spec.name}({ins}, {mptr}, {grads}, {_sizes(k, q, kk)}, {sizes}, nt{_seed_args(k)});"
-    return render_flash_attention_backward(spec), call
+    source, fn = shared_instance(spec, backward=True)
+    call = f"{fn}({ins}, {mptr}, {grads}, {_sizes(k, q, kk)}, {sizes}, nt{_seed_args(k)});"
+    return source, call
 
 
 def _args(k: ContractionKernel) -> str:

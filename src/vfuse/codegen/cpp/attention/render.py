@@ -4,10 +4,16 @@ flash-attention kernel, forward or backward.
 The algorithms live in `flash_attention.cpp` and `flash_attention_backward.cpp` (real C++, readable
 and reviewable on their own), their shared register tiles in `tiles.h`; rendering only prepends the
 configuration macros the spec decides.
+
+`shared_instance` renders one for a program: named by the hash of its text (`vf_attn_<hash>`),
+include-guarded, static and noinline, so every layer's attention whose spec differs only in its name
+compiles once per unit (22 KB of C++; a second instance in a unit cost g++ ~0.07 s of CPU, docs/perf-log.md).
 """
 
 from __future__ import annotations
 
+import dataclasses
+import hashlib
 import math
 import struct
 from importlib import resources
@@ -18,6 +24,14 @@ from vfuse.codegen.cpp.simd import SIMD_PRELUDE, vtype
 _MACROS = ("VF_NAME", "VF_NS", "VF_WORKSPACE_NAME", "VF_D", "VF_DV", "VF_BQ", "VF_BK", "VF_CAUSAL", "VF_MASK")
 _MACROS += ("VF_VEC", "VF_LANES", "VF_TILE", "VF_LSE", "VF_EPILOGUE")
 _MACROS += ("VF_DROPOUT", "VF_DROP_THR", "VF_DROP_SCALE", "VF_DROPOUT_PARAMS", "VF_DROPOUT_KEY")
+
+
+# Static (each unit defines its own copy) and noinline (each caller is one call, not a copy of
+# the kernel to optimize again): the template's two exported functions.
+_EXPORTED = ('extern "C" void VF_NAME(', 'extern "C" int64_t VF_WORKSPACE_NAME(')
+_SHARED_LINKAGE = "__attribute__((noinline)) static "
+SHARED_PREFIX = "vf_attn_"  # + 20 hex digits: an instance kernels share (report/source.py finds it)
+_INSTANCE = "vf_attn_instance"  # the name hashed, replaced by the hash
 
 
 def _text(name: str) -> str:
@@ -86,3 +100,22 @@ def render_flash_attention_backward(spec: AttentionSpec) -> str:
         raise ValueError(f"{spec.name}: the attention backward takes no epilogue")
     config = _config(spec, "backward")
     return SIMD_PRELUDE + _text("tiles.h") + "\n".join(config) + "\n" + _text("flash_attention_backward.cpp")
+
+
+def shared_instance(spec: AttentionSpec, backward: bool = False) -> tuple[str, str]:
+    """(source, function name): the instance of `spec` under the name of its text's hash
+    (`vf_attn_<hash>`), its configuration and algorithm include-guarded (once per unit whatever
+    the kernels that call it), the guarded SIMD prelude and tiles before them; the same
+    arguments as `spec.name` would take."""
+    render = render_flash_attention_backward if backward else render_flash_attention
+    text = render(dataclasses.replace(spec, name=_INSTANCE))
+    for head in _EXPORTED:
+        assert text.count(head) == 1, head
+        text = text.replace(head, _SHARED_LINKAGE + head.removeprefix('extern "C" '))
+    common = SIMD_PRELUDE + _text("tiles.h")
+    assert text.startswith(common)
+    instance = text[len(common) :]
+    digest = hashlib.sha256(instance.encode()).hexdigest()[:20]
+    name = f"{SHARED_PREFIX}{digest}"
+    guard = f"VF_ATTN_{digest}"
+    return f"{common}#ifndef {guard}\n#define {guard}\n{instance.replace(_INSTANCE, name)}\n#endif\n", name

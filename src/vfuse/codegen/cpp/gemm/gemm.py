@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 
 from vfuse.codegen.cpp.gemm.blocking import Blocking, CallBlocks, choose_blocking
 from vfuse.codegen.cpp.gemm.driver import Driver, render_driver
-from vfuse.codegen.cpp.gemm.epilogue import Epilogue
+from vfuse.codegen.cpp.gemm.epilogue import Epilogue, EpilogueArg
 from vfuse.codegen.cpp.gemm.microkernel import PACKERS, render_microkernel
 from vfuse.codegen.cpp.gemm.prelude import render_prelude
 from vfuse.codegen.cpp.gemm.prologue import Prologue, packer_name, render_packer
@@ -277,6 +277,21 @@ _INSTANCE = "vg_gemm_INSTANCE"
 _KEPT = re.compile(r"seeds|v[gsf]_\w*")
 
 
+def _in_use_order(spec: GemmSpec, epilogue: Epilogue) -> Epilogue:
+    """`epilogue` with its arguments in the order the code first names them (prologues, then the
+    epilogue's statements; unnamed ones after, in their order): the extras come sorted by their
+    values' names, and two layers' `getitem_11, getitem_8` and `getitem, getitem_3` swap roles."""
+    pro = [*(spec.a_prologue.body if spec.a_prologue else ()), *(spec.b_prologue.body if spec.b_prologue else ())]
+    pro += [p.value for p in (spec.a_prologue, spec.b_prologue) if p is not None]
+    code = "\n".join([*pro, *epilogue.body, epilogue.store, epilogue.colsum])
+
+    def first(arg: EpilogueArg) -> int:
+        m = re.search(rf"\b{re.escape(arg.name)}\b", code)
+        return m.start() if m else len(code)
+
+    return dataclasses.replace(epilogue, args=tuple(sorted(epilogue.args, key=first)))
+
+
 def _renamed(text: str, epilogue: Epilogue) -> str | None:
     """`text` with the epilogue's arguments renamed canonically (a whole-token rename of each:
     the same C++), or None where a canonical name is taken already."""
@@ -295,7 +310,8 @@ def render_gemm(spec: GemmSpec, epilogue: Epilogue) -> str:
     # noinline: each caller is a one-line forward, not a copy of the driver to optimize again
     # (on a line of its own: report/source.py finds functions by their `static` lines).
     canonical = dataclasses.replace(spec, name=_INSTANCE, linkage="__attribute__((noinline))\nstatic")
-    body = _renamed(_instance(canonical, epilogue), epilogue)
+    ordered = _in_use_order(spec, epilogue)
+    body = _renamed(_instance(canonical, ordered), ordered)
     header = f"// vfuse gemm {spec.name}: {spec.m}x{spec.k} @ {spec.k}x{spec.n}, epilogue {epilogue.name}, {blk}\n"
     if spec.call is not None and len(spec.call.blocks) > 1:
         where = f"(M, K) within {spec.call.within}" if spec.call.within else f"above M = {spec.call.upto}"
@@ -310,6 +326,6 @@ def render_gemm(spec: GemmSpec, epilogue: Epilogue) -> str:
     params = f"const float* __restrict A, const float* __restrict B, {epilogue.out_ctype}* __restrict C"
     forward = (
         f"{spec.linkage} void {spec.name}({params}{epilogue.params()}{pre}, int nthreads) {{\n"
-        f"  {name}(A, B, C{epilogue.names()}{pre_arg}, nthreads);\n}}\n"
+        f"  {name}(A, B, C{ordered.names()}{pre_arg}, nthreads);\n}}\n"
     )
     return common + guarded + forward
