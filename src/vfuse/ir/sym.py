@@ -39,6 +39,10 @@ class SymEnv:
         self.guards: list[sympy.Basic] = []  # each is True for every size the program serves
         self._seen: set[sympy.Basic] = set()
         self._proofs: dict[sympy.Basic, bool | None] = {}
+        # Answers by the expressions asked about (`facts`, `compare`, `smax`, hints): a schedule asks the same
+        # few hundred thousands of times, and building each relation (sympy's assumptions) cost more than its proof.
+        self._facts: dict[tuple[Any, ...], Any] = {}
+        self._hints: tuple[dict[sympy.Symbol, int], dict[sympy.Basic, int]] = (self.hints, {})
         self.frozen = False  # after compilation: a decision then is a bug, not a guard
         self._evaluators: dict[sympy.Basic, Callable[..., int]] = {}
         self.arguments: dict[str, int] = {}  # symbols passed as size arguments: name -> argument position
@@ -61,7 +65,24 @@ class SymEnv:
         return fn
 
     def hint_of(self, expr: sympy.Basic) -> int:
-        return int(expr.xreplace(self.hints))
+        if self._hints[0] is not self.hints:  # other hints (fusion/flips.py): other values
+            self._hints = (self.hints, {})
+        if (value := self._hints[1].get(expr)) is None:
+            value = self._hints[1][expr] = int(expr.xreplace(self.hints))
+        return value
+
+    def facts(self, op: str, a: sympy.Basic, b: sympy.Basic) -> bool:
+        """Whether `a op b` (op: "<", "<=", "==", "%0": a % b == 0) is proved for every size."""
+        if (hit := self._facts.get(key := (op, a, b))) is None:
+            cond = sympy.Eq(sympy.Mod(a, b), 0) if op == "%0" else _RELATIONS[op](a, b)
+            hit = self._facts[key] = self._prove(cond) is True
+        return hit
+
+    def compare(self, rel: Callable[[Any, Any], sympy.Basic], a: sympy.Basic, b: sympy.Basic) -> bool:
+        """`decide(rel(a, b))`, the relation built once (decided anew: the hints may change, fusion/flips.py)."""
+        if (cond := self._facts.get(key := (rel, a, b))) is None:
+            cond = self._facts[key] = rel(a, b)
+        return self.decide(cond)
 
     def decide(self, cond: sympy.Basic) -> bool:
         """The truth of a relation between sizes: proved over the ranges, else taken at the hint
@@ -182,8 +203,10 @@ class SymSize:
             return fn(b, a) if swap else fn(a, b)
         if not isinstance(other, SymSize | int) or isinstance(other, bool):
             return NotImplemented
-        a, b = self.expr, _expr(other)
-        return self._new(fn(b, a) if swap else fn(a, b))
+        a, b = (_expr(other), self.expr) if swap else (self.expr, _expr(other))
+        if (hit := self.env._facts.get(key := (fn, a, b))) is None:  # sympy's arithmetic: once per operands
+            hit = self.env._facts[key] = self._new(fn(a, b))
+        return hit
 
     def __add__(self, o: Any) -> Any:
         return self._bin(o, operator.add)
@@ -246,7 +269,7 @@ class SymSize:
             return bool(rel(float(int(self)), other))
         if not isinstance(other, SymSize | int):
             return NotImplemented
-        return self.env.decide(rel(self.expr, _expr(other)))
+        return self.env.compare(rel, self.expr, _expr(other))
 
     def __eq__(self, o: object) -> Any:
         if isinstance(o, SymSize) and o.expr == self.expr:
@@ -376,8 +399,10 @@ def proved(a: Any, op: str, b: Any) -> bool:
     if not isinstance(a, SymSize) and not isinstance(b, SymSize):
         return a < b if op == "<" else a <= b if op == "<=" else a == b
     env = a.env if isinstance(a, SymSize) else b.env
-    rel = {"<": sympy.Lt, "<=": sympy.Le, "==": sympy.Eq}[op](_expr(a), _expr(b))
-    return env._prove(rel) is True
+    return env.facts(op, _expr(a), _expr(b))
+
+
+_RELATIONS = {"<": sympy.Lt, "<=": sympy.Le, "==": sympy.Eq}
 
 
 def smax(a: Any, b: Any) -> Any:
@@ -387,7 +412,10 @@ def smax(a: Any, b: Any) -> Any:
     if proved(a, "<=", b):
         return b
     env = a.env if isinstance(a, SymSize) else b.env
-    return env.size(sympy.Max(_expr(a), _expr(b)))
+    # sympy's Max compares its arguments again (~2 ms each): once per pair.
+    if (hit := env._facts.get(key := ("max", _expr(a), _expr(b)))) is None:
+        hit = env._facts[key] = env.size(sympy.Max(*key[1:]))
+    return hit
 
 
 def known_multiple(x: Any, m: int) -> bool:
@@ -395,7 +423,7 @@ def known_multiple(x: Any, m: int) -> bool:
     if not isinstance(x, SymSize) and not isinstance(m, SymSize):
         return x % m == 0
     env = x.env if isinstance(x, SymSize) else m.env
-    return env._prove(sympy.Eq(sympy.Mod(_expr(x), _expr(m)), 0)) is True
+    return env.facts("%0", _expr(x), _expr(m))
 
 
 def env_of(values: Iterable[Any]) -> SymEnv | None:
