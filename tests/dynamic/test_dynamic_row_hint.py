@@ -8,24 +8,12 @@ from __future__ import annotations
 
 import pytest
 import torch
+from tests.dynamic.row_chain import RowChain, check_lengths, inputs
 
 import vfuse
 from vfuse.schedule.choices import per_call_choices
 from vfuse.schedule.kernel import Accumulate, Kernel, Program
 from vfuse.schedule.strategy import PARALLEL_MIN
-
-
-class RowChain(torch.nn.Module):
-    def forward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        for _ in range(3):
-            x = torch.tanh(x * y + 0.5)
-            x = x - x.mean(-1, keepdim=True)
-        return x
-
-
-def _inputs(n: int) -> tuple[torch.Tensor, torch.Tensor]:
-    g = torch.Generator().manual_seed(n)
-    return torch.randn(n, generator=g), torch.randn(n, generator=g)
 
 
 def _kernel(rendered: list[tuple[Program, str]]) -> tuple[Kernel, str]:
@@ -37,17 +25,9 @@ def _kernel(rendered: list[tuple[Program, str]]) -> tuple[Kernel, str]:
 @pytest.mark.parametrize("threads", [1, 2])
 @pytest.mark.parametrize("hint", [64, 49])
 def test_short_rows_have_a_copy_at_the_hint(rendered: list[tuple[Program, str]], hint: int, threads: int) -> None:
-    m = RowChain()
-    c = torch.compile(m, backend=vfuse.backend(strict=True), dynamic=True)
-    before = torch.get_num_threads()
-    torch.set_num_threads(threads)
-    try:
-        with torch.no_grad():
-            for n in (hint, 64, 49, 7, 2, 97, 256, PARALLEL_MIN + 13, 3 * PARALLEL_MIN + 1, hint):
-                x, y = _inputs(n)
-                torch.testing.assert_close(c(x, y), m(x, y), rtol=1e-5, atol=1e-5)
-    finally:
-        torch.set_num_threads(before)
+    c = torch.compile(RowChain(), backend=vfuse.backend(strict=True), dynamic=True)
+    lengths = (hint, 64, 49, 7, 2, 97, 256, PARALLEL_MIN + 13, 3 * PARALLEL_MIN + 1, hint)
+    check_lengths(c, lengths, threads, atol=1e-5)
     k, source = _kernel(rendered)
     assert k.at_hint is not None and k.thread_gate is not None
     ((symbol, value),) = k.at_hint.sizes
@@ -74,10 +54,10 @@ def test_the_copy_computes_as_the_static_build(rendered: list[tuple[Program, str
     dyn = torch.compile(m, backend=vfuse.backend(strict=True), dynamic=True)
     static = torch.compile(RowChain(), backend=vfuse.backend(strict=True), dynamic=False)
     with torch.no_grad():
-        x, y = _inputs(64)
+        x, y = inputs(64)
         dyn(x, y)  # the hint: 64
         for n in (9, 64):
-            a, b = _inputs(n)
+            a, b = inputs(n)
             torch.testing.assert_close(dyn(a, b), m(a, b), rtol=1e-5, atol=1e-5)
         assert torch.equal(dyn(x, y), static(x, y))
 
@@ -89,7 +69,7 @@ def test_no_copy_for_long_rows_or_the_same_walk(rendered: list[tuple[Program, st
     c = torch.compile(m, backend=vfuse.backend(strict=True), dynamic=True)
     with torch.no_grad():
         for size in (n, 2 * n + 3):
-            x, y = _inputs(size)
+            x, y = inputs(size)
             torch.testing.assert_close(c(x, y), m(x, y), rtol=1e-5, atol=1e-5)
     k, source = _kernel(rendered)
     assert k.at_hint is None and "_hint(" not in source
@@ -99,7 +79,7 @@ def test_fixed_sizes_have_no_copy(rendered: list[tuple[Program, str]]) -> None:
     m = RowChain()
     c = torch.compile(m, backend=vfuse.backend(strict=True), dynamic=False)
     with torch.no_grad():
-        x, y = _inputs(64)
+        x, y = inputs(64)
         torch.testing.assert_close(c(x, y), m(x, y), rtol=1e-5, atol=1e-5)
     k, _ = _kernel(rendered)
     assert k.at_hint is None
