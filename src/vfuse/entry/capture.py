@@ -27,7 +27,7 @@ from torch._subclasses.fake_tensor import unset_fake_temporarily
 from vfuse.codegen.cpp.toolchain import prepare
 from vfuse.compiler import compile_fx, from_static_program, from_symbolic_program, target_of
 from vfuse.context import Options
-from vfuse.entry import dropout, observe, warm
+from vfuse.entry import dropout, observe, restart, warm
 from vfuse.entry.attention_rewrite import AttentionDecision, rewrite_attention
 from vfuse.entry.devices import devices_for, foreign_device
 from vfuse.entry.direct import may_skip_wrappers, unboxed, wrappers_are_identity
@@ -133,14 +133,15 @@ class VfuseBackend:
         self, compiler: Callable, gm: torch.fx.GraphModule, example_inputs: Sequence[Any], key: str | None
     ) -> Callable:
         """AOTAutograd's trace and our compile; a restart of Dynamo's analysis it asks for is
-        remembered under `key` (entry/warm.py)."""
-        if key is None:
-            return compiler(gm, example_inputs)
-        before = warm.specialized_floats()
+        asked for before the trace where it is certain (entry/restart.py) and remembered under
+        `key` (entry/warm.py)."""
+        before = warm.specialized_floats() if key is not None else set()
         try:
+            restart.specialize_now(gm, example_inputs)
             return compiler(gm, example_inputs)
         except TensorifyScalarRestartAnalysis:
-            self.graph_cache.save_restart(key, sorted(warm.specialized_floats() - before))  # type: ignore[union-attr]
+            if key is not None:
+                self.graph_cache.save_restart(key, sorted(warm.specialized_floats() - before))  # type: ignore[union-attr]
             raise
 
     def _warm_key(self, gm: torch.fx.GraphModule, example_inputs: Sequence[Any], frozen: dict) -> str | None:
