@@ -201,14 +201,16 @@ def _transpose_chain(n: int, m: int) -> Graph:
 
 def _transpose_body(ex: NativeExecutor) -> str:
     src = _kernel_source(ex)
-    return src[src.index("const int64_t r = ") :]
+    return src[src.index("const int64_t vne = ") :]  # the next tile's corner: prefetches spread or at the start
 
 
+@pytest.mark.parametrize("spread", [True, False])
 @pytest.mark.parametrize("edit", ["none", "staged only", "longer runs"])
-def test_transpose_prefetches_render_as_decided(edit: str) -> None:
+def test_transpose_prefetches_render_as_decided(edit: str, spread: bool) -> None:
     """Which accesses a tiled transpose prefetches and how far along each run are the schedule's
     (`TransposeTiles.prefetches`): a Program edited by hand renders exactly those, and still
-    computes eager's numbers (80 x 144 fp32: rows on whole lines, three prefetched accesses)."""
+    computes eager's numbers (80 x 144 fp32: rows on whole lines, three prefetched accesses), spread
+    over the tile's rows or at its start (`TransposeTiles.spread`)."""
     graph = _transpose_chain(144, 80)
     plan = _one(graph)
     prog = build(plan, AVX2)
@@ -221,12 +223,16 @@ def test_transpose_prefetches_render_as_decided(edit: str) -> None:
         "staged only": staged,
         "longer runs": tuple(dataclasses.replace(pf, run=pf.run + 48) for pf in t.prefetches),
     }[edit]
-    prog = _edit(prog, lambda k: dataclasses.replace(k, transpose=dataclasses.replace(t, prefetches=chosen)))
+    t = dataclasses.replace(t, prefetches=chosen, spread=spread)
+    prog = _edit(prog, lambda k: dataclasses.replace(k, transpose=t))
     ex = _load(plan, prog)
     body = _transpose_body(ex)
     assert body.count("__builtin_prefetch(") == len(chosen)
     for pf in chosen:
         assert f"l < {pf.run}; l += 16" in body
+    if chosen:  # a share in each tile row, or all before the tile's first
+        assert ("const int64_t r = i0 - ub;" in body) == spread
+        assert ("for (int64_t j = 0; j < vne - vn; ++j)" in body) == (not spread)
     x, y = torch.randn(144, 80), torch.randn(80, 144)
     torch.testing.assert_close(ex([x, y])[0], torch.relu(x.t() + y) * torch.sigmoid(y))
 

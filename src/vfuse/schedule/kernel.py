@@ -262,8 +262,9 @@ class TransposeTiles:
     cols: int  # tile extent along v
     block: int  # register transpose block (elements of 4 bytes per vector)
     staged: tuple[str, ...]  # Load vars read through a transposed tile buffer
-    prefetch: bool = False  # into L2, spread over each tile's rows: the next tile's rows of every load
+    prefetch: bool = False  # into L2, one tile ahead: the next tile's rows of every load
     prefetches: tuple[TilePrefetch, ...] = ()  # what `prefetch` fetches (after the stream choice)
+    spread: bool = True  # `prefetches` a share per tile row; False: all at the tile's start
 
 
 @dataclass(frozen=True)

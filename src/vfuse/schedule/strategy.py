@@ -76,7 +76,7 @@ def decide(k: Kernel, vector: int, l1: int = 48 << 10, llc: int = 0, l2: int = 0
     if k.walk is Walk.SINGLE_ROW and (tiles := plan_transpose(k, vector, l1)):
         # Streamed or not by the tiles' own rule (their traffic, not the stores' alone).
         k = dataclasses.replace(k, walk=Walk.TILED_TRANSPOSE, transpose=tiles, stream=False, stream_gate=None)
-        k = with_tile_prefetches(with_stream_choice(k, stream_tiles(k, tiles, llc)))
+        k = with_tile_prefetches(with_stream_choice(k, stream_tiles(k, tiles, llc)), l2)
     if k.walk is Walk.ROW_GROUPS:
         k = dataclasses.replace(k, row_group=ROW_GROUP, prefetch=plan_group_prefetch(k, ROW_GROUP, l1))
         # Per call over a symbolic row count (the chunk loop's flag, codegen/cpp/streaming.py), the

@@ -10,9 +10,12 @@ kernel in the nest's own order (`z.t().contiguous()` is computed from transposed
 
 Each tile's accesses are runs of a few lines in many rows (64 rows of 256 bytes), which the
 hardware prefetchers do not follow: the next tile's rows of every load (and plain store) are
-prefetched into L2, spread over this tile's rows, so the misses overlap its arithmetic (one
-thread, 2048 x 4096 fp32: 12.8 -> 7.8 ms on Zen 4 with this tile's rows prefetched at its start;
-the next tile's, spread: Zen 3 12.2 -> 8.2 ms, 52 -> 78 % of copy; L1 instead of L2: slower).
+prefetched into L2, so the misses overlap its arithmetic (one thread, 2048 x 4096 fp32: 12.8 ->
+7.8 ms on Zen 4 with this tile's rows prefetched at its start; L1 instead of L2: slower). On cores
+with a small L2 (`prefetch.SMALL_L2`: Zen 3) a share of the next tile before each of this tile's
+rows (`TransposeTiles.spread`: 12.2 -> 8.2 ms there, 52 -> 78 % of copy); elsewhere the next tile
+at this tile's start (Zen 4, transpose_add's kernel one thread, spread / at the start: AVX2 tier
+1.24-1.41x, AVX-512 ~1.0; docs/perf-log.md, session 20 H4).
 
 A kernel moving at least STREAM_MIN_LLCS last-level caches writes its tiles' rows around the
 caches (`stream_tiles`: `Kernel.stream`): its output is evicted before any reader gets to it, so
@@ -21,7 +24,7 @@ traffic) buys nothing; the tile rows are whole lines. 2048 x 4096 fp32, CPU time
 (Zen 4, two threads): AVX-512 6.0 -> 4.9 ms, AVX2 6.7 -> 6.3 (p10 equal).
 
 `plan_transpose(k, vector, l1)` returns the tiles for `k`, or None where the walk does not apply;
-`with_tile_prefetches(k)`, once the stores' stream choice is made, what the tiles prefetch.
+`with_tile_prefetches(k, l2)`, once the stores' stream choice is made, what the tiles prefetch and when.
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ from vfuse.ir.sym import SymSize, hint, is_sym, known_multiple
 from vfuse.schedule.expr import Clamp, Div, Dyn, Lin, Mod, Var, walk
 from vfuse.schedule.gates import SizeGate, TilePrefetch, size_choice
 from vfuse.schedule.kernel import Kernel, Load, Store, TransposeTiles
+from vfuse.schedule.prefetch import SMALL_L2
 
 MIN_ELEMENTS = 4096  # below this the whole kernel is in L1 anyway
 EDGES = (64, 32, 16)  # tile edges tried, largest first (`_edge`)
@@ -139,8 +143,10 @@ def _row_starts(s: Store, k: Kernel) -> list[SymSize | int]:
     return [c * s.dtype.itemsize for c in (s.index.const, *(c for a, c in s.index.terms if a != v))]
 
 
-def with_tile_prefetches(k: Kernel) -> Kernel:
-    """`k` with what its tiles prefetch (`TransposeTiles.prefetches`), in the order rendered: the
+def with_tile_prefetches(k: Kernel, l2: int = 0) -> Kernel:
+    """`k` with what its tiles prefetch (`TransposeTiles.prefetches`), in the order rendered, and
+    when (`spread` over the tile's rows on cores with `l2` bytes of L2 up to SMALL_L2 or unknown,
+    else at the tile's start): the
     next tile's row of each load and plain store contiguous along v (rows along u), then each
     staged load's runs along u. Runs the hardware prefetchers follow are left to them (`_streams`).
     A prefetch for writing reads the line, what streaming stores save: a streamed kernel's stores
@@ -164,7 +170,8 @@ def with_tile_prefetches(k: Kernel) -> Kernel:
     for s in p.body:
         if isinstance(s, Load) and s.var in t.staged and not _streams(t.rows, s.index.coef(v), s):
             out.append(TilePrefetch(s, _run(t.rows, s.index.coef(v), s)))
-    return dataclasses.replace(k, transpose=dataclasses.replace(t, prefetches=tuple(out)))
+    spread = l2 <= SMALL_L2  # 0: unknown
+    return dataclasses.replace(k, transpose=dataclasses.replace(t, prefetches=tuple(out), spread=spread))
 
 
 def _streams(edge: int, row: SymSize | int, s: Load | Store) -> bool:

@@ -14,6 +14,8 @@ stores into an L1 row buffer and copies it out with `vf_stream` (non-temporal, a
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from vfuse.codegen.cpp.function import kernel_function
 from vfuse.codegen.cpp.rules import LOAD_CONVERT, STORAGE_TYPE, STORE_CONVERT
 from vfuse.codegen.cpp.streaming import STREAM_FLAG, serial_copy
@@ -174,9 +176,11 @@ def _tiles(w: TransposeWriter) -> None:
     w.w(f"const int64_t ve = vb + {t.cols} < {vec.size} ? vb + {t.cols} : {vec.size};")
     if t.prefetch:
         _next_tile(w, u.size, vec.size)
+    if t.prefetch and not t.spread:
+        _prefetch_tile(w)
     _stage(w)
     w.open(f"for (int64_t {w.iu} = ub; {w.iu} < ue; ++{w.iu}) {{")
-    if t.prefetch:
+    if t.prefetch and t.spread:
         _prefetch_row(w)
     if p.streamed:
         _streamed_row(w)
@@ -242,21 +246,36 @@ def _prefetch_row(w: TransposeWriter) -> None:
     tile's arithmetic. Each run is `run` elements long, even at a partial tile (prefetches never
     fault): with a run-time trip count (vne - vn) the same prefetches ran 1.4x slower
     (transpose_add, g++ 12, Zen 3)."""
-    t = w.t
     w.w(f"const int64_t r = {w.iu} - ub;")
+    share = "(vne - vn) * {0} / (ue - ub)"
+    runs = f"for (int64_t j = {share.format('r')}; j < {share.format('(r + 1)')}; ++j)"
+    _prefetches(w, lambda c: f"if ({c + ' && ' if c else ''}un + r < une) ", runs)
+
+
+def _prefetch_tile(w: TransposeWriter) -> None:
+    """Into L2, at the tile's start (`TransposeTiles.spread` False): every row of the next tile
+    of the loads and stores contiguous along v, and all its staged rows."""
+    rows = "for (int64_t r = 0; r < une - un; ++r) "
+    _prefetches(w, lambda c: (f"if ({c}) " if c else "") + rows, "for (int64_t j = 0; j < vne - vn; ++j)")
+
+
+def _prefetches(w: TransposeWriter, rows: Callable[[str], str], runs: str) -> None:
+    """The next tile's prefetches: row r of each access contiguous along v (inside `rows(c)`, a
+    loop or a test of r, also testing `c` where not empty: a per-call streamed store's calls that
+    do not stream), the staged loads' runs j (inside `runs`), each `run` elements long."""
+    t = w.t
     for pf in t.prefetches:
         s = pf.access
         step = LINE // s.dtype.itemsize
         if isinstance(s, Load) and s.var in t.staged:
             at = f"{w.corner(s, 'un', 'vn')} + j * {w.stride(s)} + l"
-            share = "(vne - vn) * {0} / (ue - ub)"
-            w.w(f"if (un < une) for (int64_t j = {share.format('r')}; j < {share.format('(r + 1)')}; ++j)")
+            w.w(f"if (un < une) {runs}")
             w.w(f"  for (int64_t l = 0; l < {pf.run}; l += {step}) __builtin_prefetch({at}, 0, 1);")
             continue
-        unless = f"!{STREAM_FLAG} && " if pf.unless_streamed else ""
         rw = 1 if isinstance(s, Store) else 0
         at = f"{w.corner(s, 'un', 'vn')} + r * {w.stride(s, t.u)} + l"
-        w.w(f"if ({unless}un + r < une) for (int64_t l = 0; l < {pf.run}; l += {step})")
+        unless = f"!{STREAM_FLAG}" if pf.unless_streamed else ""
+        w.w(f"{rows(unless)}for (int64_t l = 0; l < {pf.run}; l += {step})")
         w.w(f"  __builtin_prefetch({at}, {rw}, 1);")
 
 
