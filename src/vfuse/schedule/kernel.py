@@ -208,7 +208,9 @@ class Reduction:
     lanes: int = 0  # LANES: accumulators
     whole_row: bool = False  # LANES: the row is one block, its folded lanes are the row's result
     chains: int = 0  # STRIPS: accumulator chains per lane
-    vector: int = 0  # STRIPS: lanes of the lane loop (one vector of fp32)
+    vector: int = 0  # STRIPS: lanes of the lane loop (one vector of fp32); LANES over a run-time length: see below
+    # LANES with `vector` (a row length known at run time only): after the groups of `lanes`, whole
+    # vectors of `vector` elements into the first lanes, then the last partial one masked.
 
 
 @dataclass(frozen=True)
@@ -337,6 +339,9 @@ class Kernel:
     # Over a symbolic row length: a copy scheduled at its hint, which calls of that length run
     # (constant trip counts: lanes, strips, row groups); others run this kernel (`rowhint.py`).
     at_hint: HintCopy | None = None
+    # Over a symbolic row length: bytes of stack storage per row buffer; rows that fit use it, longer
+    # ones allocate (`strategy.row_stack`). 0: allocated (g++ drops a constant-size one it sees unshared).
+    row_stack: int = 0
 
     @property
     def is_row(self) -> bool:

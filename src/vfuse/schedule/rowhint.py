@@ -19,7 +19,7 @@ from typing import Any
 import sympy
 
 from vfuse.ir.sym import SymSize, free_symbols, hint
-from vfuse.schedule.kernel import HintCopy, Kernel, Walk
+from vfuse.schedule.kernel import Accumulate, HintCopy, Kernel, Walk
 
 # Rows up to one reduction block (strategy.BLOCK): longer rows are bound by memory, not by the
 # accumulation's chains, and their walk does not change with a constant length.
@@ -59,8 +59,12 @@ def _row_symbols(k: Kernel) -> list[tuple[sympy.Symbol, int]]:
 
 
 def _walks_otherwise(copy: Kernel, k: Kernel) -> bool:
-    kinds = [p.reduction.kind for p in k.passes]
-    return copy.walk is not k.walk or [p.reduction.kind for p in copy.passes] != kinds
+    """Another walk, or a pass accumulating in lanes or strips over the constant length where the
+    generic kernel's accumulates otherwise (its run-time lanes: `strategy.run_time_chains`)."""
+    unrolled = (Accumulate.LANES, Accumulate.STRIPS)
+    pairs = zip(copy.passes, k.passes, strict=True)
+    faster = any(c.reduction.kind in unrolled and c.reduction != g.reduction for c, g in pairs)
+    return copy.walk is not k.walk or faster
 
 
 def at_sizes(x: Any, subs: dict[sympy.Symbol, sympy.Integer]) -> Any:

@@ -91,6 +91,7 @@ def decide(k: Kernel, vector: int, l1: int = 48 << 10, llc: int = 0, l2: int = 0
         k = dataclasses.replace(stream_fixed(k), table_flat=table_flat(k))
     no_pre = clamped_loads(k)
     k = dataclasses.replace(k, no_pre=no_pre, no_jump_threading=threaded_selects(k), narrow_simd=no_pre and vector > 8)
+    k = dataclasses.replace(k, row_stack=row_stack(k))
     return dataclasses.replace(k, passes=tuple(_pass(k, i, vector) for i in range(len(k.passes))))
 
 
@@ -142,6 +143,18 @@ def clamped_loads(k: Kernel) -> bool:
     stmts = [*k.after, *(s for p in k.passes for s in (*p.before, *p.body))]
     clamps = [a for s in stmts if isinstance(s, Load) for lin in walk(s.index) for a, _ in lin.terms]
     return any(isinstance(a, Clamp) and any(abs(a.arg.coef(Var(v))) > 1 for v in simd) for a in clamps)
+
+
+def row_stack(k: Kernel) -> int:
+    """Stack bytes per row buffer (`Kernel.row_stack`) over a symbolic row length: ROW_STACK
+    shared by the kernel's buffers, at most one BLOCK-element row each. Allocated per call,
+    tiny_graph's ten 64-element buffers cost more than its 11 passes (aligned_alloc and free:
+    1.25 -> 0.55 us per call, C harness; docs/perf-log.md, session 20). A constant size stays
+    allocated: g++ drops the allocation where no parallel region shares the buffer."""
+    count = sum(len(p.buffered) for p in k.passes)
+    if not count or not any(is_sym(lp.size) for lp in k.inner):
+        return 0
+    return min(BLOCK * 8, ROW_STACK // count // 64 * 64)
 
 
 def thread_choice(total: int) -> dict[str, object]:
@@ -295,7 +308,31 @@ def _reduction(k: Kernel, p: Pass, serial: bool, vector: int) -> Reduction:
         return Reduction(Accumulate.LANES, BLOCK, lanes=n, whole_row=whole)
     if chains := strip_chains(k, p, vec, parallel, vector):
         return Reduction(Accumulate.STRIPS, BLOCK, chains=chains, vector=vector)
+    if chains := run_time_chains(p, vec, vector):
+        return Reduction(Accumulate.LANES, BLOCK, lanes=chains * vector, vector=vector)
     return Reduction(Accumulate.SIMD, BLOCK)
+
+
+def run_time_chains(p: Pass, vec: Loop, vector: int) -> int:
+    """Vectors of lanes for pass `p` over a row length known at run time only, 0 for the plain
+    SIMD accumulation: groups of that many vectors, then whole vectors, then one masked vector
+    (`Reduction.vector`), every step a lane loop of constant trip count (lanes and strips need
+    the length). The plain SIMD loop over a run-time trip count ended each short row in a scalar
+    remainder: tiny_graph's kernel on AVX-512, 11 passes, stack row buffers, 0.54 -> 0.47 us per
+    call at 64, 0.67 -> 0.36 at 7, 2.2 -> 1.4 at 300 (static at 64: 0.39; docs/perf-log.md). CHEAP
+    bodies get LANE_VECTORS chains where the length's hint spans two groups; others are bound by
+    their own instructions (one chain: more measured the same at 64, 97 and 300)."""
+    if not is_sym(vec.size) or any(r.tracks_nan for r in p.reduces) or narrow_access(p):
+        return 0  # NaN-tracking max/min: a second chain g++ splits off (as `use_lanes`)
+    chains = LANE_VECTORS if {s.op for s in p.body if isinstance(s, Compute)} <= CHEAP else 1
+    while chains > 1 and min(hint(vec.size), BLOCK) < 2 * chains * vector:
+        chains //= 2
+    return chains
+
+
+# Stack bytes for a kernel's row buffers over a symbolic row length (`row_stack`): small beside
+# any thread's stack (OpenMP workers' included).
+ROW_STACK = 64 << 10
 
 
 # Bytes loaded or stored: a lane loop of `vector` fp32 lanes would need vectors of `vector`

@@ -320,11 +320,17 @@ class KernelWriter:
     def row_buffers(self, alloc: bool) -> list[str]:
         """The lines allocating (or freeing) the kernel's row buffers, once their dtypes are known."""
         size = (math.prod(lp.size for lp in self.k.inner) * 8 + 63) // 64 * 64
-        out = []
+        out, stack = [], self.k.row_stack
         for v in (v for p in self.k.passes for v in p.buffered):
             ct = COMPUTE_TYPE[self.dtypes.get(v, DType.F32)]
-            alloc_line = f"{ct}* __restrict rb_{v} = ({ct}*)std::aligned_alloc(64, {size});"
-            out.append(alloc_line if alloc else f"std::free(rb_{v});")
+            heap = f"({ct}*)std::aligned_alloc(64, {size})"
+            if not stack:
+                out.append(f"{ct}* __restrict rb_{v} = {heap};" if alloc else f"std::free(rb_{v});")
+            elif alloc:  # `Kernel.row_stack`: rows that fit take no allocation per call
+                out.append(f"alignas(64) char rb_{v}_st[{stack}];")
+                out.append(f"{ct}* __restrict rb_{v} = {size} <= {stack} ? ({ct}*)rb_{v}_st : {heap};")
+            else:
+                out.append(f"if ((char*)rb_{v} != rb_{v}_st) std::free(rb_{v});")
         return out
 
     def describe(self) -> str:
