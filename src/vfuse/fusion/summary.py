@@ -17,12 +17,14 @@ from dataclasses import dataclass
 from vfuse.fusion.cost import (
     Figures,
     Pressure,
+    attention_extra_s,
     chain_factor,
     cost_from,
     fixed_rate,
     gather_flops,
     register_budget,
     registers,
+    template_extra_s,
     time_weight,
     transcendental,
     ws_budget,
@@ -53,11 +55,13 @@ class Facts:
     sig: ReduceSig | None
     regs: int  # 32-bit registers per element
     transcendental: bool = False  # priced apart from cheap arithmetic (cost.transcendental)
+    template_s: float = 0.0  # a contraction's template overheads (in fixed_s: `cost.template_extra_s`)
+    library_s: float = 0.0  # torch's library's overheads in their place (`Cost.library_extra_s`)
 
 
 def node_facts(node: Node, graph: Graph, target: Target) -> Facts:
     shape = node.type.shape if isinstance(node.type, TensorType) else ()
-    fixed, fixed_s, sig = 0, 0.0, None
+    fixed, fixed_s, sig, template_s, library_s = 0, 0.0, None, 0.0, 0.0
     if node.kind in (Kind.REDUCE, Kind.CONTRACTION):
         fixed = opdef(node.op).flops(tuple(graph[i].type for i in node.inputs), node.type, node.attrs)  # type: ignore[arg-type]
         first = graph[node.inputs[0]].tensor_type
@@ -65,6 +69,12 @@ def node_facts(node: Node, graph: Graph, target: Target) -> Facts:
         fixed_s = fixed / fixed_rate(node, graph, target)
         if node.kind is Kind.REDUCE:
             sig = (first.shape, tuple(node.attrs["axes"]), numel_of(node))
+    if node.kind is Kind.CONTRACTION:
+        # A calibrated contraction's time past its flops, as the exact cost has it (cost._flops): without
+        # it a GEMM + epilogue costed from summaries was faster than the exact cost of the same kernel
+        # with one more prologue node, and such merges were scored as losing the template's overheads.
+        template_s, library_s = template_extra_s(node, graph, target), template_extra_s(node, graph, target, True)
+        fixed_s += template_s + attention_extra_s(node, graph, target, fixed)
     # In cheap-arithmetic flops: transcendental ops weigh more on a calibrated target (cost.time_weight).
     pe = 0.0 if fixed else per_element_flops(node, graph) * time_weight(node, graph, target)
     pe += gather_flops(node, graph, target)  # an interleave's gathered loads (fusion/gathers.py)
@@ -81,6 +91,8 @@ def node_facts(node: Node, graph: Graph, target: Target) -> Facts:
         sig,
         registers(node.type),
         transcendental(node, graph, target),
+        template_s,
+        library_s,
     )
 
 
@@ -105,6 +117,8 @@ class Summary:
     label: str = ""  # a contraction kernel's label (gemm, conv, attention)
     pro_flops: int = 0  # flops of a contraction's operand prologue (evaluated at operand size)
     transcendental: int = 0  # transcendental pointwise nodes (cost.chain_factor)
+    template_s: float = 0.0  # of fixed_s, the contraction template's overheads (`Cost.template_s`)
+    library_s: float = 0.0  # torch's library's overheads in their place (`Cost.library_extra_s`)
 
 
 def leaf(facts: Facts, node: Node, outputs: frozenset[str], all_facts: Mapping[str, Facts]) -> Summary:
@@ -130,6 +144,8 @@ def leaf(facts: Facts, node: Node, outputs: frozenset[str], all_facts: Mapping[s
         CONTRACTION_LABELS.get(node.op, ""),
         0,
         int(facts.transcendental),
+        facts.template_s,
+        facts.library_s,
     )
 
 
@@ -140,8 +156,10 @@ def combine(p: Summary, c: Summary, outputs: frozenset[str], facts: Mapping[str,
     for shape, f in c.pe.items():
         pe[shape] = pe.get(shape, 0.0) + f
     fixed, fixed_s = p.fixed_flops + c.fixed_flops, p.fixed_s + c.fixed_s
+    template_s, library_s = p.template_s + c.template_s, p.library_s + c.library_s
     for v in p.names & c.names:  # a recomputed node both kernels hold is computed once
         f = facts[v]
+        template_s, library_s = template_s - f.template_s, library_s - f.library_s
         if f.fixed_flops:
             fixed, fixed_s = fixed - f.fixed_flops, fixed_s - f.fixed_s
         else:
@@ -169,6 +187,8 @@ def combine(p: Summary, c: Summary, outputs: frozenset[str], facts: Mapping[str,
         p.label or c.label,
         p.pro_flops + c.pro_flops,
         p.transcendental + c.transcendental - sum(facts[v].transcendental for v in p.names & c.names),
+        template_s,
+        library_s,
     )
 
 
@@ -267,7 +287,8 @@ def _row_form(s: Summary, p: Summary, c: Summary) -> Form | Illegal:
 
 
 def summary_cost(s: Summary, form: Form, nbytes: Mapping[str, int], target: Target) -> tuple[Cost, Pressure]:
-    """Cost of a non-contraction kernel from its summary (same equations as cost.kernel_cost)."""
+    """Cost of a kernel from its summary (same equations as cost.kernel_cost): any but a contraction
+    with a prologue, which is costed from its nodes (`groups.KernelTable._exact`)."""
     flops = s.fixed_flops + s.pro_flops
     for shape, f in s.pe.items():
         n, rows, domain = hint(numel(shape)), hint(form.rows), hint(form.domain)
@@ -278,5 +299,6 @@ def summary_cost(s: Summary, form: Form, nbytes: Mapping[str, int], target: Targ
     out_bytes = sum(map(nbytes.__getitem__, s.outputs))
     row_len = hint(form.domain) // hint(form.rows) if form.rows else 0
     pressure = Pressure(s.live, register_budget(target, form.kind), row_len * s.persist, ws_budget(target), s.depth + 1)
-    fig = Figures(flops, compute_s, in_bytes, out_bytes, form.kind, form.domain, form.rows, pressure)
+    kind, domain, rows = form.kind, form.domain, form.rows
+    fig = Figures(flops, compute_s, in_bytes, out_bytes, kind, domain, rows, pressure, s.template_s, 0, s.library_s)
     return cost_from(fig, target), pressure
