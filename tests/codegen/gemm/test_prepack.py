@@ -82,7 +82,7 @@ def _model(case: str) -> tuple[nn.Module, tuple[int, ...]]:
     if case == "linear_3d":
         return nn.Sequential(nn.Linear(37, 61), nn.GELU()).eval(), (2, 5, 37)
     if case == "blocks":  # several KC blocks (avx2, avx512) or NC panels (generic, avx2)
-        return nn.Sequential(nn.Linear(400, 700), nn.GELU()).eval(), (3, 400)
+        return nn.Sequential(nn.Linear(400, 700), nn.GELU()).eval(), (12, 400)
     return _DequantLinear(53, 29).eval(), (7, 53)
 
 
