@@ -31,6 +31,9 @@ BUDGET = {
     "vf_tanh": 10,
     "vf_gelu_tanh": 13,
 }
+# AVX-512 (g++ 12, Zen 4): tanh's select on |x| becomes a masked multiply (`vmulps ...{%k1}`): 11
+# counted ops there, 10 in the AVX2 build of the same source.
+AVX512_BUDGET = {**BUDGET, "vf_tanh": 11}
 MUL_FMA = re.compile(r"^\s+v(fn?m(add|sub)\d*|mul)ps\s")
 
 
@@ -50,7 +53,8 @@ def _assembly(tmp_path: Path) -> str:
 @pytest.mark.skipif(isa_for(None).tier is Isa.GENERIC, reason="no FMA at the generic tier: other counts")
 def test_multiplies_and_fmas_per_vector_within_budget(tmp_path: Path) -> None:
     asm = _assembly(tmp_path)
-    for fn, budget in BUDGET.items():
+    budgets = AVX512_BUDGET if isa_for(None).tier is Isa.AVX512 else BUDGET
+    for fn, budget in budgets.items():
         body = asm.split(f"\nt_{fn}:", 1)[1].split(".cfi_endproc", 1)[0]
         ops = [line.strip() for line in body.splitlines() if MUL_FMA.match(line)]
         assert "call" not in body and 0 < len(ops) <= budget, (fn, len(ops), ops)
