@@ -26,7 +26,7 @@ from torch._subclasses.fake_tensor import unset_fake_temporarily
 # compile: a user's first call then waits for compilation only.
 from vfuse.codegen.cpp.toolchain import prepare
 from vfuse.compiler import compile_fx, from_static_program, from_symbolic_program, target_of
-from vfuse.context import Options
+from vfuse.context import Context, Options
 from vfuse.entry import dropout, observe, restart, warm
 from vfuse.entry.attention_rewrite import AttentionDecision, rewrite_attention
 from vfuse.entry.devices import devices_for, foreign_device
@@ -297,10 +297,11 @@ class VfuseBackend:
         hints (its guards then added to `env`; `static`: a fixed-shape one); None where none does."""
         if self.programs is None:
             return None
-        ctx = graph_context(self.options, f"graph{next(self._ids)}", "inference", ())
-        parts = self.programs.load(key, env, repr(target_of(ctx)))
+        # the graph's id and serial only for a program found: a miss compiles under the next ones
+        parts = self.programs.load(key, env, repr(target_of(Context(self.options))))
         if parts is None:
             return None
+        ctx = graph_context(self.options, f"graph{next(self._ids)}", "inference", ())
         with unset_fake_temporarily():
             if static:
                 compiled = from_static_program(*parts, ctx)  # type: ignore[arg-type]
