@@ -9,8 +9,8 @@ import os
 import subprocess
 import sys
 import weakref
-from pathlib import Path
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 import torch
