@@ -37,6 +37,8 @@ def test_rows_text_and_json_carry_measured_times(profiled: FusionReport) -> None
     assert "measured time" in text and re.search(r"\bmeasured\b.*\bbytes\b", text)
     data = profiled.to_json()
     assert [k["measured_s"] for k in data["kernels"]] == [k.measured_s for k in profiled.kernels]
+    assert all(0 < (k.best_s or 0) <= (k.measured_s or 0) for k in profiled.kernels)
+    assert [k["best_s"] for k in data["kernels"]] == [k.best_s for k in profiled.kernels]
     unprofiled = vfuse.explain(_model, torch.randn(67, 131), torch.randn(131), torch.randn(131, 29))
     assert not unprofiled.profiled and "measured" not in unprofiled.to_text()
 
@@ -44,6 +46,7 @@ def test_rows_text_and_json_carry_measured_times(profiled: FusionReport) -> None
 def test_with_measured_refuses_another_graphs_kernels(profiled: FusionReport) -> None:
     times = {k.name: 1e-6 for k in profiled.kernels}
     assert profiled.with_measured(times).time_measured_s == pytest.approx(len(times) * 1e-6)
+    assert all(k.best_s is None for k in profiled.with_measured(times).kernels)  # a mapping has no fastest run
     with pytest.raises(ValueError, match="k9"):
         profiled.with_measured({**times, "k9": 1.0})
 

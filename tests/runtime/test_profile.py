@@ -111,10 +111,11 @@ def test_cli_profile(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None
     data = json.loads(capsys.readouterr().out)
     names = [k["name"] for k in data["kernels"]]
     assert names == ["k0_c", "k1"] and all(k["measured_s"] > 0 and k["ratio"] > 0 for k in data["kernels"])
+    assert all(0 < k["best_s"] <= k["measured_s"] for k in data["kernels"])  # the fastest run beside the median
     assert 'class="measured"' in (tmp_path / "r.html").read_text()  # the report, with measured times
     assert cli.main(["profile", f"{spec}:factory", "--reps", "1", "--isa", "avx2", "--threads", "1"]) == 0
     table = capsys.readouterr().out
-    assert "pred/meas" in table and "LayerNorm row kernel" in table and "total" in table
+    assert "pred/meas" in table and "LayerNorm row kernel" in table and "total" in table and "best" in table
     assert cli.main(["profile", f"{spec}:factory", "--reps", "0"]) == 2
     assert "vfuse profile: error: --reps" in capsys.readouterr().err
 

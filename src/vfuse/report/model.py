@@ -168,15 +168,20 @@ class FusionReport:
 
     def with_measured(self, measured: Mapping[str, float] | Sequence[Any]) -> FusionReport:
         """This report with each kernel's measured time: a mapping from kernel name, or the rows
-        of `CompiledGraph.profile` (anything with `.name` and `.measured_s`). The compiled graph
-        must run the kernels reported: a name the report lacks raises ValueError."""
-        times = dict(measured) if isinstance(measured, Mapping) else {r.name: r.measured_s for r in measured}
+        of `CompiledGraph.profile` (anything with `.name` and `.measured_s`; their `.best_s`, the
+        fastest run, is kept too where they have one). The compiled graph must run the kernels
+        reported: a name the report lacks raises ValueError."""
+        if isinstance(measured, Mapping):
+            times, best = dict(measured), {}
+        else:
+            times = {r.name: r.measured_s for r in measured}
+            best = {r.name: r.best_s for r in measured if getattr(r, "best_s", 0.0)}
         names = {k.name for k in self.kernels}
         if set(times) != names:
             raise ValueError(
                 f"profile does not match the report: kernels {sorted(set(times) ^ names)} are in only one of them"
             )
-        kernels = tuple(replace(k, measured_s=times[k.name]) for k in self.kernels)
+        kernels = tuple(replace(k, measured_s=times[k.name], best_s=best.get(k.name)) for k in self.kernels)
         return replace(self, kernels=kernels)
 
     def to_text(self, width: int = 120, summary: bool = False) -> str:

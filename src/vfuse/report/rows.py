@@ -26,7 +26,7 @@ class KernelRow:
     pattern: what the nodes form ("LayerNorm row kernel"); module: the module path of its main node.
     time_s, flops, bytes, ...: the cost model's prediction for exactly these nodes (None when the
         model cannot price them); measured_s: median measured time (`FusionReport.with_measured`; None:
-        not profiled).
+        not profiled); best_s: the fastest profiled run (on a loaded machine, what the kernel can do).
     note: why a torch step runs through torch.
     """
 
@@ -52,6 +52,7 @@ class KernelRow:
     outputs: tuple[str, ...]
     note: str = ""
     measured_s: float | None = None
+    best_s: float | None = None
 
 
 # What the predicted speedup compares with: one kernel per op, priced by the same cost model. It is

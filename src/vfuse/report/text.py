@@ -180,15 +180,16 @@ def profile_table(report: FusionReport) -> Table:
     t = Table(title="kernels: predicted vs measured", box=box.SIMPLE_HEAD, title_justify="left")
     for name, right in (("#", True), ("kernel", False), ("runs", False), ("pattern", False), ("bound", False)):
         t.add_column(name, justify="right" if right else "left", no_wrap=name != "pattern")
-    for name in ("predicted", "measured", "pred/meas"):
+    for name in ("predicted", "measured", "best", "pred/meas"):
         t.add_column(name, justify="right", no_wrap=True)
     for k in report.kernels:
-        ratio = _ratio(k.time_s, k.measured_s)
-        t.add_row(
-            str(k.id), k.name, k.runs.value, k.pattern, k.bound, fmt_time(k.time_s), fmt_time(k.measured_s), ratio
-        )
+        times = (fmt_time(k.time_s), fmt_time(k.measured_s), fmt_time(k.best_s))
+        t.add_row(str(k.id), k.name, k.runs.value, k.pattern, k.bound, *times, _ratio(k.time_s, k.measured_s))
+    best = [k.best_s for k in report.kernels]
+    best_total = sum(b for b in best if b is not None) if best and None not in best else None
     total = _ratio(report.time_fused_s, report.time_measured_s)
-    t.add_row("", "total", "", "", "", fmt_time(report.time_fused_s), fmt_time(report.time_measured_s), total)
+    times = (fmt_time(report.time_fused_s), fmt_time(report.time_measured_s), fmt_time(best_total))
+    t.add_row("", "total", "", "", "", *times, total)
     return t
 
 
@@ -198,7 +199,7 @@ def _ratio(predicted: float | None, measured: float | None) -> str:
 
 def profile_data(report: FusionReport) -> dict[str, object]:
     """`vfuse profile --json`: the machine, and per kernel its figures, both times and their ratio."""
-    keys = ("id", "name", "pattern", "segment", "flops", "bytes", "bound", "measured_s")
+    keys = ("id", "name", "pattern", "segment", "flops", "bytes", "bound", "measured_s", "best_s")
     rows = [
         {"runs": k.runs.value, **{f: getattr(k, f) for f in keys}, "predicted_s": k.time_s}
         | {"ratio": k.time_s / k.measured_s if k.time_s is not None and k.measured_s else None}
