@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import itertools
 import math
+from collections import Counter
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass, replace
 
@@ -153,7 +154,8 @@ def _flops(nodes: Sequence[Node], form: Form, graph: Graph, target: Target) -> t
     """(total flops, compute seconds, the share of those seconds only a template pays, what torch's
     library would pay instead); broadcast nodes count once per point that evaluates them, which is how
     recompute of a duplicated or broadcast producer shows up."""
-    total, seconds, pointwise_s, chain, template_s, library_s = 0, 0.0, 0.0, 0, 0.0, 0.0
+    total, seconds, pointwise_s, template_s, library_s = 0, 0.0, 0.0, 0.0, 0.0
+    levels, chains = loop_levels(nodes, graph), Counter[int]()
     for n in nodes:
         if n.kind in (Kind.REDUCE, Kind.CONTRACTION):
             f = hint(opdef(n.op).flops(tuple(graph[i].type for i in n.inputs), n.type, n.attrs))  # type: ignore[arg-type]
@@ -167,10 +169,26 @@ def _flops(nodes: Sequence[Node], form: Form, graph: Graph, target: Target) -> t
             f = int(per_element_flops(n, graph) * points)
             g = int(gather_flops(n, graph, target) * points)
             pointwise_s += (f * time_weight(n, graph, target) + g) / target.vector_f32
-            chain += transcendental(n, graph, target)
+            chains[levels[n.name]] += transcendental(n, graph, target)
             f += g
         total += f
-    return total, seconds + template_s + pointwise_s * chain_factor(chain, target), template_s, library_s
+    factor = chain_factor(tuple(chains.values()), target)
+    return total, seconds + template_s + pointwise_s * factor, template_s, library_s
+
+
+def after(node: Node) -> int:
+    """1 for a value read in a later loop than its operands (a reduction's result, read in the row
+    kernel's next pass; a contraction's, read by its epilogue), else 0."""
+    return int(node.kind in (Kind.REDUCE, Kind.CONTRACTION))
+
+
+def loop_levels(nodes: Sequence[Node], graph: Graph) -> dict[str, int]:
+    """The loop each node of a kernel runs in (`schedule/nest` numbers a row kernel's passes the same
+    way): 0, or one past the latest loop whose reduction or contraction it reads."""
+    level: dict[str, int] = {}
+    for n in nodes:
+        level[n.name] = max((level[i] + after(graph[i]) for i in n.inputs if i in level), default=0)
+    return level
 
 
 # Query rows per attention task (schedule/microtile.ATTENTION_BLOCK_Q): a causal mask skips the key
@@ -221,10 +239,16 @@ def transcendental(node: Node, graph: Graph, target: Target) -> bool:
     return any(op == node.op.value for op, _ in target.op_rates) or per_element_flops(node, graph) >= TRANSCENDENTAL
 
 
-def chain_factor(count: int, target: Target) -> float:
-    """A kernel's pointwise time grows by `chain_weight` per transcendental op past the first: each
-    op alone runs at its own rate, chains of them slower (their constants compete for registers)."""
-    return 1.0 + target.chain_weight * max(count - 1, 0)
+def chain_factor(chains: Sequence[int], target: Target) -> float:
+    """How much longer a kernel's pointwise work takes than its ops alone, given the number of
+    transcendental ops in each of its loops: a loop's work grows by `chain_weight` per such op past
+    its first (each op alone runs at its own rate, chains of them slower: their constants compete
+    for registers). A row kernel's passes and a GEMM's prologue and epilogue are separate loops,
+    so their ops do not chain; the loops are weighed by their transcendental ops, which dominate."""
+    ops = sum(chains)
+    if not ops:
+        return 1.0
+    return sum(k * (1.0 + target.chain_weight * (k - 1)) for k in chains) / ops
 
 
 def time_weight(node: Node, graph: Graph, target: Target) -> float:

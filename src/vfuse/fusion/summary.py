@@ -11,12 +11,14 @@ costed exactly from their nodes (`forms.classify`, `cost.kernel_cost`).
 from __future__ import annotations
 
 import dataclasses
+from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass
 
 from vfuse.fusion.cost import (
     Figures,
     Pressure,
+    after,
     attention_extra_s,
     chain_factor,
     cost_from,
@@ -116,9 +118,16 @@ class Summary:
     out_numel: int = 0  # a contraction kernel's output size (its epilogue's domain)
     label: str = ""  # a contraction kernel's label (gemm, conv, attention)
     pro_flops: int = 0  # flops of a contraction's operand prologue (evaluated at operand size)
-    transcendental: int = 0  # transcendental pointwise nodes (cost.chain_factor)
     template_s: float = 0.0  # of fixed_s, the contraction template's overheads (`Cost.template_s`)
     library_s: float = 0.0  # torch's library's overheads in their place (`Cost.library_extra_s`)
+    # The loop (`cost.loop_levels`) an output's or a transcendental node's value is read in, past the
+    # kernel's inputs; and the transcendental nodes per loop (`cost.chain_factor`).
+    levels: Mapping[str, int] = dataclasses.field(default_factory=dict)
+    chains: tuple[int, ...] = ()
+
+    @property
+    def transcendental(self) -> int:
+        return sum(self.chains)
 
 
 def leaf(facts: Facts, node: Node, outputs: frozenset[str], all_facts: Mapping[str, Facts]) -> Summary:
@@ -143,9 +152,10 @@ def leaf(facts: Facts, node: Node, outputs: frozenset[str], all_facts: Mapping[s
         facts.numel if facts.kind is Kind.CONTRACTION else 0,
         CONTRACTION_LABELS.get(node.op, ""),
         0,
-        int(facts.transcendental),
         facts.template_s,
         facts.library_s,
+        {node.name: after(node)},
+        (1,) if facts.transcendental else (),
     )
 
 
@@ -186,10 +196,24 @@ def combine(p: Summary, c: Summary, outputs: frozenset[str], facts: Mapping[str,
         max(p.out_numel, c.out_numel),
         p.label or c.label,
         p.pro_flops + c.pro_flops,
-        p.transcendental + c.transcendental - sum(facts[v].transcendental for v in p.names & c.names),
         template_s,
         library_s,
+        *_levels(p, c, passed, outputs, facts),
     )
+
+
+def _levels(
+    p: Summary, c: Summary, passed: frozenset[str], outputs: frozenset[str], facts: Mapping[str, Facts]
+) -> tuple[dict[str, int], tuple[int, ...]]:
+    """`Summary.levels` and `chains` of P u C: C's loops start at the latest one of the values P
+    passes it (a bound: C's nodes that read only other inputs may run in an earlier loop)."""
+    offset = max((p.levels.get(v, 0) for v in passed), default=0)
+    levels = {v: n for v, n in p.levels.items() if v in outputs or facts[v].transcendental}
+    for v, n in c.levels.items():
+        if v not in p.names and (v in outputs or facts[v].transcendental):
+            levels[v] = n + offset
+    chains = Counter(n for v, n in levels.items() if facts[v].transcendental)
+    return levels, tuple(chains.values())
 
 
 def with_prologue(s: Summary, form: Form, facts: Mapping[str, Facts]) -> Summary:
@@ -294,7 +318,7 @@ def summary_cost(s: Summary, form: Form, nbytes: Mapping[str, int], target: Targ
         n, rows, domain = hint(numel(shape)), hint(form.rows), hint(form.domain)
         flops += int(f * (rows if rows and n == rows else domain))
     # Pointwise and prologue work (per-element flops already weighted per op: node_facts).
-    compute_s = s.fixed_s + (flops - s.fixed_flops) / target.vector_f32 * chain_factor(s.transcendental, target)
+    compute_s = s.fixed_s + (flops - s.fixed_flops) / target.vector_f32 * chain_factor(s.chains, target)
     in_bytes = sum(map(nbytes.__getitem__, s.inputs))
     out_bytes = sum(map(nbytes.__getitem__, s.outputs))
     row_len = hint(form.domain) // hint(form.rows) if form.rows else 0
