@@ -2,7 +2,7 @@
 vfuse, time every generated kernel (`CompiledGraph.profile`) and compare with its prediction.
 
     python benchmarks/cost_check.py [--graphs 120] [--reps 10] [--seed 0] [--isa avx2] [--threads 1] [--json out.json]
-                                    [--time-limit 600]
+                                    [--time-limit 600] [--kinds attention,column]
 
 Run `vfuse calibrate` first (for each tier checked): the cost model prices vfuse's kernels with the
 rates calibrated on them. On a loaded machine use --threads 1 (a kernel on two threads waits for a
@@ -255,9 +255,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--threads", type=int, help="run kernels on this many threads, predicted for as many cores")
     ap.add_argument("--json", help="write every kernel's figures here")
     ap.add_argument("--time-limit", type=float, help="start no graph past this many seconds")
+    ap.add_argument("--kinds", help="check only these kinds (comma-separated), the same graphs as in a full run")
     ns = ap.parse_args(argv)
     start, rows, failed, run, load = time.perf_counter(), [], [], 0, os.getloadavg()[0]
+    kinds = set(ns.kinds.split(",")) if ns.kinds else None
     for i, case in enumerate(cases(ns.graphs, ns.seed)):
+        if kinds is not None and case.kind not in kinds:
+            continue
         if ns.time_limit is not None and time.perf_counter() - start > ns.time_limit:
             break
         run += 1

@@ -11,33 +11,19 @@ from pathlib import Path
 import pytest
 import torch
 from tests.fusion.fusion_patterns import check_plan
+from tests.targets.test_calibrate import BASE
+from tests.targets.test_calibrate import CAL as CALIBRATION
 
 from vfuse.fusion import estimate, plan_fusion
 from vfuse.fusion import summary as sm
 from vfuse.fusion.cost import chain_factor, loop_levels
 from vfuse.ir import DType, Graph, GraphBuilder, Op, TensorType, verify
-from vfuse.targets import Target
 from vfuse.targets import calibrate as cal_mod
-from vfuse.targets.calibrate import Calibration, apply
+from vfuse.targets.calibrate import apply
 
 F32 = DType.F32
-BASE = Target(
-    "cpu", "cpu", 2, 16, 48 << 10, 1 << 20, 32 << 20, 0, 32, 32,
-    20e9, 60e9, 200e9, 200e9, 400e9, 800e9, 160e9, 2e-6, 2,
-)  # fmt: skip
-# One thread of a Zen 4 at the avx2 tier (2026-12-03, `vfuse calibrate`, rounded).
-CAL = Calibration(
-    l1_bw=100e9,
-    l2_bw=97e9,
-    l3_bw=90e9,
-    dram_bw=20e9,
-    vector_f32=65e9,
-    transcendental_f32=13e9,
-    peak_f32=110e9,
-    serial_launch_s=3e-8,
-    op_rates=(("exp", 27e9), ("tanh", 30e9), ("sigmoid", 34e9)),
-    chain_weight=0.4,
-)
+# One thread of a Zen 4 at the avx2 tier (2026-12-03, `vfuse calibrate`, rounded): its op rates and chain weight.
+CAL = dataclasses.replace(CALIBRATION, op_rates=(("exp", 27e9), ("tanh", 30e9), ("sigmoid", 34e9)), chain_weight=0.4)
 TARGET = apply(BASE, CAL)
 
 
@@ -106,7 +92,7 @@ def test_tiny_graph_is_one_kernel_and_right_when_calibrated(tmp_path: Path, monk
     monkeypatch.setenv("VFUSE_CACHE_DIR", str(tmp_path))
     plain = get_target("cpu", calibrated=False)
     assert plain.isa is not None
-    cal_mod.write(tmp_path, detect().fingerprint(), plain.isa.value, dataclasses.replace(CAL, launch_s=1.5e-6))
+    cal_mod.write(tmp_path, detect().fingerprint(), plain.isa.value, CAL)
     monkeypatch.setenv(cal_mod.ENV_VAR, "on")
     assert get_target("cpu").transcendental_f32 > 0
     for n in (64, 1, 97):

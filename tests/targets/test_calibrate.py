@@ -295,3 +295,28 @@ def test_attention_tasks_cost_a_fixed_time_and_causal_masks_skip_blocks() -> Non
     causal = b.build([b.add(Op.SDPA, [q, k, v], name="o", scale=None, causal=True, gqa=False)])
     full = estimate(["o"], causal, plain)
     assert estimate(["o"], causal, t).compute_s == pytest.approx(1 * 4e-6 / 2 + full.compute_s * (0.5 + 32 / 512))
+
+
+def test_attention_runs_at_its_own_calibrated_rate() -> None:
+    """`Target.attention_f32`: attention's flops at the template's own rate (at AVX2 ~0.8 of the GEMM
+    peak on a Zen 4: 2 heads of 512 x 64 were predicted 0.4-0.5x of their time), fitted with the task
+    cost from two shapes."""
+    from vfuse.entry.calibrate import attention_fit
+    from vfuse.fusion.cost import estimate
+    from vfuse.ir import DType, GraphBuilder, Op, TensorType
+
+    b = GraphBuilder()
+    q, k, v = (
+        b.add(Op.INPUT, name=n, index=i, type=TensorType((1, 2, 512, 64), DType.F32)) for i, n in enumerate("qkv")
+    )
+    graph = b.build([b.add(Op.SDPA, [q, k, v], name="o", scale=None, causal=False, gqa=False)])
+    t = dataclasses.replace(apply(BASE, CAL), attention_task_s=2e-6)
+    slow = apply(BASE, dataclasses.replace(CAL, attention_task_s=2e-6, attention_f32=0.8 * CAL.peak_f32))
+    assert slow.attention_f32 == pytest.approx(0.8 * t.peak_f32)
+    at = estimate(["o"], graph, t)
+    assert estimate(["o"], graph, slow).compute_s - at.compute_s == pytest.approx(at.flops / t.peak_f32 / 0.8 * 0.2)
+    assert at_threads(slow, 1).attention_f32 == pytest.approx(slow.attention_f32 / 2)
+    assert estimate(["o"], graph, dataclasses.replace(slow, attention_f32=0.0)).compute_s == at.compute_s
+    task, rate = attention_fit((8, 10**6, 8 * 2e-6 + 1e-5), (2, 10**8, 2 * 2e-6 + 1e-3), 2e11)
+    assert task == pytest.approx(2e-6) and rate == pytest.approx(1e11)
+    assert attention_fit((8, 10**6, 1e-4), (2, 10**8, 1e-5), 2e11)[1] == 2e11  # a faster large run: the peak

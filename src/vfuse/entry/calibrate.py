@@ -10,7 +10,8 @@ of `reps` runs: on a shared machine the fastest run is the one least disturbed):
   transcendental_f32       the same for a chain of exp, tanh, sigmoid, GELU, SiLU
   op_rates                 exp, tanh, sigmoid, GELU, SiLU, log each alone
   chain_weight             the chain's time over the sum of its ops' times alone, per op past the first
-  attention_task_s         attention on 8 heads of 16 x 64, less its flops at the GEMM's rate, per head
+  attention_task_s         attention's fixed cost per (batch, head) task and its flop/s, fitted to its
+  attention_f32            times on 8 heads of 16 x 64 (mostly the tasks) and 2 heads of 256 x 64
   peak_f32                 the GEMM template's flop/s, fitted with contraction_elem_s (per element of
   contraction_elem_s       A, B and C) and contraction_call_s (per call) to its times over
   contraction_call_s       LIBRARY_SHAPES and OVERHEAD_SHAPES (16 x 16 x 16 to 336 x 384 x 384)
@@ -191,6 +192,30 @@ def gemm_rates(reps: int, **options: Any) -> tuple[tuple[float, float, float], t
     return overheads(template), overheads(library)
 
 
+# (heads, rows, head dim): tiny tasks, their time mostly the fixed cost; larger ones, mostly flops.
+ATTENTION_SHAPES = ((8, 16, 64), (2, 256, 64))
+
+
+def attention_costs(peak: float, reps: int, **options: Any) -> tuple[float, float]:
+    """(seconds per (batch, head) task, flop/s) of the attention template, solved from its times at
+    ATTENTION_SHAPES (t = heads x task + flops / rate); at AVX2 its flops run at ~0.8 of the GEMM's peak,
+    at AVX-512 at about the peak. A rate that comes out negative or faster than `peak`: `peak`."""
+    runs = []
+    for heads, rows, dim in ATTENTION_SHAPES:
+        qkv = tuple(torch.randn(1, heads, rows, dim) for _ in range(3))
+        row = _kernel(F.scaled_dot_product_attention, qkv, reps, **options)
+        runs.append((heads, row.flops, row.best_s))
+    return attention_fit(runs[0], runs[1], peak)
+
+
+def attention_fit(small: tuple[int, int, float], large: tuple[int, int, float], peak: float) -> tuple[float, float]:
+    """(seconds per task, flop/s) solving t = heads x task + flops / rate for two (heads, flops, t) runs."""
+    (h1, f1, t1), (h2, f2, t2) = small, large
+    per_flop = (t2 * h1 - t1 * h2) / (f2 * h1 - f1 * h2)
+    rate = 1 / per_flop if per_flop > 1 / peak else peak
+    return max(t1 - f1 / rate, 0.0) / h1, rate
+
+
 def measure_kernels(target: Target, reps: int = 30, ops: Sequence[str] = tuple(ALONE), **options: Any) -> Calibration:
     """The raw per-thread rates of vfuse's kernels at `options`' tier (no guard); `ops`: the
     transcendental ops to time alone."""
@@ -211,10 +236,7 @@ def measure_kernels(target: Target, reps: int = 30, ops: Sequence[str] = tuple(A
     alone = op_rates(n // 2, l2, reps, ops, **options)
     (peak, elem, call), (library, library_elem, library_call) = gemm_rates(max(reps // 3, 3), **options)
     tiny = _kernel(lambda x: x + 1, (torch.randn(256),), reps, **options)
-    heads, rows, dim = 8, 16, 64  # tiny tasks: their time is mostly the fixed cost
-    qkv = tuple(torch.randn(1, heads, rows, dim) for _ in range(3))
-    att = _kernel(F.scaled_dot_product_attention, qkv, reps, **options)
-    attention_task_s = max(att.best_s - att.flops / peak, 0.0) / heads
+    attention_task_s, attention = attention_costs(peak, reps, **options)
     e = 65536
     par = _kernel(torch.add, (torch.ones(e), torch.ones(e)), reps, threads=target.cores, **options)
     launch = par.best_s - 12 * e / (l2 * target.cores)
@@ -231,6 +253,7 @@ def measure_kernels(target: Target, reps: int = 30, ops: Sequence[str] = tuple(A
         op_rates=alone,
         chain_weight=chain_weight(chain, _compute_rate(transcendental, l2), dict(alone)),
         attention_task_s=attention_task_s,
+        attention_f32=attention,
         library_f32=library,
         contraction_elem_s=elem,
         contraction_call_s=call,

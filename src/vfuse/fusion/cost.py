@@ -198,17 +198,17 @@ ATTENTION_BLOCK_Q = 64
 
 def attention_extra_s(node: Node, graph: Graph, target: Target, flops: int) -> float:
     """On a target with calibrated attention (`Target.attention_task_s`): the fixed cost of each
-    (batch, head) task spread over the threads, less the flops a causal mask skips (the IR counts
-    every score)."""
+    (batch, head) task spread over the threads, the flops at the template's own rate
+    (`Target.attention_f32`, in its ratio to peak_f32) rather than the GEMM peak, less the flops a
+    causal mask skips (the IR counts every score)."""
     if node.op is not Op.SDPA or not target.attention_task_s:
         return 0.0
     q = graph[node.inputs[0]].tensor_type.shape
     tasks, keys = math.prod(q[:-2]), graph[node.inputs[1]].tensor_type.shape[-2]
-    extra = tasks * target.attention_task_s / target.max_threads
-    if node.attrs.get("causal"):
-        skipped = max(0.0, 0.5 - ATTENTION_BLOCK_Q / 2 / max(keys, 1))
-        extra -= skipped * flops / target.matrix_peak(graph[node.inputs[0]].tensor_type.dtype)
-    return extra
+    peak = target.matrix_peak(graph[node.inputs[0]].tensor_type.dtype)
+    own = peak * (target.attention_f32 / target.peak_f32 if target.attention_f32 else 1.0)
+    skipped = max(0.0, 0.5 - ATTENTION_BLOCK_Q / 2 / max(keys, 1)) if node.attrs.get("causal") else 0.0
+    return tasks * target.attention_task_s / target.max_threads + flops * ((1 - skipped) / own - 1 / peak)
 
 
 # The GEMM / conv templates' operands and output: A and B are packed, C's tile is stored (with its

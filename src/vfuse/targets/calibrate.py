@@ -77,6 +77,7 @@ class Calibration:
     contraction_call_s: float = 0.0  # seconds per GEMM call past its flops and elements
     library_elem_s: float = 0.0  # torch.mm's seconds per A, B, C element past its flops
     library_call_s: float = 0.0  # torch.mm's seconds per call past its flops and elements
+    attention_f32: float = 0.0  # the attention template's flop/s past its tasks (0: not measured)
 
 
 # Fixed costs a calibration may set, and their plausible maxima (a GEMM element past 10 ns is a
@@ -102,6 +103,7 @@ def guarded(cal: Calibration, target: Target) -> tuple[Calibration, list[str]]:
         "serial_launch_s": (5e-9, 2e-5, target.launch_s / 4),
         "launch_s": (5e-8, 5e-5, 0.0),
         "library_f32": (0.05 * vector, 3.0 * vector, 0.0),  # 0: unknown, the cost model's default ratio
+        "attention_f32": (0.05 * vector, 3.0 * vector, 0.0),  # 0: unknown, at peak_f32
     }
     bad, values = [], {}
     for f in fields(cal):
@@ -109,7 +111,7 @@ def guarded(cal: Calibration, target: Target) -> tuple[Calibration, list[str]]:
             continue
         lo, hi, fallback = ranges[f.name]
         got = getattr(cal, f.name)
-        ok = lo <= got <= hi or (f.name in ("launch_s", "library_f32") and got == 0)
+        ok = lo <= got <= hi or (f.name in ("launch_s", "library_f32", "attention_f32") and got == 0)
         values[f.name] = got if ok else fallback
         if not ok:
             bad.append(f.name)
@@ -143,6 +145,7 @@ def apply(target: Target, cal: Calibration) -> Target:
         op_rates=tuple((op, r * n) for op, r in cal.op_rates),
         chain_weight=cal.chain_weight,
         attention_task_s=cal.attention_task_s,
+        attention_f32=cal.attention_f32 * n,
         peak_f32=f32,
         library_f32=cal.library_f32 * n,
         contraction_elem_s=cal.contraction_elem_s,
@@ -173,6 +176,7 @@ def at_threads(target: Target, threads: int) -> Target:
         vector_f32=target.vector_f32 * s,
         peak_f32=target.peak_f32 * s,
         library_f32=target.library_f32 * s,
+        attention_f32=target.attention_f32 * s,
         peak_f16=target.peak_f16 * s,
         peak_bf16=target.peak_bf16 * s,
         peak_i8=target.peak_i8 * s,
