@@ -57,3 +57,15 @@ def test_the_missed_share_has_no_step() -> None:
     assert all(b - a < 0.07 for a, b in itertools.pairwise(shares)) and shares == sorted(shares)
     times = [estimate(["s"], _sum(r, 1024, 0), CALIBRATED).time_s for r in range(1024, 20000, 512)]
     assert times == sorted(times)  # more rows always take longer
+
+
+def test_a_calibrated_target_pays_its_own_miss_per_run() -> None:
+    """`Target.strided_run_s` (`vfuse calibrate`: a column sum past L3) replaces the Zen 3 figure: a
+    Zen 4 took 10-17 ns per run at one thread (the cost check's 95433 x 100 was predicted 2.2x its time)."""
+    from vfuse.targets.calibrate import FIXED_COSTS, Calibration, guarded
+
+    graph = _sum(95433, 100, 0)
+    own = estimate(["s"], graph, dataclasses.replace(CALIBRATED, strided_run_s=10e-9))
+    assert own.memory_s == pytest.approx(estimate(["s"], graph, CALIBRATED).memory_s * 10e-9 / STRIDED_RUN_S)
+    cal = Calibration(100e9, 90e9, 80e9, 15e9, 50e9, 18e9, 100e9, 3e-8, strided_run_s=1e-6)
+    assert guarded(cal, FIXED_CPU)[0].strided_run_s == 0.0 and FIXED_COSTS["strided_run_s"] < 1e-6

@@ -19,6 +19,7 @@ of `reps` runs: on a shared machine the fastest run is the one least disturbed):
   library_elem_s           times over the same shapes as the template's (its ratio to peak_f32 and
   library_call_s           both sides' overheads decide whether a contraction runs in the template or
                            in torch: fusion/library.py)
+  strided_run_s            a column sum past L3 (768 columns): its time per row run of a column tile
   serial_launch_s          `x + 1` on 256 elements (no threads forked)
   launch_s                 a 64K-element add on all cores, minus its data time at L2 bandwidth
 
@@ -37,6 +38,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from vfuse.fusion.cost_columns import COLUMN_VECTORS
 from vfuse.ir import DType, Op, TensorType, opdef
 from vfuse.targets import DEFAULT_CACHE_DIR, Target
 from vfuse.targets.calibrate import Calibration, guarded, write
@@ -216,6 +218,15 @@ def attention_fit(small: tuple[int, int, float], large: tuple[int, int, float], 
     return max(t1 - f1 / rate, 0.0) / h1, rate
 
 
+def column_run_s(target: Target, reps: int, **options: Any) -> float:
+    """Seconds per row run of a column sum past L3 (`fusion/cost_columns`): 768 columns, a 3 KB row
+    stride, one run per row and column tile (24 tiles at AVX2, 12 at AVX-512)."""
+    cols = 768
+    rows = max(4 * target.l3_bytes, 64 << 20) // (4 * cols)
+    walk = _kernel(lambda x: x.sum(0), (torch.ones(rows, cols),), reps, **options)
+    return walk.best_s / (rows * -(-cols // (COLUMN_VECTORS * target.simd_lanes)))
+
+
 def measure_kernels(target: Target, reps: int = 30, ops: Sequence[str] = tuple(ALONE), **options: Any) -> Calibration:
     """The raw per-thread rates of vfuse's kernels at `options`' tier (no guard); `ops`: the
     transcendental ops to time alone."""
@@ -236,6 +247,7 @@ def measure_kernels(target: Target, reps: int = 30, ops: Sequence[str] = tuple(A
     alone = op_rates(n // 2, l2, reps, ops, **options)
     (peak, elem, call), (library, library_elem, library_call) = gemm_rates(max(reps // 3, 3), **options)
     tiny = _kernel(lambda x: x + 1, (torch.randn(256),), reps, **options)
+    strided_run_s = column_run_s(target, max(reps // 3, 3), **options)
     attention_task_s, attention = attention_costs(peak, reps, **options)
     e = 65536
     par = _kernel(torch.add, (torch.ones(e), torch.ones(e)), reps, threads=target.cores, **options)
@@ -254,6 +266,7 @@ def measure_kernels(target: Target, reps: int = 30, ops: Sequence[str] = tuple(A
         chain_weight=chain_weight(chain, _compute_rate(transcendental, l2), dict(alone)),
         attention_task_s=attention_task_s,
         attention_f32=attention,
+        strided_run_s=strided_run_s,
         library_f32=library,
         contraction_elem_s=elem,
         contraction_call_s=call,

@@ -23,7 +23,8 @@ from vfuse.targets import Target
 
 COLUMN_VECTORS = 4  # schedule/strategy.COLUMN_VECTORS: a column tile is 4 vectors of adjacent columns
 # One run's demand miss past the LLC, on one core: DRAM latency over the misses its window keeps in
-# flight (~100 ns / 4). Zen 3 measured 25-26 ns at a 4 KB and at a 400 B row stride.
+# flight (~100 ns / 4). Zen 3 measured 25-26 ns at a 4 KB and at a 400 B row stride; a calibrated
+# target has its own (`Target.strided_run_s`: Zen 4 10-11 ns at AVX2 and AVX-512).
 STRIDED_RUN_S = 25e-9
 
 
@@ -65,7 +66,9 @@ def missed_share(target: Target, nbytes: int) -> float:
 
 def strided_s(runs: int, nbytes: int, target: Target) -> float:
     """Memory time of `runs` strided runs in a kernel moving `nbytes`: each run past the LLC a demand
-    miss of STRIDED_RUN_S, on all threads (every core keeps its own misses in flight)."""
+    miss (`Target.strided_run_s`, else STRIDED_RUN_S), on all threads (every core keeps its own misses
+    in flight)."""
     if runs <= 0:
         return 0.0
-    return runs * missed_share(target, nbytes) * STRIDED_RUN_S / max(target.max_threads, 1)
+    run_s = target.strided_run_s or STRIDED_RUN_S
+    return runs * missed_share(target, nbytes) * run_s / max(target.max_threads, 1)

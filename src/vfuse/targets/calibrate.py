@@ -78,12 +78,13 @@ class Calibration:
     library_elem_s: float = 0.0  # torch.mm's seconds per A, B, C element past its flops
     library_call_s: float = 0.0  # torch.mm's seconds per call past its flops and elements
     attention_f32: float = 0.0  # the attention template's flop/s past its tasks (0: not measured)
+    strided_run_s: float = 0.0  # one row run of a column walk past the LLC (0: not measured)
 
 
 # Fixed costs a calibration may set, and their plausible maxima (a GEMM element past 10 ns is a
 # preempted timing, not a packing cost).
 FIXED_COSTS = {"attention_task_s": 5e-5, "contraction_elem_s": 1e-8, "contraction_call_s": 5e-5}
-FIXED_COSTS |= {"library_elem_s": 1e-8, "library_call_s": 5e-5}
+FIXED_COSTS |= {"library_elem_s": 1e-8, "library_call_s": 5e-5, "strided_run_s": 2e-7}
 
 
 def guarded(cal: Calibration, target: Target) -> tuple[Calibration, list[str]]:
@@ -146,6 +147,7 @@ def apply(target: Target, cal: Calibration) -> Target:
         chain_weight=cal.chain_weight,
         attention_task_s=cal.attention_task_s,
         attention_f32=cal.attention_f32 * n,
+        strided_run_s=cal.strided_run_s,
         peak_f32=f32,
         library_f32=cal.library_f32 * n,
         contraction_elem_s=cal.contraction_elem_s,

@@ -296,7 +296,15 @@ ESTIMATE_TTL_S = 3600.0
 # Target fields only a calibration sets (`targets/calibrate.apply`): never in the measured cache, so a
 # cache written before they existed stays valid and earlier versions still read the caches written now.
 CALIBRATED_ONLY = frozenset(
-    {"library_f32", "contraction_elem_s", "contraction_call_s", "library_elem_s", "library_call_s", "attention_f32"}
+    {
+        "library_f32",
+        "contraction_elem_s",
+        "contraction_call_s",
+        "library_elem_s",
+        "library_call_s",
+        "attention_f32",
+        "strided_run_s",
+    }
 )
 
 

@@ -40,7 +40,9 @@ class Target:
         chain_weight: how much longer a kernel's pointwise work takes per transcendental op past
         the first (their constants compete for registers), 0 when unknown; attention_task_s: the
         fixed cost of one (batch, head) task of the attention template, 0 when unknown;
-        attention_f32: the attention template's fp32 flop/s past those tasks (0: peak_f32).
+        attention_f32: the attention template's fp32 flop/s past those tasks (0: peak_f32);
+        strided_run_s: one row run of a column walk past the LLC, on one thread (0: the cost
+        model's default, `fusion/cost_columns.STRIDED_RUN_S`).
         Set by calibrating vfuse's own kernels (`targets/calibrate.py`).
         peak_f8: fp8 matrix flop/s (0: no fp8 matrix unit; fp8 operands are widened first and
         run at the fp16 rate on GPUs, the fp32 rate on CPUs, where torch computes them).
@@ -84,6 +86,7 @@ class Target:
     chain_weight: float = 0.0
     attention_task_s: float = 0.0
     attention_f32: float = 0.0
+    strided_run_s: float = 0.0
     peak_f8: float = 0.0
     library_f32: float = 0.0
     contraction_elem_s: float = 0.0
