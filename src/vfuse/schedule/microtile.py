@@ -59,18 +59,18 @@ DIRECT_TILES_MIN_COLUMNS = 1024
 
 
 # The direct conv's compact columns (codegen/cpp/gemm/conv_direct.py: each vector of a sliver is `lanes`
-# outputs of one row, loaded from its own offset, so no garbage column is computed): where OW % lanes
-# == 0 and it saves at least this share of the padded-width columns (8x8 planes at NR 16: 64 for 80;
-# 16x16: 256 for 272). Measured on AVX2 (Zen 3, one thread) only, hence lanes <= 8; at 56x56 (1.8 %
-# saved) the compact kernel measured 4 % slower on conv_bn_relu, so it keeps the padded width.
-COMPACT_MIN_SAVING = 0.03
+# outputs of one row, loaded through its own pointer, so no garbage column is computed and each tile
+# row is one contiguous run of the output): where OW % lanes == 0 and it computes fewer slivers than
+# the padded width. Measured on AVX2 only (Zen 3 and 4, one thread), hence lanes <= 8: 8x8 and 16x16
+# planes faster, and since the kernel loads through a pointer per vector (no spilled offsets) also
+# 56x56, 1.8 % fewer columns: conv_bn_relu 2.6 % faster than the padded width (docs/perf-log.md).
 
 
 def compact_conv_columns(oh: int, ow: int, wp: int, nr: int, lanes: int) -> bool:
     """Whether the direct conv computes OH x OW compact columns instead of OH x Wp padded-width ones."""
     if lanes > 8 or ow % lanes or wp <= ow:
         return False
-    return _round_up(oh * ow, nr) <= _round_up(oh * wp, nr) * (1 - COMPACT_MIN_SAVING)
+    return _round_up(oh * ow, nr) < _round_up(oh * wp, nr)
 
 
 def gemm_order_tiles(m: int, n: int, lanes: int) -> list[Tile]:

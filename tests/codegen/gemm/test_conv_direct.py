@@ -136,7 +136,7 @@ def _avx2(mr: int, nr: int) -> Blocking:
     return Blocking(mr, nr, mr, 64, nr, 8)
 
 
-# AVX2's tiles (8-lane vectors) compiled for x86-64-v3: the masked 8-lane copy into Y, and channel
+# AVX2's tiles (8-lane vectors) compiled for x86-64-v3: the 8-lane copy into Y, and channel
 # counts that leave a tail block of OCg % mr rows (its own micro-kernel) or none.
 AVX2_CASES = {
     "avx2_4x24_tail": Case(
@@ -168,6 +168,18 @@ AVX2_CASES = {
         _spec("avx2_compact_dilated", 2, 3, 9, 16, 7, (3, 3), padding=(2, 2), dilation=(2, 2), blocking=_avx2(4, 24)),
         E.residual_add(),
     ),
+    # Compact columns saving under 2 % (OW 40 of Wp 41): 1 channel in, 5 out, batch 1, 7 rows; slivers span
+    # rows and the last one is partial.
+    "avx2_compact_thin": Case(
+        _spec("avx2_compact_thin", 1, 1, 7, 40, 5, (3, 3), padding=(1, 1), blocking=_avx2(4, 24)), E.bias_relu("c"), 1
+    ),
+    # Padded width, output runs of every kind into Y (no masked stores: whole vectors ending at the run's
+    # end, overlapping 4-wide pairs, single floats): Wp 25 for OW 23 at NR 24 starts a sliver at each
+    # column in turn (runs of 1, 2, 3 ... 23 floats); Wp 27 at NR 16 (runs of 1, 3, 4, 5, 6, 16 ...).
+    "avx2_runs_pad0": Case(_spec("avx2_runs_pad0", 1, 1, 30, 25, 5, (3, 3), blocking=_avx2(4, 24)), E.bias("c"), 1),
+    "avx2_runs_pad1": Case(
+        _spec("avx2_runs_pad1", 2, 3, 13, 26, 7, (3, 3), padding=(1, 1), blocking=_avx2(6, 16)), E.residual_add(), 2
+    ),
     # Strided (phase planes): a tail block; compact columns over a 17-wide phase (OW 16 of W 32).
     "avx2_s2_4x24_tail": Case(
         _spec("avx2_s2_4x24_tail", 2, 5, 19, 29, 11, (3, 3), stride=(2, 2), padding=(1, 1), blocking=_avx2(4, 24)),
@@ -192,7 +204,9 @@ def test_direct_conv_avx2_tiles(build, call, name: str) -> None:
     s = case.spec
     src = render_conv2d(s, case.epi)
     assert "(direct, padded width" in src and ("_ukrt<" in src) == (s.c_out % s.tiles().mr != 0)
-    assert ("const long o0 = vo[0];" in src) == ("compact" in name)
+    # Compact columns load through a pointer per vector; the copy into Y has no masked store.
+    assert ("x0 = x + vo[0];" in src) == ("compact" in name) and "_mm256_maskstore_ps" not in src
+    assert f"{s.name}_epi_y(t, Y," in src  # a sliver of one whole run: its epilogue writes Y
     lib = build(src, ("-march=x86-64-v3",))
     torch.manual_seed(len(name))
     x = torch.randn(s.n, s.c_in, s.h, s.w)
@@ -203,11 +217,13 @@ def test_direct_conv_avx2_tiles(build, call, name: str) -> None:
     torch.testing.assert_close(out, _reference(case, x, w, extras), rtol=1e-4, atol=1e-4)
 
 
-@pytest.mark.parametrize(("hw", "lanes", "compact"), [(16, 8, True), (8, 8, True), (56, 8, False), (16, 16, False)])
+@pytest.mark.parametrize(
+    ("hw", "lanes", "compact"), [(16, 8, True), (8, 8, True), (56, 8, True), (12, 8, False), (16, 16, False)]
+)
 def test_schedule_chooses_compact_columns(hw: int, lanes: int, compact: bool) -> None:
     """The schedule decides compact columns (kernel attrs), the renderer reads them: at 8 lanes where a
-    row is whole vectors and the padded width wastes >= 3 % (16x16: 272 columns for 256); not at 56x56
-    (1.8 %) nor at 16 lanes."""
+    row is whole vectors and the padded width computes more slivers (16x16: 272 columns for 256; 56x56:
+    3192 for 3136); not where a row is no whole vectors (12 at 8 lanes) nor at 16 lanes."""
     from vfuse.schedule.conv_columns import compact_columns
 
     attrs = {"stride": (1, 1), "padding": (1, 1), "dilation": (1, 1), "groups": 1}

@@ -111,19 +111,23 @@ def _ukr(name: str, g: _Geom, rows: int) -> str:
     for tap, off in enumerate(g.offs):
         # vs_keep: else g++ folds each B load into its mr FMAs as a memory operand (4x24 on AVX2:
         # 16 loads per 12 FMAs, 2x slower); one load per vector, held in a register.
-        at = [f"o{v} + {off}" if g.compact else str(off + w * v) for v in range(nv)]
-        body += "".join(f"    b{v} = vs_loadu<{vt}>(x + {at[v]});\n    vs_keep(b{v});\n" for v in range(nv))
+        at = [f"x{v} + {off}" if g.compact else f"x + {off + w * v}" for v in range(nv)]
+        body += "".join(f"    b{v} = vs_loadu<{vt}>({at[v]});\n    vs_keep(b{v});\n" for v in range(nv))
         body += fma_step(rows, nv, w, tap * g.mr)
     stores = "".join(f"  *reinterpret_cast<{vt}*>(t + {r * g.nr + w * v}) = c{r}_{v};\n" for r, v in acc)
     decl = ", ".join(f"b{v}" for v in range(nv))
-    offsets = "".join(f"  const long o{v} = vo[{v}];\n" for v in range(nv)) if g.compact else ""
+    # Compact columns: a pointer per vector, stepped per channel. Why not x + vo[v] + offset: g++
+    # then hoists each (vector, tap) sum out of the loop, 27 of them at AVX2's 4x24, which spill
+    # and are reloaded from the stack every load (measured 6 % slower than the padded width).
+    offsets = "".join(f"  const float* __restrict x{v} = x + vo[{v}];\n" for v in range(nv)) if g.compact else ""
+    step = "".join(f", x{v} += {g.plane}" for v in range(nv)) if g.compact else f", x += {g.plane}"
     return f"""template <bool FIRST>
 static inline void {name}_ukr{"" if rows == g.mr else "t"}(long nic, const float* __restrict a,
                                  const float* __restrict x,{" const long* __restrict vo," if g.compact else ""}
                                  float* __restrict t) {{
 {init}{offsets}  [[maybe_unused]] {vt} av;
   {vt} {decl};
-  for (long ic = 0; ic < nic; ++ic, a += {g.mr * g.taps}, x += {g.plane}) {{
+  for (long ic = 0; ic < nic; ++ic, a += {g.mr * g.taps}{step}) {{
 {body}  }}
 {stores}}}
 """
@@ -271,21 +275,26 @@ def _out_base(spec: ConvSpec, g: _Geom) -> str:
     return f"(bi / {spec.groups} * {spec.c_out} + bi % {spec.groups} * {g.ocg})"
 
 
-def _epilogue(spec: ConvSpec, g: _Geom, epi: Epilogue) -> str:
+def _epilogue(spec: ConvSpec, g: _Geom, epi: Epilogue, to_y: bool = False) -> str:
     """NAME_epi: the epilogue over whole tile rows [i0, i1) in place: a fixed-length loop that
-    vectorizes fully, garbage columns included (their clamped indices keep reads in bounds)."""
+    vectorizes fully, garbage columns included (their clamped indices keep reads in bounds).
+    `to_y`: NAME_epi_y, the same into Y, for a sliver whose NR columns are one run (`_sliver`)."""
+    name = f"{spec.name}_epi_y" if to_y else f"{spec.name}_epi"
+    tile = "const float* __restrict t, float* __restrict Y" if to_y else "float* __restrict t"
+    dst = "Y + co + rs.p[0]" if to_y else f"t + i * {g.nr}"
     return f"""
-static inline void {spec.name}_epi(float* __restrict t, long bi, const {spec.name}_Runs& rs, long i0,
+static inline void {name}({tile}, long bi, const {spec.name}_Runs& rs, long i0,
                                    long i1{epi.params()}) {{
   [[maybe_unused]] const long n = bi / {spec.groups};
   for (long i = i0; i < i1; ++i) {{
     [[maybe_unused]] const long c = (bi % {spec.groups}) * {g.ocg} + i, co = ({_out_base(spec, g)} + i) * {g.oh * g.ow};
-    float* __restrict trow = t + i * {g.nr};
+    const float* __restrict trow = t + i * {g.nr};
+    float* __restrict drow = {dst};
 #pragma omp simd
     for (int e = 0; e < {g.nr}; ++e) {{
       [[maybe_unused]] const long p = rs.pidx[e], j = p, o = co + p, oh = p / {g.ow}, ow = p % {g.ow};
       float v = trow[e];
-{epi.code("      ")}      trow[e] = v;
+{epi.code("      ")}      drow[e] = v;
     }}
   }}
 }}
@@ -310,14 +319,19 @@ static inline void {spec.name}_copy(const float* __restrict t, float* __restrict
         _mm512_mask_storeu_ps(dst + e, m, _mm512_loadu_ps(src + e));
       }}
 #elif defined(__AVX2__)
-      // Whole vectors, then one masked store for the tail (no memcpy call per run; vmaskmovps
-      // stores are slow on AMD, so only the last piece uses one).
-      long e = 0;
-      for (; e + 8 <= len; e += 8) _mm256_storeu_ps(dst + e, _mm256_loadu_ps(src + e));
-      if (e < len) {{
-        const __m256i m = _mm256_cmpgt_epi32(_mm256_set1_epi32(static_cast<int>(len - e)),
-                                             _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
-        _mm256_maskstore_ps(dst + e, m, _mm256_maskload_ps(src + e, m));
+      // No masked stores (vmaskmovps is slow on AMD: 1.5 % of conv_bn_relu at AVX2, Zen 4): a run's
+      // last whole vector ends at its end, overlapping the one before; a short run in two 4-wide
+      // stores that overlap, or up to 3 single ones. No memcpy call per run either.
+      if (len >= 8) {{
+        for (long e = 0; e + 8 < len; e += 8) _mm256_storeu_ps(dst + e, _mm256_loadu_ps(src + e));
+        _mm256_storeu_ps(dst + len - 8, _mm256_loadu_ps(src + len - 8));
+      }} else if (len >= 4) {{
+        _mm_storeu_ps(dst, _mm_loadu_ps(src));
+        _mm_storeu_ps(dst + len - 4, _mm_loadu_ps(src + len - 4));
+      }} else {{
+        dst[0] = src[0];  // runs are never empty
+        if (len > 1) dst[1] = src[1];
+        if (len > 2) dst[2] = src[2];
       }}
 #else
       std::memcpy(dst, src, sizeof(float) * len);
@@ -342,6 +356,9 @@ static inline void {name}_sliver(const float* __restrict ap, const float* __rest
                                  float* __restrict Y, long bi, long q0, long ir0, long ir1{epi.params()}) {{
   {name}_Runs rs;
   {name}_runs(q0, rs);
+  // One run of NR columns (compact columns: all slivers but the last): the epilogue writes Y itself,
+  // no second pass over the tile (measured 1 % of conv_bn_relu at AVX2).
+  const bool whole = rs.n == 1 && rs.len[0] == {g.nr};
   // Why prefetch: Y is written once, row by row 12 KB apart, so its stores miss; asking for the
   // next sliver's output lines while the FMAs run takes that wait off the critical path.
 {_next_output(g)}  char* yn = reinterpret_cast<char*>(Y + {base} + pn);
@@ -355,12 +372,13 @@ static inline void {name}_sliver(const float* __restrict ap, const float* __rest
         for (long l = 0; l < {g.nr * 4 + 64}; l += 64) __builtin_prefetch(yn + r * {g.oh * g.ow * 4} + l, 1, 3);
       {_ukr_calls(name, g)}
       if (!last || ir >= {g.ocg}) continue;
+      if (whole) {{ {name}_epi_y(t, Y, bi, rs, ir, {rows}{epi.names()}); continue; }}
       {name}_epi(t, bi, rs, ir, {rows}{epi.names()});
       if (ir > ir0) {name}_copy(t, Y, bi, rs, ir - {g.mr}, ir);
     }}
   }}
   const long end = vg_min(ir1, {g.ocg}), lastrow = (end - 1) / {g.mr} * {g.mr};
-  if (end > ir0) {name}_copy(t, Y, bi, rs, lastrow, end);
+  if (!whole && end > ir0) {name}_copy(t, Y, bi, rs, lastrow, end);
 }}
 """
 
@@ -473,6 +491,7 @@ def render_conv2d_direct(
         + _pack_and_pad(spec, g)
         + _runs(spec, g)
         + _epilogue(spec, g, epilogue)
+        + _epilogue(spec, g, epilogue, to_y=True)
         + _copy(spec, g)
         + _sliver(spec, g, epilogue)
         + _span(spec, g, epilogue)
