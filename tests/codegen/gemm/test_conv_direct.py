@@ -279,3 +279,37 @@ def test_strided_direct_sweep_avx2(build, call) -> None:
         out = torch.full((s.n, s.c_out, *s.out_hw), float("nan"))
         call(lib, s.name, x, w, out, nthreads=1)
         torch.testing.assert_close(out, F.conv2d(x, w, None, s.stride, s.padding), rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.aarch64
+@pytest.mark.parametrize(("w", "compact"), [(16, True), (13, False)])
+def test_direct_conv_on_arm64(tmp_path, w: int, compact: bool) -> None:
+    """The direct conv at NEON (4 lanes) cross-compiled for ARM64 and run under qemu: compact columns
+    (OW 16: 112 columns for 119 padded, loads through a pointer per vector) and the padded width (W 13),
+    3 -> 5 channels, batch 1."""
+    from tests.aarch64.cross import missing_tools, run_arm64
+
+    from vfuse.compiler import optimize, plan, render, schedule
+    from vfuse.context import Context, Options
+    from vfuse.entry.aot import export
+    from vfuse.frontend.lower import lower
+    from vfuse.targets import get_target
+    from vfuse.targets.cpu import at_tier
+    from vfuse.targets.isa import ARM, CpuIsa, Isa
+
+    if missing_tools() is not None:
+        pytest.skip(str(missing_tools()))
+    torch.manual_seed(w)
+    inputs = (torch.randn(1, 3, 7, w), torch.randn(5, 3, 3, 3), torch.randn(5))
+
+    def fn(x: torch.Tensor, wt: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        return F.relu(F.conv2d(x, wt, b, padding=1))
+
+    ctx = Context(Options(backend="cpp"))
+    graph = optimize(lower(export(fn, inputs).graph_module, ctx), ctx)
+    neon = at_tier(get_target("cpu"), CpuIsa(Isa.NEON, frozenset(), ARM))
+    program = schedule(plan(graph, ctx, neon), neon, ctx)
+    source = render(program, ctx)
+    assert "(direct, padded width" in source and ("x0 = x + vo[0];" in source) == compact
+    got = run_arm64(program, graph, source, inputs, [], tmp_path)
+    torch.testing.assert_close(got[graph.outputs[0]], fn(*inputs), rtol=1e-4, atol=1e-4)
