@@ -27,10 +27,10 @@ from vfuse.ir.sym import is_sym
 from vfuse.targets import Target
 
 F32 = 4
-# The direct conv's compact columns (schedule/microtile.compact_conv_columns): OW whole vectors of
-# at most 8 lanes, saving at least 3 % of the padded-width columns.
+# The direct conv's compact columns (schedule/microtile.compact_conv_columns, which the frontend may
+# not import): OW whole vectors of at most 8 lanes, taken wherever they are fewer than the padded
+# width (the schedule also rounds both to its register tile's NR, which this price leaves out).
 COMPACT_MAX_LANES = 8
-COMPACT_MIN_SAVING = 0.03
 
 
 @dataclass(frozen=True, slots=True)
@@ -107,7 +107,7 @@ def _axis_taps(r: int, k: int, s: int, p: int, d: int) -> tuple[int, int]:
 
 def _compact(ow: int, wp: int, lanes: int) -> bool:
     """Whether the direct conv computes only the OW outputs of a row rather than its padded width."""
-    return lanes <= COMPACT_MAX_LANES and ow % lanes == 0 and ow <= wp * (1 - COMPACT_MIN_SAVING)
+    return lanes <= COMPACT_MAX_LANES and ow % lanes == 0 and ow < wp
 
 
 def phases_s(s: Shapes, target: Target) -> tuple[float, int]:
