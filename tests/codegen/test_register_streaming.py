@@ -113,7 +113,8 @@ def _edit(program: Program, lanes: int) -> Program:
 
     def last(k: Kernel) -> Kernel:
         *rest, p = k.passes
-        return dataclasses.replace(k, passes=(*rest, dataclasses.replace(p, group_columns=lanes)))
+        # In row groups (a row held in registers, `Kernel.register_row`, has no group columns).
+        return dataclasses.replace(k, register_row=0, passes=(*rest, dataclasses.replace(p, group_columns=lanes)))
 
     steps = tuple(
         dataclasses.replace(s, kernels=tuple(last(k) if isinstance(k, Kernel) else k for k in s.kernels))

@@ -315,6 +315,7 @@ class Kernel:
     thread_gate: SizeGate | None = None  # over loop points: threads only from that many, per call
     tile: int = 0  # TILED_COLUMNS: columns reduced together (last outer loop)
     row_group: int = 0  # ROW_GROUPS: rows per group
+    register_row: int = 0  # ROW_GROUPS: fp32 lanes a vector of a row held in registers, one row at a time
     prefetch: RowPrefetch | None = None  # ROWS: rows read ahead
     table_flat: bool = False  # LOOKUP_TABLE: contiguous bytes in and out, one flat loop
     transpose: TransposeTiles | None = None  # TILED_TRANSPOSE: the tiles and the accesses staged through L1

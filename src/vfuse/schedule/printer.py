@@ -38,7 +38,8 @@ def _walk(k: Kernel) -> str:
     if k.walk is Walk.TILED_COLUMNS:
         parts.append(f"tile {k.tile} columns")
     if k.walk is Walk.ROW_GROUPS:
-        parts.append(f"{k.row_group} rows per group")
+        held = f", rows held in registers ({k.register_row}-lane vectors) one at a time" if k.register_row else ""
+        parts.append(f"{k.row_group} rows per group{held}")
     if k.transpose:
         t = k.transpose
         staged = ", ".join(t.staged)

@@ -83,6 +83,7 @@ def decide(k: Kernel, vector: int, l1: int = 48 << 10, llc: int = 0, l2: int = 0
         # 2-LLC gate of `nest.with_streaming` or this one: at the hint, a first call of 6145 rows left
         # 8192 unstreamed (the dynamic bench's layernorm_small).
         k = with_prefetched_streaming(k, stream_prefetched_rows(k, llc, l2, GROUP_STREAM_LLCS))
+        k = dataclasses.replace(k, register_row=register_row(k, vector))
     elif k.walk is Walk.ROWS:
         k = dataclasses.replace(k, prefetch=plan_prefetch(k, l1, l2))
         k = with_prefetched_streaming(k, stream_prefetched_rows(k, llc, l2))
@@ -219,6 +220,74 @@ def use_row_groups(k: Kernel, vector: int) -> bool:
         return False
     stmts = [*k.after, *(s for p in k.passes for s in p.before)]
     return not any(p.buffered or p.reloaded for p in k.passes) and not any(isinstance(s, RandKey) for s in stmts)
+
+
+# fp32 ops a row held in registers computes as vector-extension operators (`register_row`).
+REGISTER_OPS = frozenset({Op.ADD, Op.SUB, Op.MUL})
+
+
+def vector_registers(vector: int) -> int:
+    """Vector registers of a target with `vector` fp32 lanes: 32 zmm at AVX-512's 16 lanes; 16 ymm
+    at AVX2's 8; 16 at 4 lanes (SSE2's xmm; NEON's 32 q registers counted as 16)."""
+    return 32 if vector >= 16 else 16
+
+
+def register_row(k: Kernel, vector: int) -> int:
+    """Lanes per vector (`Kernel.register_row`) where a row-group kernel's row is held in registers
+    across its passes, one row at a time, 0 for the row-group walk: every row is loaded once, and a
+    value a later pass computes again (LayerNorm's x - mean) is reused. Rows of whole vectors whose
+    values live between passes take at most half the register file (the rest: accumulators and
+    temporaries), and more than 2 x LANE_VECTORS of them: shorter rows' passes do not hide their
+    chain of folds one row at a time, row groups interleave 4 rows. Passes of fp32 loads, stores,
+    REGISTER_OPS and sums only, no streamed stores; the rows ahead prefetched as the groups' were.
+    AVX-512, one thread, C harness, held / row groups: LayerNorm 256 wide (16 zmm) 0.90x in L2,
+    0.72-0.77x at 8192 rows, RMSNorm 0.94x, 0.75-0.79x; LayerNorm 192 wide 1.0x, 0.8x; 128 wide
+    1.03-1.08x, 0.92-0.98x; at AVX2 64 wide 1.14x, 256 wide (32 ymm) spilled 2.8x (docs/perf-log.md,
+    session 21)."""
+    if k.walk is not Walk.ROW_GROUPS or k.stream or k.stream_gate is not None or len(k.inner) != 1:
+        return 0
+    vec = k.inner[0]
+    if is_sym(vec.size) or vec.size % vector:
+        return 0
+    count = vec.size // vector
+    if count <= 2 * LANE_VECTORS:  # too short a row to hide its chain (folds, rsqrt) one row at a time
+        return 0
+    live = _carried_vectors(k, Var(vec.var))
+    return vector if live is not None and live * count <= vector_registers(vector) // 2 else 0
+
+
+def _carried_vectors(k: Kernel, v: Var) -> int | None:
+    """The most row vectors live from one pass into a later one, a pass computing again a value an
+    earlier one made reusing it; None where a pass holds what `register_row` does not render."""
+    made: dict[str, int] = {}  # vector value -> the pass that made it
+    used: dict[str, int] = {}  # vector value -> the last pass reading it
+    for i, p in enumerate(k.passes):
+        if p.buffered or p.reloaded or any(r.op is not Op.SUM or r.dtype is not DType.F32 for r in p.reduces):
+            return None
+        for s in p.body:
+            if isinstance(s, Load | Store):
+                if s.dtype is not DType.F32 or s.index.coef(v) not in ((1,) if isinstance(s, Store) else (0, 1)):
+                    return None
+                if any(not isinstance(a, Var) for a, _ in s.index.terms):
+                    return None
+            if isinstance(s, Store) or s.var in made:
+                args = (s.arg,) if isinstance(s, Store) else ()
+            elif isinstance(s, Load):
+                args = ()
+                if s.index.coef(v):
+                    made[s.var] = i
+            elif isinstance(s, Compute) and s.dtype is DType.F32 and s.op in REGISTER_OPS:
+                args = s.args
+                if any(a in made for a in args):
+                    made[s.var] = i
+            else:
+                return None
+            used.update({a: i for a in args if a in made})
+        if any(r.arg not in made for r in p.reduces):
+            return None
+        used.update({r.arg: i for r in p.reduces})
+    ends = [(made[x], used.get(x, made[x])) for x in made]
+    return max((sum(a <= i < b for a, b in ends) for i in range(len(k.passes))), default=0)
 
 
 def table_flat(k: Kernel) -> bool:

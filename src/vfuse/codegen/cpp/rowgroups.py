@@ -19,6 +19,7 @@ from dataclasses import replace
 from vfuse.codegen.cpp.groupcolumns import render_group_columns
 from vfuse.codegen.cpp.passes import render_pass
 from vfuse.codegen.cpp.prefetch import render_prefetch
+from vfuse.codegen.cpp.regrows import render_register_rows
 from vfuse.codegen.cpp.rows import row_region
 from vfuse.codegen.cpp.rules import COMPUTE_TYPE
 from vfuse.codegen.cpp.writer import KernelWriter
@@ -27,7 +28,10 @@ from vfuse.schedule.kernel import Const, Store
 
 
 def render_row_groups(w: KernelWriter) -> None:
-    row_region(w, _groups)
+    if w.k.register_row:  # one row at a time, held in registers (`regrows.py`)
+        render_register_rows(w)
+    else:
+        row_region(w, _groups)
 
 
 def _groups(w: KernelWriter) -> None:
