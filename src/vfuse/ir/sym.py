@@ -124,11 +124,10 @@ class SymEnv:
         if isinstance(cond, sympy.Rel) and cond.rel_op in _NONNEG:
             lhs, rhs = cond.lhs, cond.rhs
             diff = lhs - rhs if cond.rel_op in (">=", ">", "==", "!=") else rhs - lhs
-            # s0*s1 - s0 bounds only as s0*(s1 - 1); a quotient inside a Mod or FloorDiv (sympy's Mod
-            # divides out a common factor it cannot prove nonzero) is left as it is: expanding or
-            # factoring one ran for hours (a dynamic fuzz program's sliced GEMM epilogue).
-            rewrites = () if _quotient_in_division(diff) else (sympy.expand, sympy.factor)
-            for form in (make(diff) for make in rewrites):
+            # s0*s1 - s0 bounds only as s0*(s1 - 1). A quotient in a Mod/FloorDiv (sympy's Mod divides out
+            # factors it cannot prove nonzero) never bounds, and expanding one ran for hours: not tried.
+            quotient = any(map(_negative_power, diff.atoms(sympy.Mod, PythonMod, FloorDiv)))
+            for form in (make(diff) for make in (() if quotient else (sympy.expand, sympy.factor))):
                 if _negative_power(form):  # torch's interval maths raises (and logs) on 1/(...): unproved
                     continue
                 try:
@@ -144,11 +143,6 @@ class SymEnv:
 
 def _negative_power(expr: sympy.Basic) -> bool:
     return any(p.exp.is_negative for p in expr.atoms(sympy.Pow))
-
-
-def _quotient_in_division(expr: sympy.Basic) -> bool:
-    """Whether a Mod or FloorDiv of `expr` has a negative power among its arguments."""
-    return any(_negative_power(d) for d in expr.atoms(sympy.Mod, PythonMod, FloorDiv))
 
 
 def _rel(strict: bool) -> Callable[[Any, Any], bool | None]:
