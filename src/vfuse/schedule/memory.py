@@ -12,9 +12,12 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping
+from typing import Any
+
+import sympy
 
 from vfuse.ir import Graph
-from vfuse.ir.sym import hint, proved, smax
+from vfuse.ir.sym import hint, is_sym, proved, smax
 from vfuse.schedule.kernel import Kernel, Load, MemoryPlan, Segment, Step, Store, Walk
 
 # Walks whose renderers read each element where the statements say, nothing ahead of the store
@@ -22,10 +25,22 @@ from vfuse.schedule.kernel import Kernel, Load, MemoryPlan, Segment, Step, Store
 _PLAIN_WALKS = (Walk.SINGLE_ROW, Walk.ROWS, Walk.ROW_GROUPS, Walk.TILED_COLUMNS)
 
 ALIGN = 64
+# Over symbolic sizes an offset past several buffers nests Max expressions, and proofs over them
+# grow exponentially (a dynamic fuzz program's 2400-node offset: a minute per bound in sympy). Past
+# this many operations a buffer goes after all placed so far: their sizes' sum bounds every end.
+MAX_OFFSET_OPS = 64
 
 
 def _align(n: int) -> int:
     return (n + ALIGN - 1) // ALIGN * ALIGN
+
+
+def _ops(x: Any) -> int:
+    return sympy.count_ops(x.expr) if is_sym(x) else 0
+
+
+def _hints(clash: tuple[Any, Any]) -> tuple[int, int]:
+    return hint(clash[0]), hint(clash[1])
 
 
 def liveness(graph: Graph, steps: list[Step], values: set[str]) -> dict[str, tuple[int, int]]:
@@ -142,23 +157,31 @@ def plan_memory(
     order = sorted(live, key=lambda v: (-hint(graph[v].tensor_type.nbytes), live[v][0], v))
     placed: list[tuple[int, int, tuple[int, int]]] = []  # (offset, size, interval)
     offsets: dict[str, int] = {}
+    stacked = 0  # the sizes placed so far: no placed buffer ends past it
     for v in order:
         size = _align(max(graph[v].tensor_type.nbytes, 1))
         lo, hi = live[v]
-        clashes = sorted((o, s) for o, s, (a, b) in placed if a <= hi and lo <= b)
+        # By the hints: comparing symbolic offsets would guard on their order (compiling again
+        # wherever it flips).
+        clashes = sorted(((o, s) for o, s, (a, b) in placed if a <= hi and lo <= b), key=_hints)
         offset = 0
         # Symbolic sizes (ir/sym.py): a gap is taken only where it is proved large enough at every
-        # size, and offsets past several buffers are Max expressions: the plan takes no guard.
-        for o, s in clashes:
-            if proved(offset + size, "<=", o):
+        # size, before every clash still ahead, and offsets past several buffers are Max
+        # expressions: the plan takes no guard.
+        for i, (o, s) in enumerate(clashes):
+            if _ops(offset) > MAX_OFFSET_OPS:
+                offset = stacked
+                break
+            if all(proved(offset + size, "<=", o2) for o2, _ in clashes[i:]):
                 break
             offset = smax(offset, o + s)
-        offsets[v] = offset
-        placed.append((offset, size, (lo, hi)))
+        offsets[v] = offset if _ops(offset) <= MAX_OFFSET_OPS else stacked
+        placed.append((offsets[v], size, (lo, hi)))
+        stacked = stacked + size
     for v in shared:
         offsets[v] = offsets[root(v)]
     total = 0
     for o, s, _ in placed:
-        total = smax(total, o + s)
+        total = smax(total, o + s) if _ops(total) <= MAX_OFFSET_OPS else stacked
     naive = sum(_align(max(graph[v].tensor_type.nbytes, 1)) for v in offsets)
     return MemoryPlan(offsets, total, naive)
