@@ -153,13 +153,14 @@ def _leaf(spec: Input, gen: torch.Generator) -> torch.Tensor:
 
 
 def make_inputs(
-    program: Program, grad: bool = False, double: bool = False, perturb: bool = False
+    program: Program, grad: bool = False, double: bool = False, perturb: int = 0
 ) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
     """(leaves, inputs) from the program's seed. `double`: floats as float64 (the same values).
-    `grad`: float leaves require grad (aliased inputs share their leaf). `perturb`: floats moved
-    by a few ulps of their dtype (how much the program amplifies rounding; see check.py)."""
+    `grad`: float leaves require grad (aliased inputs share their leaf). `perturb` k > 0: floats
+    moved by a few ulps of their dtype, the k-th such set (how much the program amplifies
+    rounding; see check.py)."""
     gen = torch.Generator().manual_seed(program.seed)
-    noise = torch.Generator().manual_seed(program.seed + 2)
+    noise = torch.Generator().manual_seed(program.seed + 1 + int(perturb))
     leaves: list[torch.Tensor] = []
     inputs: list[torch.Tensor] = []
     for spec in program.inputs:
