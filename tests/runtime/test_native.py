@@ -225,6 +225,21 @@ def test_native_only_program_takes_the_lean_path() -> None:
     assert executor(general).call_plan is None  # a torch step between segments
 
 
+def test_a_returned_input_keeps_the_lean_path() -> None:
+    """AOTAutograd's forward returns the inputs its backward saves: handed back as the general
+    path hands them back (the tensor itself; a contiguous copy of a strided one)."""
+    b = GraphBuilder()
+    x, w = inputs(b, ((6, 8), F32), ((8,), F32))
+    graph = b.build([b.add(Op.MUL, [x, w]), x, w, x])
+    ex = check(graph, [torch.randn(6, 8), torch.randn(8)])
+    assert ex.call_plan is not None and ex.call_plan.results == (0, -1, -2, -1)
+    for x in (torch.randn(6, 8), torch.randn(8, 6).T):
+        wv = torch.randn(8)
+        out, x_back, w_back, x_again = ex([x, wv])
+        assert torch.equal(out, x * wv) and w_back is wv and torch.equal(x_back, x) and torch.equal(x_again, x)
+        assert (x_back is x) == x.is_contiguous() and x_back.is_contiguous()
+
+
 def test_small_outputs_are_recycled_only_when_unreferenced() -> None:
     graph, c = _lean_graph()
     ex = executor(graph)

@@ -7,8 +7,10 @@ decided here once, when the executor is built: which input index and which outpu
 which pointer slot, which outputs the graph returns. Constants have fixed addresses and are
 bound once, so a call builds no name-keyed environment and looks nothing up by name.
 
-Programs with torch steps (OPAQUE nodes, fallbacks) or that return something no kernel
-writes (an input, a constant) keep the general path in `NativeExecutor`.
+A graph input the graph also returns (AOTAutograd's forward returns the inputs its backward
+saves) is handed back as the general path hands it back: the tensor itself, or its contiguous
+copy. Programs with torch steps (OPAQUE nodes, fallbacks) or that return something else no
+kernel writes (a constant, a view) keep the general path in `NativeExecutor`.
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ class CallPlan:
     inputs: tuple[tuple[int, int], ...]  # (pointer slot, graph input position)
     outputs: tuple[tuple[str, tuple[int, ...], torch.dtype], ...]  # (pool key, shape, dtype)
     output_slots: tuple[int, ...]
-    results: tuple[int, ...]  # for each graph output, its position in `outputs`
+    results: tuple[int, ...]  # for each graph output, its position in `outputs`; -1 - i: graph input i
     draws_seeds: bool
     in_order: bool = False  # `results` is 0, 1, ...: the outputs are returned as the pool gives them
 
@@ -39,11 +41,11 @@ def make_call_plan(program: Program, graph: Graph) -> CallPlan | None:
         return None
     bufs = program.buffers
     written = [v for v, b in bufs.items() if b.kind is BufKind.OUTPUT]
-    if any(v not in written for v in graph.outputs):
+    if any(v not in written and graph[v].op is not Op.INPUT for v in graph.outputs):
         return None
     # Inputs no kernel reads have no slot: they need no binding.
     bound = [n for n in graph.inputs if n.name in bufs]
-    results = tuple(written.index(v) for v in graph.outputs)
+    results = tuple(written.index(v) if v in written else -1 - int(graph[v].attrs["index"]) for v in graph.outputs)
     return CallPlan(
         inputs=tuple((bufs[n.name].slot, int(n.attrs["index"])) for n in bound),
         outputs=tuple((v, bufs[v].type.shape, bufs[v].type.dtype.torch) for v in written),

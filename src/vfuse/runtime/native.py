@@ -303,7 +303,9 @@ class NativeExecutor(StepRunner):
         for entry in self._raw_entries:
             if entry(ptrs, self._arena_arg, self._seeds_arg, self._threads_arg):
                 raise self._fault()
-        return outs if plan.in_order else [outs[k] for k in plan.results]
+        if plan.in_order:
+            return outs
+        return [outs[k] if k >= 0 else _handed_back(inputs[-1 - k]) for k in plan.results]
 
     def _fault(self) -> Exception:
         """The exception eager torch raises for the fault a kernel recorded, naming its node."""
@@ -338,6 +340,11 @@ class NativeExecutor(StepRunner):
         if value in env:
             return env[value]
         return self._arena_view(value)
+
+
+def _handed_back(x: Any) -> Any:
+    """A returned graph input as the general path's environment holds it."""
+    return x.contiguous() if isinstance(x, torch.Tensor) else x
 
 
 class SizedExecutor(NativeExecutor):
