@@ -214,3 +214,31 @@ def test_saved_inputs_returned_as_is_keep_eager_semantics():
         torch.testing.assert_close(b, a, rtol=1e-4, atol=1e-5, msg=name)
     for a, b in zip(eager.parameters(), model.parameters(), strict=True):
         torch.testing.assert_close(b.grad, a.grad, rtol=1e-4, atol=1e-4)
+
+
+def test_backward_with_gradients_in_its_arena_takes_the_lean_path():
+    """The backward's gradients are views of a fresh arena each call, bound by the lean call
+    path: a gradient held from one step keeps its values through the next step's call. (The
+    MLP's backward stores gradients into donated saved activations: the general path.)"""
+    torch._dynamo.reset()
+    x = torch.randn(7, 61)
+
+    def _norm() -> nn.Module:
+        torch.manual_seed(0)
+        return nn.LayerNorm(61)
+
+    eager, model = _norm(), _norm()
+    backend = vfuse.backend(strict=True)
+    fwd = torch.compile(model, backend=backend)
+    _, first = _step(model, fwd, x)
+    held = [p.grad for p in model.parameters()]  # the arena's own views, not copies
+    bwd = backend.compiled[1].executor
+    assert isinstance(bwd, ArenaOutputExecutor) and bwd.call_plan is not None and bwd.program.arena_outputs
+    placed = {a.untyped_storage().data_ptr() for a in held}
+    _, second = _step(model, fwd, x * 2)
+    want = _step(eager, eager, x * 2)[1]
+    for h, f, s, w in zip(held, first, second, want, strict=True):
+        assert torch.equal(h, f)
+        torch.testing.assert_close(s, w, rtol=1e-4, atol=1e-5)
+    again = {p.grad.untyped_storage().data_ptr() for p in model.parameters()}
+    assert len(placed) < len(held) and not placed & again  # shared by a call's gradients, fresh per call

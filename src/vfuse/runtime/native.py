@@ -296,7 +296,7 @@ class NativeExecutor(StepRunner):
                 t = t.contiguous()
                 held.append(t)
             ptrs[slot] = t.data_ptr()
-        outs = self._pool.take(plan.outputs, self._static, ptrs, plan.output_slots)
+        outs = self._planned_outputs(plan)
         if plan.draws_seeds:
             self._draw_seeds({})
         self._threads_arg.value = torch.get_num_threads()
@@ -306,6 +306,10 @@ class NativeExecutor(StepRunner):
         if plan.in_order:
             return outs
         return [outs[k] if k >= 0 else _handed_back(inputs[-1 - k]) for k in plan.results]
+
+    def _planned_outputs(self, plan: CallPlan) -> list[torch.Tensor]:
+        """This call's outputs on the lean path, each one's data pointer stored in its slot."""
+        return self._pool.take(plan.outputs, self._static, self._ptrs, plan.output_slots)
 
     def _fault(self) -> Exception:
         """The exception eager torch raises for the fault a kernel recorded, naming its node."""
