@@ -101,9 +101,10 @@ def written_attention(g: Gen) -> int | None:
         return None
     vq = g.vals[q]
     batch, e = vq.shape[:-2], vq.shape[-1]
-    # At least 2 keys: over one key q's gradient is 0 exactly, and the flash backward's
-    # P * (dP - delta) leaves rounding noise there (~1e-7; docs/attention.md) against a 0 tolerance.
-    keys = vq.shape[-2] if g.flag(3) and vq.shape[-2] >= 2 else g.choice((5, 2, 16, 7))
+    # At least 2 keys, and in backward programs not q on itself: over one key (or a one-hot softmax,
+    # q . q over a long head size) q's gradient is 0 exactly, and the flash backward's
+    # P * (dP - delta) leaves rounding noise there (docs/attention.md) against a 0 tolerance.
+    keys = vq.shape[-2] if g.flag(3) and vq.shape[-2] >= 2 and not g.cfg.grad else g.choice((5, 2, 16, 7))
     k = q if keys == vq.shape[-2] else weight(g, (*batch, keys, e), vq.dtype)
     v = q if k == q else weight(g, (*batch, keys, g.choice((e, 8, 3))), vq.dtype)
     return _attend(g, q, k, v)
