@@ -3,6 +3,7 @@ reference executor (small inputs: emulation is slow)."""
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from pathlib import Path
 
@@ -17,6 +18,7 @@ from vfuse.context import Context, Options
 from vfuse.entry.aot import export
 from vfuse.frontend.lower import lower
 from vfuse.ir import Op
+from vfuse.schedule.kernel import Kernel
 from vfuse.targets import get_target
 from vfuse.targets.cpu import at_tier
 from vfuse.targets.isa import ARM, CpuIsa, Isa
@@ -46,3 +48,24 @@ def test_family_on_arm64_matches_the_reference(family: str, tmp_path: Path) -> N
     want = interp.run(graph, list(inputs))
     for name, w in zip(graph.outputs, want, strict=True):
         torch.testing.assert_close(got[name], w, rtol=2e-3, atol=2e-3, msg=lambda m, n=name: f"output %{n}: {m}")
+
+
+def test_layer_norm_moments_on_arm64(tmp_path: Path) -> None:
+    """LayerNorm's two sums as one pass of per-lane moments (codegen/cpp/moments.py) in NEON's
+    4-lane vectors: decided for rows past the LLC, here a 64 KiB one."""
+    x = torch.randn(40, 320) * 3 + torch.randn(40, 1) * 100
+    x[1] = 7.0  # variance 0
+    inputs = (x, torch.randn(320), torch.randn(320))
+    ctx = Context(Options(backend="cpp"))
+    graph = optimize(lower(export(_layer_norm, inputs).graph_module, ctx), ctx)
+    neon = at_tier(get_target("cpu"), CpuIsa(Isa.NEON, frozenset(), ARM))
+    neon = dataclasses.replace(neon, l3_bytes=64 << 10)
+    program = schedule(plan(graph, ctx, neon), neon, ctx)
+    assert [k.moments for k in program.kernels if isinstance(k, Kernel)] == [(4, 4)]
+    got = run_arm64(program, graph, render(program, ctx), inputs, [], tmp_path)
+    (name,) = graph.outputs
+    torch.testing.assert_close(got[name], interp.run(graph, list(inputs))[0], rtol=1e-4, atol=1e-4)
+
+
+def _layer_norm(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    return torch.nn.functional.layer_norm(x, (x.shape[-1],), w, b)

@@ -316,6 +316,7 @@ class Kernel:
     tile: int = 0  # TILED_COLUMNS: columns reduced together (last outer loop)
     row_group: int = 0  # ROW_GROUPS: rows per group
     register_row: int = 0  # ROW_GROUPS: fp32 lanes a vector of a row held in registers, one row at a time
+    moments: tuple[int, int] | None = None  # ROWS: (fp32 lanes, vectors a chunk): passes 0-1 as one (`moments.py`)
     prefetch: RowPrefetch | None = None  # ROWS: rows read ahead
     table_flat: bool = False  # LOOKUP_TABLE: contiguous bytes in and out, one flat loop
     transpose: TransposeTiles | None = None  # TILED_TRANSPOSE: the tiles and the accesses staged through L1
@@ -488,8 +489,7 @@ class Program:
     # (output, arena byte offset): stored in the arena, which the outputs then keep (`donate.py`)
     arena_outputs: tuple[tuple[str, int], ...] = ()
     profiled: bool = False  # a timing build (`runtime/profile.py`): segments also get entries clocking each kernel
-    # Symbolic sizes (ir/sym.py), read by kernels as `vf_<name>` after the RNG seeds in `seeds`.
-    symbols: tuple[str, ...] = ()
+    symbols: tuple[str, ...] = ()  # symbolic sizes (ir/sym.py), read as `vf_<name>` after the RNG seeds
 
     @property
     def segments(self) -> tuple[Segment, ...]:

@@ -51,6 +51,8 @@ def _walk(k: Kernel) -> str:
         parts.append("streamed stores" + (" per call" if k.stream_gate is not None else ""))
     if k.prefetch:
         parts.append(_prefetch(k.prefetch))
+    if k.moments:
+        parts.append(f"passes 0-1 as one of per-lane moments ({k.moments[0]}-lane vectors, {k.moments[1]} a chunk)")
     if k.tail:
         parts.append(f"last {k.tail} part(s) after the others (they write inputs the others read)")
     return ", ".join(parts)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from vfuse.codegen.cpp.moments import render_moments
 from vfuse.codegen.cpp.passes import render_pass
 from vfuse.codegen.cpp.prefetch import render_prefetch
 from vfuse.codegen.cpp.streaming import serial_copy
@@ -58,9 +59,19 @@ def _one_row_at_a_time(w: KernelWriter) -> None:
     for lp in k.outer:
         w.open_loop(lp)
     for i, p in enumerate(k.passes):
+        if k.moments and i == 1:
+            continue  # rendered with pass 0
         if k.prefetch:
             render_prefetch(w, k.prefetch, i)
-        render_pass(w, p)
+        if k.moments and i == 0:
+            render_moments(w, p, k.passes[1], lambda: _prefetch(w, 1))
+        else:
+            render_pass(w, p)
     for s in k.after:
         w.stmt(s)
     w.close(len(k.outer))
+
+
+def _prefetch(w: KernelWriter, i: int) -> None:
+    if w.k.prefetch:
+        render_prefetch(w, w.k.prefetch, i)
