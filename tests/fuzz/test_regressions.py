@@ -9,8 +9,8 @@ from __future__ import annotations
 import pytest
 import torch
 from tests.fuzz.check import check_backward, check_forward
-from tests.fuzz.ops import A, N, R, U
-from tests.fuzz.program import Input, Kind, Layout, Program, Step
+from tests.fuzz.ops import A, N, P, R, S, U, V
+from tests.fuzz.program import Input, Kind, Layout, Program, Step, Values
 
 SCALAR_F32 = (Input(shape=(), dtype=torch.float32),)
 X = Step(kind=Kind.INPUT, params=(0,))
@@ -64,3 +64,34 @@ def test_zero_gradient_through_one_channel_batch_norm() -> None:
         Step(kind=Kind.UNARY, fn=U.RELU, srcs=(6,)),
     )
     check_backward(Program(inputs=ins, steps=steps, outputs=(7,), seed=1))
+
+
+# A cat along the SIMD loop of a ceil-mode max pool's window (indices clamped inside one of the
+# cat's pieces): splitting that loop at the pieces asked the clamp for a divisor (AttributeError,
+# the graph fell back to the reference executor).
+def test_cat_of_a_clamped_pool_window_along_the_simd_loop() -> None:
+    f32 = torch.float32
+    ins = (
+        Input(shape=(2,), dtype=f32, values=Values.SPECIAL),
+        Input(shape=(2,), dtype=torch.bool),
+        Input(shape=(), dtype=f32, values=Values.SPECIAL),
+        Input(shape=(1, 3, 7, 4), dtype=f32),
+        Input(shape=(1, 3, 16, 4), dtype=f32),
+        Input(shape=(1, 3, 16, 8), dtype=f32, layout=Layout.TRANSPOSED),
+    )
+    steps = (
+        *(Step(kind=Kind.INPUT, params=(i,)) for i in range(3)),
+        Step(kind=Kind.UNARY, fn=U.ERFC, srcs=(2,)),
+        Step(kind=Kind.CAT, srcs=(1, 0, 1), params=(0,)),
+        Step(kind=Kind.INPUT, params=(3,)),
+        Step(kind=Kind.POOL, fn=P.MAX, srcs=(5,), params=(2, 2, 0, 2, True)),
+        Step(kind=Kind.CAT, srcs=(4, 1, 1, 1), params=(-1,)),
+        Step(kind=Kind.INPUT, params=(4,)),
+        Step(kind=Kind.INPUT, params=(5,)),
+        Step(kind=Kind.VIEW, fn=V.TRANSPOSE, srcs=(8,), params=(-1, -2)),
+        Step(kind=Kind.MATMUL, srcs=(5, 10)),
+        Step(kind=Kind.SCALAR, fn=S.MUL, srcs=(11,), params=(0.5,)),
+        Step(kind=Kind.NORM, fn=N.SOFTMAX, srcs=(12,), params=(-1, 0.0, False, False)),
+        Step(kind=Kind.MATMUL, srcs=(13, 9)),
+    )
+    check_forward(Program(inputs=ins, steps=steps, outputs=(14, 9, 7), seed=799), export=False)

@@ -161,7 +161,10 @@ def _block(body: tuple[Stmt | Store, ...], live: set[str | None], v: Var, lo: in
     """The block that leaves no div / mod of the SIMD var in the live indices (each piece's loads
     contiguous within a block), or 0 (none needed, or none possible)."""
     indices = [within(e, v.id, lo, hi) for s in body if _var(s) in live for e in stmt_index(s)]
-    divisors = [a.divisor for e in indices for lin in walk(e) for a, _ in lin.terms if _on(a, v)]
+    on_v = [a for e in indices for lin in walk(e) for a, _ in lin.terms if _on(a, v)]
+    if any(isinstance(a, Clamp) for a in on_v):
+        return 0  # a clamp active inside the range (a pool's padding): no block makes it contiguous
+    divisors = [a.divisor for a in on_v if isinstance(a, Div | Mod)]
     if not divisors or not all(isinstance(d, int) for d in divisors):
         return 0
     block = math.gcd(*divisors)
