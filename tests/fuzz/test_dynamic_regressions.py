@@ -12,7 +12,7 @@ import torch
 from tests.fuzz.check_dynamic import check_dynamic
 from tests.fuzz.graphs_dynamic import SV, DynKind
 from tests.fuzz.ops import B, N, R, U
-from tests.fuzz.program import Input, Kind, Program, Step
+from tests.fuzz.program import Input, Kind, Layout, Program, Step
 
 X = Step(kind=Kind.INPUT, params=(0,))
 
@@ -98,3 +98,26 @@ def test_fp32_gemm_takes_no_int8_guard() -> None:
     )
     stats = check_dynamic(Program(inputs, steps, (5,), seed=2), [(262147, 37)], "dynamic", grad=True)
     assert stats["recompiles"] == [] and stats["graphs"] == 2  # forward, backward
+
+
+# A grouped conv's weight gradient over symbolic sizes takes the folded template, which reads the
+# swapped operands in place of one group only: the schedule asked it to for 3 groups (a codegen
+# error, found by make fuzz); it now reads them through the prologue.
+def test_grouped_weight_gradient_over_symbolic_sizes() -> None:
+    f32, t = torch.float32, Layout.TRANSPOSED
+    ins = (
+        Input((11, 37), f32),
+        Input((1, 3, 7, 6), f32),
+        Input((3, 1, 1, 2), f32, layout=t),
+        Input((3,), f32),
+        Input((3,), f32),
+    )
+    steps = (
+        *(Step(Kind.INPUT, params=(i,)) for i in range(3)),
+        Step(Kind.CONV, srcs=(1, 2), params=(1, 1, 1, 3)),
+        Step(Kind.INPUT, params=(3,)),
+        Step(Kind.INPUT, params=(4,)),
+        Step(Kind.NORM, N.BATCH_TRAIN, (3, 4, 5), (0, 1e-05, True, True)),
+        Step(Kind.UNARY, U.RELU, (6,)),
+    )
+    check_dynamic(Program(ins, steps, (7, 0), seed=2867958), [(16411, 37), (255, 5), (17, 15)], "dynamic", grad=True)

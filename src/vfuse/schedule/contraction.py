@@ -246,7 +246,8 @@ def _conv_operands(graph: Graph, node: str, ops: _Operands, cpu: bool) -> bool:
         raise Unsupported(f"%{node}: conv geometry {geometry} is not (h, w) integer pairs")
     inputs = graph[node].inputs
     shapes = [graph[i].tensor_type.shape for i in inputs]
-    if cpu and folded_conv(attrs, *shapes, graph[node].tensor_type.shape):
+    # The folded template reads swapped operands of one group only (conv_wgrad.render_conv2d_folded).
+    if cpu and attrs["groups"] == 1 and folded_conv(attrs, *shapes, graph[node].tensor_type.shape):
         bases = [swapped_base(graph, ops.prologue, i) for i in inputs]
         if all(bases):
             for b, shape in zip(bases, shapes, strict=True):
