@@ -65,6 +65,7 @@ def test_layer_norm_moments_on_arm64(tmp_path: Path) -> None:
     got = run_arm64(program, graph, render(program, ctx), inputs, [], tmp_path)
     (name,) = graph.outputs
     torch.testing.assert_close(got[name], interp.run(graph, list(inputs))[0], rtol=1e-4, atol=1e-4)
+    assert torch.equal(got[name][1], inputs[2])  # the constant row's mean is exact: 0 * w + b
 
 
 def _layer_norm(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor) -> torch.Tensor:

@@ -34,13 +34,20 @@ def norm_graph(kind: str, n: int = 96, d: int = 200) -> tuple:
     return b.build([out, mean]), lambda x, w, bias: F.gelu(F.layer_norm(x, (d,), w, bias))
 
 
-def layer_norm_graph(n: int, d: int) -> Graph:
-    """F.layer_norm(x, (d,), w, b) decomposed as the frontend does (mean, then centred variance)."""
+def layer_norm_graph(n: int, d: int, corrected: bool = False) -> Graph:
+    """F.layer_norm(x, (d,), w, b) decomposed into a mean, then the centred variance; `corrected`:
+    as the frontend does, the mean corrected by the deviations' sum (frontend/lower_reduce.py)."""
     b = GraphBuilder()
     x, w, bias = inputs(b, ((n, d), F32), ((d,), F32), ((d,), F32))
     inv_d = scalar(b, 1.0 / d)
     mean = b.add(Op.MUL, [b.add(Op.SUM, [x], axes=(1,), keepdim=True), inv_d])
     xc = b.add(Op.SUB, [x, mean])
-    var = b.add(Op.MUL, [b.add(Op.SUM, [b.add(Op.MUL, [xc, xc])], axes=(1,), keepdim=True), inv_d])
+    squares = b.add(Op.SUM, [b.add(Op.MUL, [xc, xc])], axes=(1,), keepdim=True)
+    if corrected:
+        s1 = b.add(Op.SUM, [xc], axes=(1,), keepdim=True)
+        per = b.add(Op.MUL, [s1, inv_d])
+        xc = b.add(Op.SUB, [x, b.add(Op.ADD, [mean, per])])
+        squares = b.add(Op.MAXIMUM, [b.add(Op.SUB, [squares, b.add(Op.MUL, [s1, per])]), scalar(b, 0.0)])
+    var = b.add(Op.MUL, [squares, inv_d])
     y = b.add(Op.MUL, [xc, b.add(Op.RSQRT, [b.add(Op.ADD, [var, scalar(b, 1e-5)])])])
     return b.build([b.add(Op.ADD, [b.add(Op.MUL, [y, w]), bias])])

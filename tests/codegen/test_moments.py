@@ -38,6 +38,7 @@ def test_moments_only_for_layer_norm_rows_past_the_llc() -> None:
     assert k.walk is Walk.ROWS and k.moments == (16, 4)
     assert "passes 0-1 as one of per-lane moments (16-lane vectors, 4 a chunk)" in format_kernel(k)
     assert _kernel(layer_norm_graph(8192, 768), dataclasses.replace(LLC32, simd_lanes=8)).moments == (8, 4)
+    assert _kernel(layer_norm_graph(8192, 768, corrected=True), LLC32).moments == (16, 4)  # the frontend's
     assert _kernel(layer_norm_graph(2048, 768), LLC32).moments is None  # 12 MiB: in the LLC
     assert _kernel(layer_norm_graph(8192, 776), LLC32).moments is None  # not whole chunks of 4 vectors
     assert _kernel(layer_norm_graph(8192, 768), dataclasses.replace(LLC32, l3_bytes=0)).moments is None
@@ -56,16 +57,19 @@ def _tiny_llc(monkeypatch: pytest.MonkeyPatch, request: pytest.FixtureRequest) -
 
 @pytest.mark.parametrize("_tiny_llc", tiers_here(), ids=lambda t: t.value, indirect=True)
 @pytest.mark.parametrize(("n", "d"), [(64, 768), (9, 1024), (33, 320)])
-def test_layer_norm_moments_match_eager(_tiny_llc: None, n: int, d: int) -> None:
+@pytest.mark.parametrize("corrected", [False, True], ids=["mean", "corrected"])
+def test_layer_norm_moments_match_eager(_tiny_llc: None, n: int, d: int, corrected: bool) -> None:
     gen = torch.Generator().manual_seed(n * d)
     x = torch.randn(n, d, generator=gen) * 3 + torch.randn(n, 1, generator=gen) * 100
     x[1] = 7.0  # a constant row: variance 0
     x[2, 5] = float("inf")
     x[3, 0] = float("nan")
-    graph = layer_norm_graph(n, d)
+    graph = layer_norm_graph(n, d, corrected)
     xs = [x, torch.randn(d, generator=gen), torch.randn(d, generator=gen)]
     ex = check(graph, xs, hand_plan(graph, [[nd.name for nd in graph.compute_nodes]]), rtol=1e-4, atol=1e-4)
     (k,) = [k for k in ex.program.kernels if isinstance(k, Kernel)]
     assert k.walk is Walk.ROWS and k.moments == (ex.program.vector_width, 4) and "mo_m" in ex.source
     got, want = ex(xs)[0], F.layer_norm(x, (d,), xs[1], xs[2])
     torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4, equal_nan=True)
+    if corrected:  # the constant row's mean is the value exactly, as eager's Welford mean
+        assert torch.equal(got[1], want[1])

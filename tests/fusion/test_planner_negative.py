@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import torch
+import torch.nn.functional as F
+from tests.frontend.lowering_helpers import lower_fn
 from tests.fusion.fusion_patterns import F32, FIXED_CPU, _input, _scalar, check_plan, labels, layer_norm, rules
 
 from vfuse.fusion import Budgets, plan_fusion
@@ -139,3 +142,14 @@ def test_row_too_wide_for_the_cache_is_split_on_cpu() -> None:
     assert len(plan.groups) > 1
     assert "cache-budget" in rules(plan, accepted=False)
     assert len(plan_fusion(layer_norm(rows=2, d=1 << 12), FIXED_CPU).groups) == 1
+
+
+def test_a_value_kept_on_chip_is_counted_once() -> None:
+    """The frontend's LayerNorm (corrected two-pass statistics) keeps only x on chip across its
+    passes: 192K-wide rows need 768 KiB of the 1 MiB L2 and stay one kernel, whichever merges
+    the planner takes first (the working set counted x again at each merge that read it and split
+    this row kernel: 1.5 MiB > 1 MiB)."""
+    graph = lower_fn(lambda x: F.layer_norm(x, (x.shape[-1],)), [torch.randn(2, 3 << 16)])
+    plan = plan_fusion(graph, FIXED_CPU)
+    check_plan(plan)
+    assert len(plan.groups) == 1 and "cache-budget" not in rules(plan, accepted=False)

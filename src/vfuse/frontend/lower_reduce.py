@@ -62,20 +62,33 @@ class Moments(NamedTuple):
 
 
 def variance(em: Emitter, x: str, axes: tuple[int, ...], correction: float, keepdim: bool) -> Moments:
-    """Two passes, sum((x - mean)^2) / max(0, N - correction), like torch; x - mean is kept
-    so that normalizations reuse it."""
+    """The corrected two-pass algorithm (Chan, Golub & LeVeque 1983): with m = sum(x) / N and
+    d = x - m, mean = m + sum(d) / N and sum((x - mean)^2) = sum(d^2) - sum(d)^2 / N (never below
+    0), divided by max(0, N - correction) like torch; x - mean, taken as d - sum(d) / N, is kept so
+    that normalizations reuse it. The correction costs one more sum in the pass that squares d: the
+    mean is then as accurate as one rounding allows, and exact over a constant row (every d is the
+    same -ulp), as eager's Welford mean is; a plain sum / N is an ulp off there and a normalized
+    constant row came out ulp * rstd instead of 0 (3e-5 at eps 1e-3). d - sum(d) / N rather than
+    x - mean: a row held in registers keeps d from the squares' pass (LayerNorm 8192 x 256, AVX-512:
+    0.93x the time of x - mean; AVX2 0.98x)."""
     x = em.cast(x, acc_dtype(em.ttype(x).dtype))
-    mu = mean(em, x, axes, True)
-    d = em.emit(Op.SUB, (x, mu))
-    sq = em.emit(Op.SUM, (em.emit(Op.MUL, (d, d)),), axes=axes, keepdim=keepdim)
-    dtype = em.ttype(x).dtype
-    n = count(em, x, axes)
+    dtype, n = em.ttype(x).dtype, count(em, x, axes)
+    first = mean(em, x, axes, True)
+    d0 = em.emit(Op.SUB, (x, first))
+    s1 = em.emit(Op.SUM, (d0,), axes=axes, keepdim=True)
+    s2 = em.emit(Op.SUM, (em.emit(Op.MUL, (d0, d0)),), axes=axes, keepdim=True)
+    per = em.emit(Op.DIV, (s1, em.scalar(n, dtype)))
+    mu = em.emit(Op.ADD, (first, per))
+    sq = em.emit(Op.MAXIMUM, (em.emit(Op.SUB, (s2, em.emit(Op.MUL, (s1, per)))), em.scalar(0.0, dtype)))
     if is_sym(n) and float(correction).is_integer():  # a symbolic count stays symbolic (no guard on N)
         denominator: Any = smax(0, n - int(correction))
     else:
         denominator = max(0.0, n - correction)
     var = em.emit(Op.DIV, (sq, em.scalar(denominator, dtype)))
-    return Moments(var, mu, d)
+    kept = tuple(s for i, s in enumerate(em.ttype(var).shape) if keepdim or i not in axes)
+    if len(kept) != em.ttype(var).rank:
+        var = em.emit(Op.RESHAPE, (var,), shape=kept)
+    return Moments(var, mu, em.emit(Op.SUB, (d0, per)))
 
 
 @lowers(aten.sum.dim_IntList, aten.sum.default)

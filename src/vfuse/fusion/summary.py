@@ -124,6 +124,7 @@ class Summary:
     # kernel's inputs; and the transcendental nodes per loop (`cost.chain_factor`).
     levels: Mapping[str, int] = dataclasses.field(default_factory=dict)
     chains: tuple[int, ...] = ()
+    kept: frozenset[str] = frozenset()  # the values `persist` counts (each once, however many merges see it)
 
     @property
     def transcendental(self) -> int:
@@ -176,7 +177,7 @@ def combine(p: Summary, c: Summary, outputs: frozenset[str], facts: Mapping[str,
             pe[f.shape] -= f.pe
     passed = c.inputs & p.names
     sig = p.sig or c.sig
-    crossing = _crossing(p, c, passed, sig, facts) if p.reduces and sig else 0
+    kept = p.kept | c.kept | (_crossing(p, c, passed, sig, facts) if p.reduces and sig else frozenset())
     return Summary(
         names,
         (p.inputs | c.inputs) - names,
@@ -188,7 +189,7 @@ def combine(p: Summary, c: Summary, outputs: frozenset[str], facts: Mapping[str,
         fixed,
         fixed_s,
         max(p.live + sum(facts[v].regs for v in passed), c.live),
-        p.persist + c.persist + crossing,
+        sum(facts[v].nbytes // max(hint(facts[v].numel), 1) for v in kept),
         p.depth + c.depth + int(p.reduces and c.reduces),
         p.reduces or c.reduces,
         p.layout_only and c.layout_only,
@@ -199,6 +200,7 @@ def combine(p: Summary, c: Summary, outputs: frozenset[str], facts: Mapping[str,
         template_s,
         library_s,
         *_levels(p, c, passed, outputs, facts),
+        kept,
     )
 
 
@@ -242,12 +244,13 @@ def _fits(shape: tuple[int, ...], into: tuple[int, ...]) -> bool:
     )
 
 
-def _crossing(p: Summary, c: Summary, passed: frozenset[str], sig: ReduceSig, facts: Mapping[str, Facts]) -> int:
-    """Bytes per row element of the producer's full-row values (or shared full-row inputs)
-    that the consumer re-reads after the producer's reduction: they must stay on chip."""
+def _crossing(
+    p: Summary, c: Summary, passed: frozenset[str], sig: ReduceSig, facts: Mapping[str, Facts]
+) -> frozenset[str]:
+    """The producer's full-row values (or shared full-row inputs) that the consumer re-reads
+    after the producer's reduction: they must stay on chip."""
     full = numel(sig[0])
-    again = passed | (p.inputs & c.inputs)
-    return sum(facts[v].nbytes // max(hint(facts[v].numel), 1) for v in again if same(facts[v].numel, full))
+    return frozenset(v for v in passed | (p.inputs & c.inputs) if same(facts[v].numel, full))
 
 
 def quick_illegal(p: Summary, c: Summary) -> Illegal | None:

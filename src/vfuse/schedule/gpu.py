@@ -201,23 +201,36 @@ def row_merges(k: Kernel) -> tuple[RowMerge, ...]:
 
 
 def _merge(i: int, a: Pass, b: Pass, defs: dict[str, object], rows: set[str]) -> RowMerge | None:
-    """Passes `a` (index `i`) and `b` as one walk, when each reduces one float value and `b`'s
-    reduction is one of the two shapes above over `a`'s argument (`b` stores nothing)."""
-    if len(a.reduces) != 1 or len(b.reduces) != 1 or any(isinstance(s, Store) for s in (*a.body, *b.body)):
+    """Passes `a` (index `i`) and `b` as one walk, when `a` reduces one float value and `b`'s
+    reductions are one of the two shapes above over `a`'s argument (`b` stores nothing)."""
+    if len(a.reduces) != 1 or not b.reduces or any(isinstance(s, Store) for s in (*a.body, *b.body)):
         return None
-    ra, rb = a.reduces[0], b.reduces[0]
-    if not (ra.dtype.is_float and rb.dtype.is_float and rb.op is Op.SUM and ra.arg_dtype is rb.dtype):
+    ra = a.reduces[0]
+    if not ra.dtype.is_float or any(r.op is not Op.SUM or r.dtype != ra.arg_dtype for r in b.reduces):
         return None
-    arg = _compute(defs, rb.arg)
-    if ra.op is Op.SUM and arg is not None and arg.op is Op.MUL and arg.args[0] == arg.args[1]:
-        d = _compute(defs, arg.args[0])
-        if d is not None and d.op is Op.SUB and d.args[0] == ra.arg and d.args[1] in rows:
-            return RowMerge(i, RowMethod.WELFORD, ra.arg, d.args[1])
-    if ra.op is Op.AMAX and arg is not None and arg.op is Op.EXP:
+    if ra.op is Op.SUM:
+        return _welford(i, ra.arg, b, defs, rows)
+    arg = _compute(defs, b.reduces[0].arg)
+    if ra.op is Op.AMAX and len(b.reduces) == 1 and arg is not None and arg.op is Op.EXP:
         d = _compute(defs, arg.args[0])
         if d is not None and d.op is Op.SUB and d.args == (ra.arg, ra.var):
             return RowMerge(i, RowMethod.ONLINE_SOFTMAX, ra.arg, ra.var)
     return None
+
+
+def _welford(i: int, x: str, b: Pass, defs: dict[str, object], rows: set[str]) -> RowMerge | None:
+    """`b` sums (x - c)^2, and maybe x - c, with c a per-row value: WELFORD over `x`."""
+    squares = [r for r in b.reduces if (m := _compute(defs, r.arg)) is not None and m.op is Op.MUL]
+    if len(squares) != 1 or len(b.reduces) > 2:
+        return None
+    sq = _compute(defs, squares[0].arg)
+    d = _compute(defs, sq.args[0]) if sq is not None and sq.args[0] == sq.args[1] else None
+    if d is None or d.op is not Op.SUB or d.args[0] != x or d.args[1] not in rows:
+        return None
+    others = [r for r in b.reduces if r is not squares[0]]
+    if any(r.arg != d.var for r in others):
+        return None
+    return RowMerge(i, RowMethod.WELFORD, x, d.args[1], others[0].var if others else None)
 
 
 def _compute(defs: dict[str, object], var: str) -> Compute | None:

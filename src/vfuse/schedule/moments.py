@@ -1,6 +1,7 @@
 """Single-pass row moments (`Kernel.moments`): a row walk whose first pass sums a row `x` and whose
-second sums `(x - sum / n)^2` (LayerNorm's mean and variance, as the frontend decomposes them) takes
-both in one pass over the row: each lane keeps the mean and the sum of squared deviations of its
+second sums `(x - sum / n)^2` and maybe `x - sum / n` (LayerNorm's mean and variance, as the
+frontend decomposes them: the corrected two-pass algorithm of frontend/lower_reduce.py) takes both
+in one pass over the row: each lane keeps the mean and the sum of squared deviations of its
 elements, chunk by chunk (a chunk's own two-pass moments merged into the lane's by Chan et al.'s
 update), and the lanes are merged the same way at the row's end (codegen/cpp/moments.py).
 
@@ -42,12 +43,13 @@ def plan_moments(k: Kernel, vector: int, llc: int) -> tuple[int, int] | None:
 
 
 def _moments_passes(p0: Pass, p1: Pass, n: int) -> bool:
-    """p0 = sum(x), p1 = sum((x - total / n)^2) of one fp32 load x, nothing else in either loop."""
+    """p0 = sum(x), p1 = sum((x - total / n)^2) and maybe sum(x - total / n) of one fp32 load x,
+    nothing else in either loop."""
     if any(p.buffered or p.reloaded or p.streamed or p.residue or p.ranges for p in (p0, p1)):
         return False
-    if len(p0.body) != 1 or len(p0.reduces) != 1 or len(p1.body) != 3 or len(p1.reduces) != 1:
+    if len(p0.body) != 1 or len(p0.reduces) != 1 or len(p1.body) != 3 or len(p1.reduces) not in (1, 2):
         return False
-    x, (total, squares) = p0.body[0], (p0.reduces[0], p1.reduces[0])
+    x, total = p0.body[0], p0.reduces[0]
     if not isinstance(x, Load) or x.dtype is not DType.F32 or p1.body[0] != x:
         return False
     if total.op is not Op.SUM or total.arg != x.var or total.dtype is not DType.F32:
@@ -57,7 +59,9 @@ def _moments_passes(p0: Pass, p1: Pass, n: int) -> bool:
         return False
     if not (isinstance(sq, Compute) and sq.op is Op.MUL and sq.args == (dev.var, dev.var)):
         return False
-    if squares.op is not Op.SUM or squares.arg != sq.var or squares.dtype is not DType.F32:
+    if sorted(r.arg for r in p1.reduces) != sorted((sq.var, dev.var)[: len(p1.reduces)]):
+        return False
+    if any(r.op is not Op.SUM or r.dtype is not DType.F32 for r in p1.reduces):
         return False
     return _is_mean(dev.args[1], total.var, n, (*p0.before, *p1.before))
 

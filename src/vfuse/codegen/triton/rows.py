@@ -128,7 +128,7 @@ def _pass_merged(w: TritonWriter, k: Kernel, m: RowMerge, axis: int) -> None:
     g = k.gpu
     assert g is not None
     a, b = k.passes[m.first], k.passes[m.first + 1]
-    ra, rb = a.reduces[0], b.reduces[0]
+    ra, rb = a.reduces[0], next(r for r in b.reduces if r.var != m.deviations)
     w.w(f"# passes {m.first} and {m.first + 1}: {m.method.value}, one walk of the row")
     _before(w, a)
     shape = f"[{g.rows}, {g.block}]" if axis == 1 else f"[{g.block}, {g.rows}]"
@@ -152,15 +152,24 @@ def _pass_merged(w: TritonWriter, k: Kernel, m: RowMerge, axis: int) -> None:
     reduce.finish(w, ra, axis)
     _before(w, b)
     if m.method is RowMethod.WELFORD:
-        # sum((x - c)^2) over a lane = M2 + n (mean - c)^2, for any c; empty lanes add nothing
-        w.w(f"{v}_dc = {v}_mu - {m.shift}")
-        total = f"tl.where({v}_n > 0, {v}_m2 + {v}_n * {v}_dc * {v}_dc, 0)"
-    else:
-        # sum(exp(x - max)) over a lane = its sum times exp(lane max - row max); a NaN or infinite
-        # row max gives NaN, as the two passes do
-        total = f"{v}_acc * tl.exp({ra.var}_acc - {ra.var})"
+        _welford_fold(w, m, v, axis)
+        return
+    # sum(exp(x - max)) over a lane = its sum times exp(lane max - row max); a NaN or infinite
+    # row max gives NaN, as the two passes do
+    w.w(f"{v} = tl.reduce({v}_acc * tl.exp({ra.var}_acc - {ra.var}), {axis}, _vf_add, keep_dims=True)")
+    w.defined.add(v)
+
+
+def _welford_fold(w: TritonWriter, m: RowMerge, v: str, axis: int) -> None:
+    """Over a lane, for any c: sum((x - c)^2) = M2 + n (mean - c)^2 and sum(x - c) = n (mean - c);
+    empty lanes add nothing."""
+    w.w(f"{v}_dc = {v}_mu - {m.shift}")
+    total = f"tl.where({v}_n > 0, {v}_m2 + {v}_n * {v}_dc * {v}_dc, 0)"
     w.w(f"{v} = tl.reduce({total}, {axis}, _vf_add, keep_dims=True)")
     w.defined.add(v)
+    if m.deviations:
+        w.w(f"{m.deviations} = tl.reduce(tl.where({v}_n > 0, {v}_n * {v}_dc, 0), {axis}, _vf_add, keep_dims=True)")
+        w.defined.add(m.deviations)
 
 
 def _welford_update(w: TritonWriter, m: RowMerge, v: str, _: str, acc: str) -> None:
