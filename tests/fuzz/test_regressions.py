@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 import torch
 from tests.fuzz.check import check_backward, check_forward
-from tests.fuzz.ops import A, N, P, R, S, U, V
+from tests.fuzz.ops import A, B, N, P, R, S, U, V
 from tests.fuzz.program import Input, Kind, Layout, Program, Step, Values
 
 SCALAR_F32 = (Input(shape=(), dtype=torch.float32),)
@@ -95,3 +95,17 @@ def test_cat_of_a_clamped_pool_window_along_the_simd_loop() -> None:
         Step(kind=Kind.MATMUL, srcs=(13, 9)),
     )
     check_forward(Program(inputs=ins, steps=steps, outputs=(14, 9, 7), seed=799), export=False)
+
+
+# torch.max / torch.min of a bool tensor along a dim: the reference executor's ARGMAX / ARGMIN
+# called torch.argmax, which refuses bool ("argmax(): does not support bool input").
+@pytest.mark.parametrize("fn", [A.MAX_INDICES, A.MIN_VALUES, A.MAX_VALUES])
+@pytest.mark.parametrize("shape", [(), (1,), (5, 3)])
+def test_max_min_indices_of_bools(fn: A, shape: tuple[int, ...]) -> None:
+    ins = (Input(shape=shape, dtype=torch.float32, values=Values.SPECIAL),)
+    steps = (
+        X,
+        Step(kind=Kind.BINARY, fn=B.LOGICAL_AND, srcs=(0, 0)),
+        Step(kind=Kind.ARG, fn=fn, srcs=(1,), params=(0, True)),
+    )
+    check_forward(Program(inputs=ins, steps=steps, outputs=(2,), seed=0), export=True)

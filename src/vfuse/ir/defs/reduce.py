@@ -89,6 +89,7 @@ def _arg_ref(fn: Callable) -> Callable:
 
     def ref(x: torch.Tensor, attrs: Attrs) -> torch.Tensor:
         axes, keepdim = attrs["axes"], attrs["keepdim"]
+        x = x.to(torch.uint8) if x.dtype == torch.bool else x  # torch.max of bools has indices, argmax none
         if len(axes) == 1:
             return fn(x, dim=axes[0], keepdim=keepdim)
         kept = x.dim() - len(axes)
