@@ -24,7 +24,7 @@ from typing import Any
 import sympy
 import torch
 from hypothesis import reject
-from tests.fuzz.check import NUDGES, check_outputs, float64_default, per_output, quiet, widen
+from tests.fuzz.check import NUDGES, approximation_floors, check_outputs, float64_default, per_output, quiet, widen
 from tests.fuzz.graphs_dynamic import MARKERS, apply, instantiate, marker_dims
 from tests.fuzz.program import Kind, Program, build, loss_weights, make_inputs
 
@@ -244,6 +244,6 @@ def _call(state: _State, run: Callable, p: Program, at: Sequence[int], k: int) -
         state.record["recompiles"].append({"sizes": list(at), "guards": failed})
     state.envs += [(env, at) for env in _symbolic(backend, before)]
     eager, nudged, ref = _expected(p, grad)
-    check_outputs(got[0], eager[0], ref[0], f"{what}, forward", nudged[0])
+    check_outputs(got[0], eager[0], ref[0], f"{what}, forward", nudged[0], approximation_floors(p))
     if grad:
         check_outputs(got[1], eager[1], ref[1], f"{what}, gradients", nudged[1])
