@@ -95,6 +95,9 @@ def assert_close_to_reference(
         )
         return
     g, e, r = got.double(), eager.double(), ref.double()
+    # eager's NaN where the float64 reference has an infinity vfuse also gives (fp32 eager's GELU(+inf))
+    right = e.isnan() & r.isinf() & (g == r)
+    e = torch.where(right, r, e)
     assert torch.equal(g.isnan(), e.isnan()), f"{what}: NaN at other positions than eager ({_first_diff(g, e)})"
     inf = e.isinf()
     assert torch.equal(g.isinf(), inf) and torch.equal(g[inf], e[inf]), f"{what}: inf differs ({_first_diff(g, e)})"

@@ -124,3 +124,12 @@ def test_gelu_tail_of_one_element() -> None:
         Step(kind=Kind.UNARY, fn=U.GELU, srcs=(5,)),
     )
     check_forward(Program(inputs=ins, steps=steps, outputs=(6,), seed=300905), export=True)
+
+
+# GELU of +inf: fp32 eager's vectorized kernel gives NaN, float64 eager and vfuse +inf (the checker
+# took eager's NaN positions as the truth; found by make fuzz through a linear of infinities).
+def test_gelu_of_infinity_is_the_references() -> None:
+    f32 = torch.float32
+    ins = (Input(shape=(16,), dtype=f32, values=Values.SPECIAL), Input(shape=(8, 16), dtype=f32))
+    steps = (X, Step(kind=Kind.INPUT, params=(1,)), Step(kind=Kind.LINEAR, srcs=(0, 1), params=(True,)))
+    check_forward(Program(inputs=ins, steps=steps, outputs=(2,), seed=1), export=True)
