@@ -105,3 +105,26 @@ def test_pointwise_kernel_stores_over_the_product_it_reads_last() -> None:
     for a, e in zip(got, f(x, w, w2), strict=True):
         torch.testing.assert_close(a, e, rtol=1e-4, atol=1e-4 * e.abs().max().item())
     assert _reused(backend.compiled[-1].executor.program), "b did not take the bytes of h"
+
+
+def test_a_reshaped_value_takes_the_bytes_of_one_it_reads_last() -> None:
+    """The same with h viewed 3-D and b stored 2-D (SwiGLU's backward stores d_gate [123, 131]
+    over g [3, 41, 131]): one dtype and size, the same flat index, so b still takes h's bytes."""
+    torch._dynamo.reset()
+    torch.manual_seed(3)
+    x, w, w2 = torch.randn(3, 29, 53), torch.randn(53, 67), torch.randn(67, 19)
+
+    def f(x: torch.Tensor, w: torch.Tensor, w2: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        h = x @ w
+        b = (torch.tanh(h - h.sum((0, 1), keepdim=True)) + torch.exp(h)).reshape(87, 67)
+        return b @ w2, b @ w2.t().contiguous().t()
+
+    backend = vfuse.backend(strict=True)
+    got = torch.compile(f, backend=backend)(x, w, w2)
+    for a, e in zip(got, f(x, w, w2), strict=True):
+        torch.testing.assert_close(a, e, rtol=1e-4, atol=1e-4 * e.abs().max().item())
+    program = backend.compiled[-1].executor.program
+    graph = backend.compiled[-1].graph
+    pairs = _reused(program)
+    assert pairs, "b did not take the bytes of h"
+    assert any(graph[v].tensor_type.shape != graph[d].tensor_type.shape for v, d in pairs), pairs

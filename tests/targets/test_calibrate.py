@@ -50,6 +50,17 @@ def test_guard_keeps_plausible_values_and_replaces_the_rest() -> None:
     assert bad == ["library_f32"] and fixed.library_f32 == 0.0
 
 
+def test_the_library_rate_is_judged_at_the_cpus_own_width() -> None:
+    """torch's GEMM runs at the CPU's own width whatever tier vfuse compiles for: at the forced
+    avx2 tier of an AVX-512 CPU (8 of 16 lanes: 40 G flop/s of vector per core), 184 G flop/s is
+    plausible (measured on a Xeon), 3x the tier's vector rate is not the bound."""
+    avx2 = dataclasses.replace(BASE, simd_lanes=8, vector_f32=80e9)
+    measured = dataclasses.replace(CAL, library_f32=184e9)
+    assert guarded(measured, avx2)[1] == ["library_f32"]
+    assert guarded(measured, avx2, library_lanes=16) == (measured, [])
+    assert guarded(dataclasses.replace(CAL, library_f32=1e15), avx2, library_lanes=16)[1] == ["library_f32"]
+
+
 def test_apply_scales_per_thread_rates_to_the_cores() -> None:
     t = apply(BASE, CAL)
     assert (t.l1_bw, t.l2_bw, t.cache_bw, t.dram_bw_thread) == (360e9, 192e9, 180e9, 15e9)

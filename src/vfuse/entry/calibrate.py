@@ -42,7 +42,8 @@ from vfuse.fusion.cost_columns import COLUMN_VECTORS
 from vfuse.ir import DType, Op, TensorType, opdef
 from vfuse.targets import DEFAULT_CACHE_DIR, Target
 from vfuse.targets.calibrate import Calibration, guarded, write
-from vfuse.targets.cpu import detect, measured_target
+from vfuse.targets.cpu import detect, machine_isa, measured_target
+from vfuse.targets.isa import LANES
 
 
 def _kernel(
@@ -292,5 +293,5 @@ def calibrate(
     assert target.isa is not None
     write(cache_dir, detect().fingerprint(), target.isa.value, None)  # time kernels planned uncalibrated
     raw = measure_kernels(target, reps, ops, isa=target.isa.value, cache_dir=kernel_cache or cache_dir)
-    cal, bad = guarded(raw, target)
+    cal, bad = guarded(raw, target, library_lanes=LANES[machine_isa().tier])
     return cal, bad, write(cache_dir, detect().fingerprint(), target.isa.value, cal)

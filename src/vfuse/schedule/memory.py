@@ -17,7 +17,7 @@ from typing import Any
 import sympy
 
 from vfuse.ir import Graph
-from vfuse.ir.sym import hint, is_sym, proved, smax
+from vfuse.ir.sym import hint, is_sym, proved, same, smax
 from vfuse.schedule.kernel import Kernel, Load, MemoryPlan, Segment, Step, Store, Walk
 
 # Walks whose renderers read each element where the statements say, nothing ahead of the store
@@ -67,9 +67,16 @@ def _stmts(k: Kernel) -> list:
     return [s for p in k.passes for s in (*p.before, *p.body)] + list(k.after)
 
 
+def _same_bytes(a: Any, b: Any) -> bool:
+    """Types whose dense buffers are interchangeable: one dtype and as many elements, shapes
+    aside (a view's reshape: SwiGLU's backward stores d_gate [123, 131] over g [3, 41, 131]);
+    the same flat index then names the same bytes."""
+    return a == b or (a.dtype == b.dtype and same(a.nbytes, b.nbytes))
+
+
 def _reusable(k: Kernel, dying: set[str], born: set[str], graph: Graph) -> dict[str, str]:
     """Values `k` stores (first written here) -> a value it reads for the last time, of the same
-    type, whose every load in `k` reads the stored element (same index) before the store."""
+    dtype and size, whose every load in `k` reads the stored element (same index) before the store."""
     if k.parts or k.walk not in _PLAIN_WALKS or k.transpose or k.table:
         return {}
     stmts = _stmts(k)
@@ -83,7 +90,7 @@ def _reusable(k: Kernel, dying: set[str], born: set[str], graph: Graph) -> dict[
             continue
         for x in sorted(dying - set(out.values())):
             loads = [(i, s) for i, s in enumerate(stmts) if isinstance(s, Load) and s.buf == x]
-            same = graph[x].tensor_type == graph[st.buf].tensor_type
+            same = _same_bytes(graph[x].tensor_type, graph[st.buf].tensor_type)
             if same and loads and all(i < at and s.index == st.index for i, s in loads):
                 out[st.buf] = x
                 break

@@ -87,12 +87,15 @@ FIXED_COSTS = {"attention_task_s": 5e-5, "contraction_elem_s": 1e-8, "contractio
 FIXED_COSTS |= {"library_elem_s": 1e-8, "library_call_s": 5e-5, "strided_run_s": 2e-7}
 
 
-def guarded(cal: Calibration, target: Target) -> tuple[Calibration, list[str]]:
+def guarded(cal: Calibration, target: Target, library_lanes: int = 0) -> tuple[Calibration, list[str]]:
     """`cal` with each value outside its plausible range replaced by `target`'s per-thread figure
     (launch_s: by 0, keep the target's), and the names of those replaced. The ranges are wide and
-    absolute: on a loaded machine the torch-measured target itself can be off by 10x."""
+    absolute: on a loaded machine the torch-measured target itself can be off by 10x.
+    `library_lanes`: the vector width torch's library GEMM runs at (the CPU's own, whatever tier
+    `target` is: torch.mm at 4.4x the forced AVX2 tier's vector rate on an AVX-512 Xeon; 0: the target's)."""
     n = max(target.cores, 1)
     vector = target.vector_f32 / n  # half the theoretical FMA rate of one core (targets/cpu.py)
+    library = vector * max(library_lanes, target.simd_lanes) / target.simd_lanes
     ranges = {
         "l1_bw": (1e9, 4e12, target.cache_bw / n),
         "l2_bw": (1e9, 2e12, target.cache_bw / n),
@@ -103,7 +106,7 @@ def guarded(cal: Calibration, target: Target) -> tuple[Calibration, list[str]]:
         "peak_f32": (0.05 * vector, 3.0 * vector, target.peak_f32 / n),
         "serial_launch_s": (5e-9, 2e-5, target.launch_s / 4),
         "launch_s": (5e-8, 5e-5, 0.0),
-        "library_f32": (0.05 * vector, 3.0 * vector, 0.0),  # 0: unknown, the cost model's default ratio
+        "library_f32": (0.05 * library, 3.0 * library, 0.0),  # 0: unknown, the cost model's default ratio
         "attention_f32": (0.05 * vector, 3.0 * vector, 0.0),  # 0: unknown, at peak_f32
     }
     bad, values = [], {}
