@@ -19,6 +19,8 @@ from typing import Any
 import pytest
 import sympy
 import torch
+from torch.utils._sympy.numbers import int_oo
+from torch.utils._sympy.value_ranges import ValueRanges
 
 import vfuse
 import vfuse.compiler as compiler
@@ -26,7 +28,7 @@ from vfuse.codegen.cpp import render as render_cpp
 from vfuse.entry import warm, warm_program
 from vfuse.entry.dumps import graph_context
 from vfuse.frontend.symbols import sym_env
-from vfuse.ir.sym import SymSize
+from vfuse.ir.sym import SymEnv, SymSize
 
 
 @pytest.fixture(scope="module")
@@ -114,14 +116,15 @@ def test_a_stored_program_renders_as_it_was_saved(work: Counter[str], cache_dir:
     same = type(env)({s: (env.hints[s], env.ranges[s]) for s in env.symbols})
     target = repr(compiler.target_of(graph_context(backend.options, "g", "inference", ())))
     assert cache.load(key, same, target + " elsewhere") is None  # planned for another machine
-    graph, plan, program, source = cache.load(key, same, target)  # type: ignore[misc]
+    (graph, plan, program, source), served = cache.load(key, same, target)  # type: ignore[misc]
+    assert served is same  # the same symbols: its own env
     assert render_cpp(program) == source == compiled.executor.source
     assert same.guards == env.guards
     assert str(graph) == str(compiled.graph) and len(plan.groups) == len(compiled.plan.groups)
     sizes = [d for b in program.buffers.values() for d in b.type.shape if isinstance(d, SymSize)]
     assert sizes and all(d.env is same for d in sizes)
     other = type(env)({s: (17, env.ranges[s]) for s in env.symbols})  # the hint shows in comments only
-    _, _, program, _ = cache.load(key, other, target)  # type: ignore[misc]
+    (_, _, program, _), _ = cache.load(key, other, target)  # type: ignore[misc]
     assert re.sub(r"~ \d+", "", render_cpp(program)) == re.sub(r"~ \d+", "", source)
 
 
@@ -355,14 +358,69 @@ def test_a_slice_from_both_ends_is_loaded_by_a_later_process(work: Counter[str],
     assert backend.stats["eager_graphs"] == 0
 
 
+def _env(*symbols: tuple[sympy.Symbol, int, Any, Any]) -> SymEnv:
+    return SymEnv({s: (hint, ValueRanges(lo, hi)) for s, hint, lo, hi in symbols})
+
+
 def test_a_program_serves_ranges_within_its_own() -> None:
     """A proof over a range holds over any part of it; a wider range or other symbols miss."""
     s, t = sympy.Symbol("s0", positive=True, integer=True), sympy.Symbol("s1", positive=True, integer=True)
-    kept = [(s, "3", "int_oo"), (t, "2", "64")]
-    assert warm_program._within([(s, "3", "int_oo"), (t, "2", "64")], kept)
-    assert warm_program._within([(s, "5", "int_oo"), (t, "2", "8")], kept)
-    assert not warm_program._within([(s, "2", "int_oo"), (t, "2", "64")], kept)  # wider below
-    assert not warm_program._within([(s, "3", "int_oo"), (t, "2", "int_oo")], kept)  # wider above
-    assert not warm_program._within([(s, "3", "int_oo")], kept)
-    assert not warm_program._within([(t, "3", "int_oo"), (s, "2", "64")], kept)
-    assert not warm_program._within([(sympy.Symbol("s0"), "3", "int_oo"), (t, "2", "64")], kept)  # assumptions
+    entry = {"symbols": [(s, "3", "int_oo"), (t, "2", "64")], "bindings": {"s0": (1, 0), "s1": (0, -1)}}
+    inf = int_oo
+
+    def serves(*symbols: tuple[sympy.Symbol, int, Any, Any]) -> bool:
+        return warm_program._serving(_env(*symbols), entry, None) is not None
+
+    assert serves((s, 3, 3, inf), (t, 2, 2, 64))
+    assert serves((s, 5, 5, inf), (t, 2, 2, 8))
+    assert not serves((s, 2, 2, inf), (t, 2, 2, 64))  # wider below
+    assert not serves((s, 3, 3, inf), (t, 2, 2, inf))  # wider above
+    assert not serves((t, 3, 3, 64), (sympy.Symbol("s2", positive=True, integer=True), 2, 2, 64))  # another symbol
+    assert not serves((sympy.Symbol("s0"), 3, 3, inf), (t, 2, 2, 64))  # assumptions
+    assert not serves((s, 3, 3, inf))  # s1 kept, a constant here: none given
+
+
+def test_a_kept_symbol_this_graph_has_as_a_constant_takes_it() -> None:
+    """torch's profile of an earlier process's sizes can specialize a dimension the first
+    process had symbolic: the kept program serves, that symbol read where the first process read
+    it (an argument here), its range the constant; a symbolic or out-of-range value misses."""
+    s, t = sympy.Symbol("s0", positive=True, integer=True), sympy.Symbol("s1", positive=True, integer=True)
+    entry = {"symbols": [(s, "3", "int_oo"), (t, "2", "64")], "bindings": {"s0": (1, 0), "s1": (0, -1)}}
+    mine = _env((s, 9, 3, int_oo))
+    mine.arguments = {"s0": 2}
+    served = warm_program._serving(mine, entry, [5, torch.empty(9, 2)])
+    assert served is not None and served.symbols == (s, t)
+    assert served.hints == {s: 9, t: 5} and (served.ranges[t].lower, served.ranges[t].upper) == (5, 5)
+    assert served.arguments == {"s0": 2, "s1": 0}
+    assert warm_program._serving(mine, entry, [65, torch.empty(9, 2)]) is None  # outside its range
+    assert warm_program._serving(mine, entry, [torch.empty(5), torch.empty(9, 2)]) is None  # no size
+    assert warm_program._serving(mine, entry, [True, torch.empty(9, 2)]) is None  # not an int
+    assert warm_program._serving(mine, {**entry, "bindings": {}}, [5, torch.empty(9, 2)]) is None  # not read
+
+
+def _unflattened(b: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
+    """b's last dim of 2 split as (-1, 2): the first process compiles it symbolic with guards
+    that pin it to 2 (or 3), and a later process's graph has it as the SymInt constant 2; c is
+    a sliced view whose rows stay symbolic."""
+    return c.permute(1, 0, 2, 3).log_softmax(0).sum(3) + b.unflatten(3, (-1, 2)).sum()
+
+
+def test_a_symbol_a_later_process_specialized_is_served_as_its_constant(work: Counter[str], cache_dir: Path) -> None:
+    """Found by make fuzz (test_fuzz_warm, session 23): the later process compiled and kept the
+    program again, its graph having one symbol fewer than the kept program."""
+    b = torch.randn(1, 1, 1, 2)
+    with torch.no_grad():
+        first, b1 = _process(_unflattened, cache_dir, dynamic=True)
+        for rows in (11, 5):
+            c = torch.randn(rows, 1, 2, 4)[..., :2]
+            torch.testing.assert_close(first(b, c), _unflattened(b, c))
+        work.clear()
+        second, b2 = _process(_unflattened, cache_dir, dynamic=True)
+        for rows in (11, 7, 13):
+            c = torch.randn(rows, 1, 2, 4)[..., :2]
+            torch.testing.assert_close(second(b, c), _unflattened(b, c))
+    assert b1.programs.saved == 1 and (b2.programs.hits, b2.programs.saved) == (1, 0)
+    assert work["plan"] == 0 and b2.stats["eager_graphs"] == 0
+    served = b2.compiled[-1].executor.env
+    constants = [s for s in served.symbols if served.ranges[s].lower == served.ranges[s].upper]
+    assert len(served.symbols) == 3 and [served.hints[s] for s in constants] == [2]  # read from its argument

@@ -41,7 +41,7 @@ from vfuse.entry.trace import trace_aten
 from vfuse.entry.warm_program import ProgramCache, plain_outputs
 from vfuse.errors import VfuseCodegenError, VfuseCompileError, VfuseOptionError
 from vfuse.frontend.decompositions import decomposition_table
-from vfuse.frontend.symbols import sym_env
+from vfuse.frontend.symbols import placeholder_values, sym_env
 from vfuse.ir.sym import SymEnv
 from vfuse.runtime.arenas import ArenaLender
 from vfuse.runtime.compiled import CompiledGraph
@@ -290,17 +290,24 @@ class VfuseBackend:
             env = sym_env(graph)
         except Exception:  # a symbol no input gives: compiled per shape, as on a miss
             return None
-        return self._stored_variant(key, env if env is not None else SymEnv({}), static=env is None)
+        if env is None:
+            return self._stored_variant(key, SymEnv({}), static=True)
+        return self._stored_variant(key, env, inputs=placeholder_values(graph))
 
-    def _stored_variant(self, key: str, env: Any, static: bool = False) -> CompiledGraph | None:
+    def _stored_variant(
+        self, key: str, env: Any, inputs: Sequence[Any] | None = None, static: bool = False
+    ) -> CompiledGraph | None:
         """A program an earlier process compiled the graph under `key` to that serves `env`'s
-        hints (its guards then added to `env`; `static`: a fixed-shape one); None where none does."""
+        hints (its guards then added to `env`; `static`: a fixed-shape one); None where none does.
+        `inputs` (the call's arguments or example values) give the kept symbols this graph has as
+        constants (`ProgramCache.load`)."""
         if self.programs is None:
             return None
         # the graph's id and serial only for a program found: a miss compiles under the next ones
-        parts = self.programs.load(key, env, repr(target_of(Context(self.options))))
-        if parts is None:
+        loaded = self.programs.load(key, env, repr(target_of(Context(self.options))), None if static else inputs)
+        if loaded is None:
             return None
+        parts, env = loaded
         ctx = graph_context(self.options, f"graph{next(self._ids)}", "inference", ())
         with unset_fake_temporarily():
             if static:

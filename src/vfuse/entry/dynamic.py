@@ -137,7 +137,7 @@ class Dynamic:
         gm: torch.fx.GraphModule,
         first: Any = None,
         meta: Callable[[], None] | None = None,
-        stored: Callable[[Any], Any] | None = None,
+        stored: Callable[[Any, list], Any] | None = None,
     ) -> None:
         # Also an instance attribute: wrappers (torch._dynamo.disable on a backward) copy `__dict__` only.
         self._boxed_call = True
@@ -154,7 +154,7 @@ class Dynamic:
         # it serves the first call's sizes. Until then `gm` may lack node metadata: `meta` sets it.
         self._first = first
         self._meta = meta or _nothing
-        # `stored(env)`: a later variant an earlier process kept for these sizes, or None
+        # `stored(env, args)`: a later variant an earlier process kept for these sizes, or None
         self._stored = stored or _none
 
     def __call__(self, args: list) -> Any:
@@ -208,7 +208,7 @@ class Dynamic:
         try:
             env = first.executor.env if first is not None else sym_env(stripped, args)
             if first is None and self.variants:  # the first was looked up when the graph was loaded
-                first = self._stored(env)
+                first = self._stored(env, args)
             compiled = first if first is not None else self._compile_variant(stripped, env)
             executor = compiled.executor
             if not isinstance(executor, SymbolicExecutor):
@@ -246,7 +246,7 @@ def _nothing() -> None:
     pass
 
 
-def _none(env: Any) -> None:
+def _none(env: Any, args: list) -> None:
     return None
 
 

@@ -1,28 +1,29 @@
 """A warm process skips our own compile of a graph with symbolic sizes: its program, on disk.
 
-The graph cache (entry/warm.py) gives a later process the ATen graph AOTAutograd traced; what
-we then made of it over its symbols (the optimized IR graph, the fusion plan, the scheduled
-Program and its C++) is kept beside it, one entry per variant the graph compiled to
-(`graphs/<key>.<guards' digest>.program`, written when the variant is compiled). A hit (the
-first variant when the graph is loaded, each later one when Dynamic needs it) skips
-fake-tensor propagation over the ATen graph (the largest part of a hit: symbolic sizes make
-every fake tensor cost sympy arithmetic), lowering, planning, scheduling and rendering; the
-library comes from the kernel cache by its source.
+The graph cache (entry/warm.py) gives a later process the ATen graph AOTAutograd traced; what we
+then made of it over its symbols (the optimized IR graph, the fusion plan, the scheduled Program and
+its C++) is kept beside it, one entry per variant the graph compiled to (`graphs/<key>.<guards'
+digest>.program`, written when the variant is compiled). A hit (the first variant when the graph is
+loaded, each later one when Dynamic needs it) skips fake-tensor propagation over the ATen graph (the
+largest part of a hit: symbolic sizes make every fake tensor cost sympy arithmetic), lowering,
+planning, scheduling and rendering; the library comes from the kernel cache by its source.
 
-The program serves the sizes its guards admit, whatever sizes it was compiled at (its hints
-only chose performance settings, docs/dynamic.md), so an entry is used when the graph's
-target (the machine and instruction-set tier it was planned for: the graph's key does
-not name it) and symbols are those it was compiled with, their value ranges lie within those it
-was compiled with (a decision proved over a range holds over any part of it) and each saved
-guard holds at the call's sizes; the guards then become the
-new compilation's own. SymSizes are saved as their expressions and bound to the new
-compilation's SymEnv on load (`persistent_id`): no SymEnv, with its compiled evaluators, is
-pickled. Only graphs whose outputs are all computed tensors (no sizes, views of inputs or
-constants among them: those need node metadata) are kept; an item of a multi-output operator's
-result (LayerNorm's normalized output, `getitem(native_layer_norm, 0)`) is such a tensor when
-the operator returns it fresh (no alias annotation). An unreadable or corrupt entry is a
-miss with a warning; entries are written atomically and read from the graph cache's directory
-only (loading one runs its pickled code, as for the graph cache).
+The program serves the sizes its guards admit, whatever sizes it was compiled at (its hints only
+chose performance settings, docs/dynamic.md), so an entry is used when the graph's target (the
+machine and instruction-set tier it was planned for: the graph's key does not name it) and symbols
+are those it was compiled with, their value ranges lie within those it was compiled with (a decision
+proved over a range holds over any part of it) and each saved guard holds at the call's sizes; the
+guards then become the new compilation's own. A kept symbol the later graph has as a constant (seen:
+a size the first process's guards pinned to 2 arrives as the SymInt constant 2) takes that constant:
+it is read where the first process read it (the entry's `bindings`) and its range is that value.
+SymSizes are saved as their expressions and bound to the new compilation's SymEnv on load
+(`persistent_id`): no SymEnv, with its compiled evaluators, is pickled. Only graphs whose outputs
+are all computed tensors (no sizes, views of inputs or constants among them: those need node
+metadata) are kept; an item of a multi-output operator's result (LayerNorm's normalized output,
+`getitem(native_layer_norm, 0)`) is such a tensor when the operator returns it fresh (no alias
+annotation). An unreadable or corrupt entry is a miss with a warning; entries are written atomically
+and read from the graph cache's directory only (loading one runs its pickled code, as for the graph
+cache).
 """
 
 from __future__ import annotations
@@ -33,11 +34,13 @@ import math
 import operator
 import pickle
 import warnings
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import sympy
 import torch
+from torch.utils._sympy.value_ranges import ValueRanges
 
 from vfuse.cachedir import write_bytes_atomic
 from vfuse.entry.dynamic import MAX_VARIANTS, _aliases_input
@@ -47,12 +50,14 @@ from vfuse.ir import Graph
 from vfuse.ir.sym import SymEnv, SymSize
 from vfuse.runtime.arena_outputs import ArenaOutputExecutor
 from vfuse.runtime.native import NativeExecutor
+from vfuse.runtime.symbolic import bindings_of
 from vfuse.schedule import Program
 
-FORMAT = 1  # of an entry: a dict with these keys
-_FIELDS = ("format", "key", "target", "symbols", "guards", "parts")
+FORMAT = 2  # of an entry: a dict with these keys (2: "bindings")
+_FIELDS = ("format", "key", "target", "symbols", "bindings", "guards", "parts")
 
 Parts = tuple[Graph, FusionPlan, Program, str]  # the optimized graph, its plan, the Program, its C++
+Loaded = tuple[Parts, SymEnv]  # and the env its sizes are bound to
 
 
 class ProgramCache:
@@ -65,26 +70,28 @@ class ProgramCache:
         self.root = graphs.root
         self.hits = self.misses = self.saved = 0
 
-    def load(self, key: str, env: SymEnv, target: str) -> Parts | None:
+    def load(self, key: str, env: SymEnv, target: str, inputs: Sequence[Any] | None = None) -> Loaded | None:
         """A program kept under `key` for `target` (the planning target's repr) that serves
-        `env`'s hints, its sizes bound to `env` and its guards added to it; None when there is
-        none (corrupt entries are skipped with a warning)."""
+        `env`'s hints, with the env its sizes are bound to: `env` with its guards added, or a
+        new one that also has the kept symbols this graph has as constants, read from `inputs`
+        (the call's arguments or the graph's example values; None: no such symbol allowed).
+        None when there is none (corrupt entries are skipped with a warning)."""
         for path in self._variants(key):
             try:
                 data = path.read_bytes()
             except FileNotFoundError:  # replaced meanwhile
                 continue
             try:
-                parts = _decode(data, key, env, target)
+                loaded = _decode(data, key, env, target, inputs)
             except Exception as e:  # corrupt, truncated, another version's: compiled afresh
                 warnings.warn(
                     f"vfuse: program cache entry {path} is unreadable ({type(e).__name__}: {e}); compiling it",
                     stacklevel=2,
                 )
                 continue
-            if parts is not None:
+            if loaded is not None:
                 self.hits += 1
-                return parts
+                return loaded
         self.misses += 1
         return None
 
@@ -112,6 +119,7 @@ class ProgramCache:
                 "key": key,
                 "target": target,
                 "symbols": _symbols(env),
+                "bindings": _bindings(parts[0], env),
                 "guards": guards,
                 "parts": encoded,
             }
@@ -130,24 +138,68 @@ class ProgramCache:
             self.save(key, SymEnv({}), parts, target)
 
 
+def _bindings(graph: Graph, env: SymEnv) -> dict[str, tuple[int, int]]:
+    """Where each symbol is read (`runtime.symbolic.bindings_of`): name -> (input, dim; -1: the
+    input is the size)."""
+    try:
+        return {b.name: (b.index, b.dim) for b in bindings_of(graph, env)} if env.symbols else {}
+    except ValueError:  # a symbol no input gives: kept, but served only where every symbol is one
+        return {}
+
+
 def _symbols(env: SymEnv) -> list[tuple[sympy.Symbol, str, str]]:
     """Each symbol (assumptions included) with its value range: what the program's proofs used."""
     return [(s, str(env.ranges[s].lower), str(env.ranges[s].upper)) for s in env.symbols]
 
 
-def _within(mine: list[tuple[sympy.Symbol, str, str]], kept: Any) -> bool:
-    """Whether `kept` (an entry's `_symbols`) has `mine`'s symbols, each range containing
-    mine: a proof over a range holds over any part of it. Not equal ranges: the later process's
-    shape environment gets the first's guards back simplified (`s0 - 3 != 1` as `s0 != 4`), and
-    those narrow Dynamo's ranges where the first process's spelling did not (issue 15)."""
-    if not isinstance(kept, list) or len(kept) != len(mine):
-        return False
-    for (symbol, lo, hi), other in zip(mine, kept):
-        if not (isinstance(other, tuple) and len(other) == 3 and other[0] == symbol):
-            return False
-        if not _bound(other[1]) <= _bound(lo) or not _bound(hi) <= _bound(other[2]):
-            return False
-    return True
+def _serving(env: SymEnv, entry: dict[str, Any], inputs: Sequence[Any] | None) -> SymEnv | None:
+    """The env a kept entry's program runs under here, or None where it does not serve `env`:
+    each of `env`'s symbols kept, its range within the kept one (a proof over a range holds over
+    any part of it; not equal ranges: the later process's shape environment gets the first's
+    guards back simplified, `s0 - 3 != 1` as `s0 != 4`, and those narrow Dynamo's ranges where
+    the first process's spelling did not: issue 15); kept symbols `env` lacks take the constant
+    `inputs` has where the first process read them."""
+    kept, where = entry["symbols"], entry["bindings"]
+    if not isinstance(kept, list) or not all(_kept_symbol(k) for k in kept) or not isinstance(where, dict):
+        raise ValueError("not a program cache entry")
+    ranges = {symbol: (lo, hi) for symbol, lo, hi in kept}
+    for symbol, lo, hi in _symbols(env):
+        if symbol not in ranges:
+            return None
+        if not _bound(ranges[symbol][0]) <= _bound(lo) <= _bound(hi) <= _bound(ranges[symbol][1]):
+            return None
+    extra = {symbol: ranges[symbol] for symbol in ranges if symbol not in env.hints}
+    if not extra:
+        return env
+    constants = {s: _constant(inputs, where.get(s.name)) for s in extra}
+    if any(v is None or not _bound(extra[s][0]) <= v <= _bound(extra[s][1]) for s, v in constants.items()):
+        return None
+    both = {s: (env.hints[s], env.ranges[s]) for s in env.symbols}
+    both.update({s: (v, ValueRanges(v, v)) for s, v in constants.items()})  # type: ignore[misc]
+    served = SymEnv(both)
+    served.arguments = {**env.arguments, **{s.name: where[s.name][0] for s in extra if where[s.name][1] == -1}}
+    for g in env.guards:
+        served.guard(g)
+    return served
+
+
+def _kept_symbol(k: Any) -> bool:
+    return isinstance(k, tuple) and len(k) == 3 and isinstance(k[0], sympy.Symbol)
+
+
+def _constant(inputs: Sequence[Any] | None, at: Any) -> int | None:
+    """The plain int at `at` = (input, dim; -1: the input itself) of `inputs`; None where it is
+    symbolic, missing or no size."""
+    if inputs is None or not (isinstance(at, tuple) and len(at) == 2 and 0 <= at[0] < len(inputs)):
+        return None
+    x, dim = inputs[at[0]], at[1]
+    try:
+        value = x if dim == -1 else x.shape[dim]
+    except (AttributeError, IndexError, TypeError):
+        return None
+    if isinstance(value, torch.SymInt) and value.node.expr.is_Integer:  # a size Dynamo specialized
+        return int(value.node.expr)
+    return value if type(value) is int else None
 
 
 def _bound(text: str) -> float:
@@ -190,8 +242,9 @@ def _encode(parts: Parts) -> bytes:
     return buf.getvalue()
 
 
-def _decode(data: bytes, key: str, env: SymEnv, target: str) -> Parts | None:
-    """The entry's parts bound to `env` (None: it does not serve `env`); raises for a corrupt one."""
+def _decode(data: bytes, key: str, env: SymEnv, target: str, inputs: Sequence[Any] | None) -> Loaded | None:
+    """The entry's parts and the env they are bound to (`_serving`; None: it does not serve
+    `env`); raises for a corrupt one."""
     entry = pickle.loads(data)
     if not isinstance(entry, dict) or tuple(entry) != _FIELDS:
         raise ValueError("not a program cache entry")
@@ -202,17 +255,18 @@ def _decode(data: bytes, key: str, env: SymEnv, target: str) -> Parts | None:
         raise ValueError("not a program cache entry")
     if entry["target"] != target:
         return None  # planned for another machine or tier (the graph's key does not say)
-    if not _within(_symbols(env), entry["symbols"]):
+    served = _serving(env, entry, inputs)
+    if served is None:
         return None  # other symbols, or sizes outside the ranges its proofs used
-    if not all(_holds(g, env) for g in guards):
+    if not all(_holds(g, served) for g in guards):
         return None  # sizes outside the program's guards: another variant
-    parts = _Unpickler(entry["parts"], env).load()
+    parts = _Unpickler(entry["parts"], served).load()
     types = (Graph, FusionPlan, Program, str)
     if not isinstance(parts, tuple) or len(parts) != 4 or not all(isinstance(p, t) for p, t in zip(parts, types)):
         raise ValueError("not a program cache entry")
     for g in guards:
-        env.guard(g)
-    return parts
+        served.guard(g)
+    return parts, served
 
 
 def _holds(guard: sympy.Basic, env: SymEnv) -> bool:
