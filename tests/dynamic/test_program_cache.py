@@ -424,3 +424,21 @@ def test_a_symbol_a_later_process_specialized_is_served_as_its_constant(work: Co
     served = b2.compiled[-1].executor.env
     constants = [s for s in served.symbols if served.ranges[s].lower == served.ranges[s].upper]
     assert len(served.symbols) == 3 and [served.hints[s] for s in constants] == [2]  # read from its argument
+
+
+def test_an_earlier_formats_entry_is_a_quiet_miss(work: Counter[str], cache_dir: Path) -> None:
+    """Entries of format 1 (before `bindings`) are compiled again and replaced, with no warning."""
+    block = _Block()
+    with torch.no_grad():
+        fn, _ = _process(block, cache_dir, dynamic=True)
+        _run(fn, block, (6,))
+        path = _entry(cache_dir)
+        entry = pickle.loads(path.read_bytes())
+        del entry["bindings"]
+        path.write_bytes(pickle.dumps({**entry, "format": warm_program.FORMAT - 1}))
+        fn, backend = _process(block, cache_dir, dynamic=True)
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            _run(fn, block, (6,))
+    assert (backend.programs.misses, backend.programs.saved) == (1, 1)
+    assert pickle.loads(_entry(cache_dir).read_bytes())["format"] == warm_program.FORMAT

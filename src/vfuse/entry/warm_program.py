@@ -246,6 +246,8 @@ def _decode(data: bytes, key: str, env: SymEnv, target: str, inputs: Sequence[An
     """The entry's parts and the env they are bound to (`_serving`; None: it does not serve
     `env`); raises for a corrupt one."""
     entry = pickle.loads(data)
+    if isinstance(entry, dict) and entry.get("format") == FORMAT - 1 and entry.get("key") == key:
+        return None  # an earlier version's entry (no bindings): compiled and replaced without a warning
     if not isinstance(entry, dict) or tuple(entry) != _FIELDS:
         raise ValueError("not a program cache entry")
     if entry["format"] != FORMAT or entry["key"] != key:
