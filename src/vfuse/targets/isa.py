@@ -63,11 +63,15 @@ VECTOR_REGS = {Isa.GENERIC: 16, Isa.AVX2: 16, Isa.AVX512: 32, Isa.NEON: 32}
 # the code a machine of that tier gets; a tier that is the top one of its architecture uses native.
 # g++ 12 at plain x86-64 moved 2-float vectors through MMX registers without `emms`, leaving the x87
 # stack full: the next x87 operation in the process (torch's floor_divide) returned NaN. No MMX.
+# AVX-512 code is planned for 16 lanes, but g++'s tunings of Intel server and client cores (icelake,
+# rocketlake, sapphirerapids) prefer 256-bit vectors: loops and the element loops of 16-lane values
+# came out 8-wide or scalar (LayerNorm 8192 x 256 at 2.7x the AVX2 build's time on a Xeon that g++
+# takes for a Rocket Lake: docs/perf-log.md, session 24). The width is the plan's, not the tuning's.
 MARCH = {
     (Isa.GENERIC, X86): ("-march=x86-64", "-mtune=native", "-mno-mmx"),
     (Isa.GENERIC, ARM): ("-march=armv8-a",),
     (Isa.AVX2, X86): ("-march=x86-64-v3", "-mtune=native"),
-    (Isa.AVX512, X86): ("-march=native",),
+    (Isa.AVX512, X86): ("-march=native", "-mprefer-vector-width=512"),
     (Isa.NEON, ARM): ("-march=native",),
 }
 
