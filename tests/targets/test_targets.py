@@ -142,3 +142,15 @@ def test_measurements_are_kept_only_in_a_private_directory(tmp_path: Path, monke
     shared.chmod(0o777)
     (shared / "target_cpu.json").write_text((tmp_path / "new" / "cache" / "target_cpu.json").read_text())
     assert get_target("cpu", shared).launch_s == 2e-6 and len(calls) == 2  # a planted result is not read
+
+
+def test_a_few_cores_count_their_share_of_a_large_last_level_cache() -> None:
+    """A 2-vCPU VM of a Xeon reports the socket's 480 MiB L3: planned on 32 MiB (16 per core), as
+    what a machine's own cores can count on; real per-core shares (Zen 4's 32 MiB over 8 cores, a
+    96 MiB V-Cache over 8) are kept as reported; 0 (unknown) stays 0."""
+    from vfuse.targets.cpu import L3_PER_CORE, llc_share
+
+    assert llc_share(480 << 20, 2) == 2 * L3_PER_CORE == 32 << 20
+    assert llc_share(32 << 20, 2) == 32 << 20
+    assert llc_share(96 << 20, 8) == 96 << 20
+    assert llc_share(0, 2) == 0

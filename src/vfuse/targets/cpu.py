@@ -28,6 +28,9 @@ from vfuse.targets.target import DRAM_BW_PER_CORE, Target
 
 CACHE_VERSION = 1
 FMA_PIPES = 2  # vector FMA pipes per core on current x86 server cores (Zen4/5, Sapphire Rapids)
+# The most last-level cache a core is counted (`llc_share`): more than any CPU's own share per core,
+# the 3D V-Cache parts' 12 MiB (96 MiB over 8 cores) included.
+L3_PER_CORE = 16 << 20
 
 
 @dataclass(frozen=True, slots=True)
@@ -157,7 +160,16 @@ def detect() -> CpuFacts:
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
     model, flags, ghz = _cpuinfo()
     c = _caches()
-    return CpuFacts(model, cores, flags, ghz, c[1], c[2], c.get(3, 0))
+    return CpuFacts(model, cores, flags, ghz, c[1], c[2], llc_share(c.get(3, 0), cores))
+
+
+def llc_share(l3: int, cores: int) -> int:
+    """The last-level cache our cores can count on: what the OS reports, at most L3_PER_CORE per
+    core. A VM or container with a few cores of a large socket sees the socket's whole L3, shared
+    with every other core's work (a 2-vCPU Xeon VM reports 480 MiB: planned on it, transpose_add
+    stored its output through the cache and ran at 33 % of copy, with 32 MiB 62 %; chain and
+    gelu_residual +10 %; docs/perf-log.md, session 24)."""
+    return min(l3, max(cores, 1) * L3_PER_CORE) if l3 else l3
 
 
 def _best_time(fn: Callable[[], object], reps: int, budget_s: float = 0.08) -> float:
