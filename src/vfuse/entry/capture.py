@@ -291,23 +291,20 @@ class VfuseBackend:
         except Exception:  # a symbol no input gives: compiled per shape, as on a miss
             return None
         if env is None:
-            return self._stored_variant(key, SymEnv({}), static=True)
-        return self._stored_variant(key, env, inputs=placeholder_values(graph))
+            return self._stored_variant(key, SymEnv({}))
+        return self._stored_variant(key, env, placeholder_values(graph))
 
-    def _stored_variant(
-        self, key: str, env: Any, inputs: Sequence[Any] | None = None, static: bool = False
-    ) -> CompiledGraph | None:
-        """A program an earlier process compiled the graph under `key` to that serves `env`'s
-        hints (its guards then added to `env`; `static`: a fixed-shape one); None where none does.
-        `inputs` (the call's arguments or example values) give the kept symbols this graph has as
-        constants (`ProgramCache.load`)."""
+    def _stored_variant(self, key: str, env: Any, inputs: Sequence[Any] | None = None) -> CompiledGraph | None:
+        """A program kept under `key` that serves `env`'s hints (`ProgramCache.load`; `inputs`: the
+        call's arguments or example values, None for a fixed-shape program); None where none does."""
         if self.programs is None:
             return None
         # the graph's id and serial only for a program found: a miss compiles under the next ones
-        loaded = self.programs.load(key, env, repr(target_of(Context(self.options))), None if static else inputs)
+        loaded = self.programs.load(key, env, repr(target_of(Context(self.options))), inputs)
         if loaded is None:
             return None
         parts, env = loaded
+        static = inputs is None
         ctx = graph_context(self.options, f"graph{next(self._ids)}", "inference", ())
         with unset_fake_temporarily():
             if static:
