@@ -21,7 +21,7 @@ from vfuse.frontend.errors import Fallback, LoweringError
 from vfuse.frontend.lowerings import lowering_for
 from vfuse.frontend.opaque import emit_opaque
 from vfuse.frontend.symbols import SYMBOLIC, is_size_node, sized_args, take_assert, to_size
-from vfuse.ir import ConstValue, Graph, Op
+from vfuse.ir import ConstValue, Graph, Op, TensorType
 from vfuse.ir.sym import SymEnv
 from vfuse.targets import Target
 
@@ -92,7 +92,7 @@ def _lower_call(em: Emitter, node: torch.fx.Node) -> None:
         em.commit(node, emit_opaque(em, node, "no lowering"))
         return
     try:
-        em.commit(node, fn(em, node))
+        em.commit(node, _checked(em, node, fn(em, node)))
     except LoweringError:
         raise
     except Fallback as e:
@@ -105,6 +105,21 @@ def _lower_call(em: Emitter, node: torch.fx.Node) -> None:
             raise LoweringError(node, f"{type(e).__name__}: {e}") from e
         em.rollback()
         em.commit(node, emit_opaque(em, node, f"lowering failed: {e}"))
+
+
+def _checked(em: Emitter, node: torch.fx.Node, result: Any) -> Any:
+    """`result`, where its shape is the one torch gives the node (fixed sizes); else the node runs
+    through torch. A lowering that disagrees with torch's shape would compute other values, and a
+    kernel reading a torch step's smaller output reads past it (a conv of 0 input channels: torch
+    gives (N, 0, H, W), vfuse (N, Cout, H, W) and a segfault; found by make fuzz, session 24)."""
+    val = node.meta.get("val")
+    if isinstance(result, str) and isinstance(val, torch.Tensor) and result in em.types:
+        want = tuple(val.shape)
+        got = em.types[result]
+        shape = tuple(got.shape) if isinstance(got, TensorType) else None
+        if shape is not None and all(type(d) is int for d in (*want, *shape)) and shape != want:
+            raise Fallback(f"lowered to shape {list(shape)} where torch gives {list(want)}")
+    return result
 
 
 def _getitem(em: Emitter, node: torch.fx.Node) -> Any:

@@ -149,4 +149,5 @@ def conv2d(x: Shape, w: Shape, stride: Shape, padding: Shape, dilation: Shape, g
         raise ShapeError(f"conv2d channels mismatch: input {x}, weight {w}, groups {groups}")
     h = conv_out(x[2], w[2], stride[0], padding[0], dilation[0])
     wd = conv_out(x[3], w[3], stride[1], padding[1], dilation[1])
-    return (x[0], w[0], h, wd)
+    # torch's convention (eager, meta and fake alike): no input channels, no output channels.
+    return (x[0], 0 if isinstance(x[1], int) and x[1] == 0 else w[0], h, wd)
