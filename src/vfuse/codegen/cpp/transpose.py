@@ -30,7 +30,10 @@ def transpose_helper(w: int) -> str:
     4 bytes go in W x W blocks through vector registers (`_rounds`); the edges and other element
     sizes are copied one by one. Rows are loaded and stored through a 4-byte-aligned vector type:
     g++ copies memcpy'd vectors into a stack array in 16-byte halves (znver tuning), then reloads
-    them whole, a store-forwarding stall per row."""
+    them whole, a store-forwarding stall per row. The vectors hold T itself: as uint32 vectors (may_alias
+    or not) g++ -O2 and up dropped the block stores into a float buffer where the tile's size was a
+    constant (a symbolic kernel's copy for its hinted size: 11 rows read garbage; found by make fuzz,
+    session 24)."""
     return f"""#ifndef VF_TRANSPOSE_{w}
 #define VF_TRANSPOSE_{w}
 template <typename T>
@@ -38,8 +41,8 @@ static inline void vf_transpose_{w}(const T* __restrict src, int64_t lds, T* __r
                                   int64_t rows, int64_t cols) {{
   int64_t r0 = 0;
   if constexpr (sizeof(T) == 4) {{
-    typedef uint32_t V __attribute__((vector_size({4 * w})));
-    typedef uint32_t VU __attribute__((vector_size({4 * w}), aligned(4), may_alias));
+    typedef T V __attribute__((vector_size({4 * w})));
+    typedef T VU __attribute__((vector_size({4 * w}), aligned(4), may_alias));
     typedef int32_t M __attribute__((vector_size({4 * w})));
     for (; r0 + {w} <= rows; r0 += {w}) {{
       int64_t c0 = 0;
