@@ -227,3 +227,27 @@ def test_an_update_whose_nest_cannot_be_lowered_runs_through_torch_alone(monkeyp
         torch.testing.assert_close(got, want, rtol=0, atol=0)
     stats = compiled.stats
     assert stats.kernels == 1 and stats.torch_calls > 0, stats  # the other two updates stay one kernel
+
+
+def test_a_horizontal_kernel_is_split_past_its_node_budget(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Many independent updates: a horizontal batch that reaches MAX_NODES IR nodes starts another
+    (g++'s time grows faster than a function's size), so every merged kernel but the last holds at
+    least the budget, none more than the budget and one member; the same numbers as eager."""
+    from vfuse.fusion import horizontal
+
+    def update(*ps):
+        return tuple(p * 0.9 + (p.abs() + 1.0) * 0.5 for p in ps)
+
+    args = [torch.randn(n) for n in (3, 17, 1, 250, 7, 64, 5, 11, 2)]
+    whole = vfuse.explain(update, *args).plan.groups
+    assert [g.label for g in whole] == ["horizontal"]
+    monkeypatch.setattr(horizontal, "MAX_NODES", 12)
+    groups = vfuse.explain(update, *args).plan.groups
+    sizes = [len(g.nodes) for g in groups]
+    # A member is an update's 5 nodes and the constants it reads (each kernel has its own).
+    assert len(groups) >= 3 and sum(len(g.outputs) for g in groups) == len(args), sizes
+    assert all(g.label == "horizontal" for g in groups[:-1]), [g.label for g in groups]
+    assert all(12 <= s < 12 + 8 for s in sizes[:-1]) and sizes[-1] < 12 + 8, sizes
+    compiled = vfuse.compile(update, args)
+    for got, want in zip(compiled(*args), update(*args), strict=True):
+        torch.testing.assert_close(got, want, rtol=0, atol=0)

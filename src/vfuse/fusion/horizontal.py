@@ -27,6 +27,10 @@ from vfuse.ir import DType, Graph, Kind
 
 LABEL = "horizontal"
 JOINABLE = ("pointwise",)
+# IR nodes per horizontal kernel; a batch that reaches it starts another. g++'s time grows faster
+# than a function's size: 600 bf16 max-pools (13k nodes) compiled in 110 s as one kernel, 45 s at
+# 4096, 36 s at 1024, 30 s at 256 (docs/perf-log.md); each kernel more costs one parallel region a call.
+MAX_NODES = 1024
 
 
 def horizontal(plan: FusionPlan, launch_s: float) -> FusionPlan:
@@ -40,21 +44,25 @@ def horizontal(plan: FusionPlan, launch_s: float) -> FusionPlan:
         for p in producers[i]:
             acc |= ancestors[p] | (1 << p)
         ancestors.append(acc)
-    batches: dict[DType, list[int]] = {}
-    member_of: dict[int, DType] = {}
+    batches: dict[tuple[DType, int], list[int]] = {}
+    size: dict[tuple[DType, int], int] = {}
+    filled: dict[DType, int] = {}  # per dtype, how many batches reached MAX_NODES
     for i, g in enumerate(groups):
         dtype = _joinable(g, graph)
         if dtype is None:
             continue
-        batch = batches.setdefault(dtype, [])
+        key = (dtype, filled.get(dtype, 0))
+        batch = batches.setdefault(key, [])
         mask = sum(1 << m for m in batch)
         if _can_join(i, groups, producers, ancestors, mask, graph):
             batch.append(i)
-            member_of[i] = dtype
-    merged = {d: b for d, b in batches.items() if len(b) > 1}
+            size[key] = size.get(key, 0) + len(g.nodes)
+            if size[key] >= MAX_NODES:
+                filled[dtype] = key[1] + 1
+    merged = {k: b for k, b in batches.items() if len(b) > 1}
     if not merged:
         return plan
-    decisions = [*plan.decisions, *(_decision(groups, b, d) for d, b in merged.items())]
+    decisions = [*plan.decisions, *(_decision(groups, b, k[0]) for k, b in merged.items())]
     new = _regroup(graph, groups, merged, launch_s)
     return dataclasses.replace(plan, groups=new, decisions=tuple(decisions))
 
@@ -98,12 +106,12 @@ def _decision(groups: Sequence[Group], batch: list[int], dtype: DType) -> Decisi
 
 
 def _regroup(
-    graph: Graph, groups: Sequence[Group], merged: dict[DType, list[int]], launch_s: float
+    graph: Graph, groups: Sequence[Group], merged: dict[tuple[DType, int], list[int]], launch_s: float
 ) -> tuple[Group, ...]:
     """The groups with each batch replaced by one group, in an order every input respects."""
-    into = {m: d for d, b in merged.items() for m in b}
+    into = {m: k for k, b in merged.items() for m in b}
     items: list[tuple[int, Group]] = []  # (position of its last member, group)
-    done: set[DType] = set()
+    done: set[tuple[DType, int]] = set()
     for i, g in enumerate(groups):
         if i not in into:
             items.append((i, g))

@@ -11,7 +11,7 @@ import torch
 
 from vfuse import interp
 from vfuse.fusion.plan import FusionPlan
-from vfuse.ir import Graph, Kind, Op
+from vfuse.ir import Graph, Kind, Node, Op, TensorType
 from vfuse.schedule import BufKind, Program, TorchStep
 
 
@@ -48,6 +48,18 @@ def drops_after_steps(program: Program, graph: Graph, slots: dict[str, list[tupl
     return [tuple(d) for d in drops]
 
 
+def _check_planned(node: Node, out: torch.Tensor, planned: TensorType) -> None:
+    """A kernel reads a torch step's result through a raw pointer at its planned shape and dtype:
+    any other result (a shape rule that disagrees with torch) would be read out of bounds."""
+    shape = planned.shape
+    if all(type(d) is int for d in shape) and (tuple(out.shape) != shape or out.dtype != planned.dtype.torch):
+        raise RuntimeError(
+            f"vfuse: node %{node.name} ({node.op.value}) ran through torch and gave {tuple(out.shape)} "
+            f"{out.dtype}, but the compiled program planned {shape} {planned.dtype.torch} for its kernels "
+            "(a vfuse bug: please report it)"
+        )
+
+
 def torch_nodes(program: Program) -> int:
     return sum(len(s.nodes) for s in program.steps if isinstance(s, TorchStep))
 
@@ -69,6 +81,7 @@ class StepRunner:
             out = interp.run_node(node, [local[i] if i in local else self._get(i, env) for i in node.inputs])
             if isinstance(out, torch.Tensor) and name in self.program.buffers:
                 out = out.contiguous()  # kernels read row-major
+                _check_planned(node, out, self.program.buffers[name].type)
             local[name] = out
         inside = set(step.nodes)
         for name, out in local.items():
