@@ -13,8 +13,19 @@ import torch
 import vfuse
 
 
+def log_shifted(x: torch.Tensor) -> torch.Tensor:
+    return torch.log(x + 2)  # log(log(x)) would be NaN below x = 1
+
+
 @pytest.mark.parametrize(
-    ("op", "dtype"), [(torch.sin, torch.float32), (torch.erf, torch.float64), (torch.log1p, torch.float32)]
+    ("op", "dtype"),
+    [
+        (torch.sin, torch.float32),
+        (torch.erf, torch.float64),
+        (torch.log1p, torch.float32),
+        (log_shifted, torch.float32),
+        (torch.expm1, torch.float32),
+    ],
 )
 def test_amax_of_a_recomputed_transcendental_has_eager_gradients(op, dtype: torch.dtype) -> None:
     gen = torch.Generator().manual_seed(0)
