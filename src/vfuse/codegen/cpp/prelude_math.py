@@ -5,12 +5,13 @@ vector bodies and scalar remainders differ in the last bits, so one value comput
 could differ (a max's backward missed its recomputed maximum: session 24); called as plain libm the
 loops stay scalar, 3x slower than eager's vectorized SLEEF (docs/perf-log.md, session 25). These
 are plain arithmetic with -ffp-contract=off, so a scalar remainder computes the very bits of a
-vector body, and they vectorize on every tier. They work in double where that makes them correctly
-rounded in practice: over every 17th float the logs are within 0.501 ulp of float64 libm and expm1
-within 1.46 ulp (tests/codegen/test_libm_free.py sweeps every 257th float).
+vector body, and they vectorize on every tier. Errors against float64 libm over every 257th float:
+log 0.87, log2 1.72, log10 1.85, log1p 0.50, expm1 1.45 ulps (tests/codegen/test_libm_free.py).
 
-- logs: x = 2^e m, m in [sqrt(1/2), sqrt(2)), log m = 2 atanh((m - 1) / (m + 1)) in double.
-  log1p takes 1 + x in double, exact for |x| >= 2^-29; below 2^-24 it is x.
+- log, log2, log10 in float (16 lanes on AVX-512): x = 2^e m, m in [sqrt(1/2), sqrt(2)),
+  log m = f - (f^2/2 - s (f^2/2 + R)), f = m - 1, s = f / (2 + f), R the atanh series (fdlibm's
+  logf arrangement). The same in double was correctly rounded but 1.8x slower, behind eager.
+- log1p in double: 1 + x is exact there for |x| >= 2^-29; below 2^-24 log1p(x) is x.
 - expm1: 2^n (q + 1) - 1 in double from `vf_exp_m1`'s q = e^r - 1 (n = 0 near 0: q itself).
 
 sin and cos still call libm: a vectorizable Payne-Hanek reduction for large |x| (a table lookup by
@@ -22,7 +23,7 @@ from __future__ import annotations
 LIBM_FREE = r"""// ---- fp32 log, log2, log10, log1p, expm1 without libm (prelude_math.py) ----
 static inline uint64_t vf_d2bits(double d) { uint64_t u; std::memcpy(&u, &d, 8); return u; }
 static inline double vf_bits2d(uint64_t u) { double d; std::memcpy(&d, &u, 8); return d; }
-// log of a positive finite normal double: u = 2^e * m, m in [sqrt(1/2), sqrt(2)), log m =
+// log of a positive finite normal double (log1p's 1 + x): u = 2^e * m, m in [sqrt(1/2), sqrt(2)), log m =
 // 2 atanh(s), s = (m - 1) / (m + 1), |s| <= 0.172: 6 odd terms (truncation below 1e-10).
 static inline double vf_log_core(double u, double& e) {
   const uint64_t i = vf_d2bits(u) - 0x3fe6a09e667f3bcdull;  // bits of sqrt(1/2)
@@ -32,26 +33,40 @@ static inline double vf_log_core(double u, double& e) {
   return 2.0 * s * (1.0 + z * (1.0 / 3 + z * (1.0 / 5 + z * (1.0 / 7 + z * (1.0 / 9 + z * (1.0 / 11))))));
 }
 // log(x) = e * ln2 + log m; -inf at +-0, NaN below 0 and at NaN, +inf at +inf.
-static inline float vf_log_select(float x, double v) {
+static inline float vf_log_select(float x, float v) {
   const uint32_t b = vf_f2bits(x);
-  float y = b > 0x7f800000u ? std::numeric_limits<float>::quiet_NaN() : (float)v;
+  float y = b > 0x7f800000u ? std::numeric_limits<float>::quiet_NaN() : v;
   y = b == 0x7f800000u ? std::numeric_limits<float>::infinity() : y;
   return (b & 0x7fffffffu) == 0 ? -std::numeric_limits<float>::infinity() : y;
 }
+// log m in float for x = 2^e m > 0 finite (subnormals scaled by 2^23 first), m in [sqrt(1/2),
+// sqrt(2)): f = m - 1, s = f / (2 + f), log m = f - (f^2/2 - s (f^2/2 + R)), R the atanh series
+// 2z/3 + 2z^2/5 + ... in z = s^2 (fdlibm's logf arrangement; 16 lanes where double had 8).
+static inline float vf_logm(float x, float& e) {
+  const uint32_t b = vf_f2bits(x);
+  const bool sub = b < 0x00800000u;
+  const uint32_t bs = sub ? vf_f2bits(x * 8388608.0f) : b;
+  const uint32_t i = bs - 0x3f3504f3u;  // bits of sqrt(1/2)
+  e = (float)((int32_t)i >> 23) - (sub ? 23.0f : 0.0f);
+  const float f = vf_bits2f(bs - (i & 0xff800000u)) - 1.0f;
+  const float s = f / (2.0f + f), z = s * s, h = 0.5f * f * f;
+  const float r = z * (0.66666667f + z * (0.4f + z * (0.28571429f + z * 0.22222222f)));
+  return f - (h - s * (h + r));
+}
 static inline float vf_log(float x) {
-  double e;
-  const double l = vf_log_core((double)x, e);
-  return vf_log_select(x, e * 0.69314718055994531 + l);
+  float e;
+  const float l = vf_logm(x, e);
+  return vf_log_select(x, e * 0.693359375f + (l + e * -2.12194440e-4f));  // ln2 in two parts
 }
 static inline float vf_log2(float x) {
-  double e;
-  const double l = vf_log_core((double)x, e);
-  return vf_log_select(x, e + l * 1.4426950408889634);
+  float e;
+  const float l = vf_logm(x, e);
+  return vf_log_select(x, e + l * 1.44269504f);
 }
 static inline float vf_log10(float x) {
-  double e;
-  const double l = vf_log_core((double)x, e);
-  return vf_log_select(x, e * 0.30102999566398120 + l * 0.43429448190325183);
+  float e;
+  const float l = vf_logm(x, e);
+  return vf_log_select(x, e * 0.30102539f + (l * 0.43429448f + e * 4.6050389e-06f));  // log10(2) in two parts
 }
 // log1p: 1 + x is exact in double for |x| >= 2^-29; below 2^-24 log1p(x) = x - x^2/2 rounds to x.
 static inline float vf_log1p(float x) {
