@@ -294,6 +294,24 @@ def test_gemm_a_packing_renders_as_decided(m: int, k: int, n: int) -> None:
     torch.testing.assert_close(ex([x, w])[0], torch.relu(x @ w.T), rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.parametrize("m", [130, 7, 1])
+def test_gemm_thread_split_renders_as_decided(m: int) -> None:
+    """Whether threads take rows before columns where M fits one block is the schedule's
+    (`CallBlocks.rows_first`; off for a B packed per call): flipped by hand, the source splits
+    rows, with eager's numbers at 2 threads, including M of fewer slivers than threads."""
+    graph = _linear(m, 256, 48)
+    plan = _one(graph)
+    prog = build(plan, AVX2)
+    blocks = _contraction_kernel(prog).gemm_blocks
+    assert blocks is not None and not blocks.rows_first
+    prog = _edit_any(prog, lambda c: dataclasses.replace(c, gemm_blocks=dataclasses.replace(blocks, rows_first=True)))
+    ex = _load(plan, prog)
+    assert "rows first (schedule)" in ex.source
+    x, w = torch.randn(m, 256), torch.randn(48, 256)
+    torch.set_num_threads(2)
+    torch.testing.assert_close(ex([x, w])[0], torch.relu(x @ w.T), rtol=1e-4, atol=1e-4)
+
+
 def _conv(x: tuple[int, ...], w: tuple[int, ...], stride: int = 1, padding: int = 0) -> Graph:
     b = GraphBuilder()
     xi, wi = inputs(b, (x, DType.F32), (w, DType.F32))

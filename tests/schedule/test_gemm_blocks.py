@@ -77,3 +77,27 @@ def test_dynamic_gemm_picks_its_blocks_per_call(fn: Callable[..., torch.Tensor])
         x = torch.randn(m, 1024)
         want, tol = fn(x, w, b), (1e-4 if fn is _gelu_mm else 1e-2)
         torch.testing.assert_close(compiled(x, w, b).float(), want.float(), rtol=tol, atol=tol)
+
+
+def test_rows_first_where_a_packed_once_b_fits_half_an_l2() -> None:
+    """Threads split M before N (`rows_first`) only for a B packed once that fits half an L2."""
+    from vfuse.schedule.blocks import rows_first
+
+    l2 = 2 << 20
+    assert rows_first(256, 1024, True, l2)  # BERT's output dense: 1 MiB
+    assert not rows_first(4096, 1024, True, l2)  # 16 MiB: each thread reads half from memory
+    assert not rows_first(256, 1024, False, l2)  # packed per call: each thread packs half
+    assert not rows_first(_m(), 256, True, l2)
+
+
+def test_a_frozen_linear_splits_rows_with_eagers_numbers() -> None:
+    """A frozen Linear(256, 128) over 256 rows (B 128 KiB, within half of any L2 we meet): rows
+    first in its program, eager's numbers."""
+    torch.set_num_threads(2)
+    lin = torch.nn.Linear(256, 128).eval()
+    x = torch.randn(256, 256)
+    with torch.no_grad():
+        c = vfuse.compile(lin, (x,), freeze=True)
+        (k,) = [k for k in c.compiled.executor.program.kernels if getattr(k, "gemm_blocks", None)]
+        assert k.gemm_blocks.rows_first and "rows first (schedule)" in c.compiled.executor.source
+        torch.testing.assert_close(c(x), lin(x), rtol=1e-4, atol=1e-4)

@@ -100,6 +100,9 @@ class CallBlocks:
     upto: tuple[int, ...] = ()
     k: SymSize | int = 0
     within: tuple[tuple[int | None, int | None], ...] = ()
+    # Where M fits one MC block, the driver's threads take row blocks of their own before column
+    # chunks (`rows_first`), so none packs another's rows of A.
+    rows_first: bool = False
 
 
 def call_blocks(
@@ -260,6 +263,17 @@ def shared_a(m: SymSize | int, n: SymSize | int, k: SymSize | int, batch: SymSiz
     one_block = -(-m // mc_max) == 1
     fits = -(-m // b.mr) * b.mr * k <= SHARED_A_FLOATS
     return batch == 1 and fits and (one_block or n > b.nc)
+
+
+def rows_first(n: SymSize | int, k: SymSize | int, prepacked_b: bool, l2_bytes: int) -> bool:
+    """Whether threads split M before N where M fits one MC block (`CallBlocks.rows_first`): with
+    B packed once (a frozen weight) that fits half an L2, each thread reads all of B from its own
+    cache and packs only its rows of A; split by columns, each packed every row (2 threads, M 256:
+    256x1024 @ 1024x256 459 -> 402 us, 256x256 @ 256x256 120 -> 87 us, eager 393 / 97; docs/perf-log.md).
+    A B past the cache, or packed per call, stays split by columns: each thread reads or packs half."""
+    if is_sym(n) or is_sym(k):
+        return False
+    return prepacked_b and int(n) * int(k) * 4 <= l2_bytes // 2
 
 
 # The folded weight gradient's transpose and scatter passes take threads from this many elements:

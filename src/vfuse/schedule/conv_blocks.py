@@ -24,6 +24,7 @@ from vfuse.schedule.blocks import (
     direct_blocks,
     folded_passes,
     gemm_blocks,
+    rows_first,
     shared_a,
 )
 from vfuse.schedule.conv_columns import direct_conv, direct_fits
@@ -75,7 +76,11 @@ def template_blocks(k: ContractionKernel, tile: tuple[int, int], unit: VectorUni
     if k.op is Op.MATMUL:
         blocks = gemm_blocks(k.shapes, k.out_shape, k.caches, tile, unit.lanes)
         a = k.shapes[0]
+        rows = rows_first(k.out_shape[-1], a[-1], k.prepacked_b, k.caches[1])
+        blocks = dataclasses.replace(blocks, rows_first=rows)
         once = shared_a(a[-2], k.out_shape[-1], a[-1], math.prod(k.out_shape[:-2]), blocks.blocks[0])
+        # Threads on their own rows pack A once between them: no pass before the driver for that.
+        once = once and not (rows and hint(k.out_shape[-1]) <= blocks.blocks[0].nc)
         return dataclasses.replace(k, gemm_blocks=blocks, shared_a=once)
     if k.op is Op.CONV2D:
         blocks, conv = conv_blocks(k.attrs, k.shapes, k.out_shape, k.caches, tile, unit)

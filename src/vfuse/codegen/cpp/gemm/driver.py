@@ -178,6 +178,13 @@ def _full_slivers(d: Driver, blk: Blocking) -> bool:
     return isinstance(d.n, int) and d.n % blk.nr == 0 and all(b.nc % blk.nr == 0 for b in _pieces(d, blk))
 
 
+def _rows_first(d: Driver, blk: Blocking) -> str:
+    """The schedule's `CallBlocks.rows_first` as C++: one row block per thread where M fits one."""
+    if d.call is None or not d.call.rows_first:
+        return ""
+    return f"  if (mb < nth && ({d.m} + {blk.mr - 1}) / {blk.mr} >= nth) mb = nth;  // rows first (schedule)\n"
+
+
 def _own_value(d: Driver, blk: Blocking) -> str:
     """`own` (one MC block: `_own_slivers`) as C++: a literal when M is fixed, so the renderer
     emits only the B packing path that runs. mb starts at ceil(M / MC) and only grows when it is
@@ -382,7 +389,7 @@ static void {d.name}_one(long bi, long tid, long nth, bool coop, float* __restri
   alignas(64) float t[{blk.mr * blk.nr}];
   // Work split: enough (MC block x column chunk) items for every thread, in equal numbers.
   long mb = ({m} + {mc_max} - 1) / {mc_max}, nsplit = 1;
-  if (mb < nth) nsplit = (nth + mb - 1) / mb;
+{_rows_first(d, blk)}  if (mb < nth) nsplit = (nth + mb - 1) / mb;
   else mb = (mb + nth - 1) / nth * nth;
   // Row block wb holds MR-row slivers [wb * rs / mb, (wb + 1) * rs / mb): sizes differ by one
   // sliver at most, so with mb a multiple of the threads each thread gets the same rows (blocks of
