@@ -59,6 +59,7 @@ def _count_measurements(monkeypatch: pytest.MonkeyPatch, bad: list[str] | None =
         return _stub(launch=len(calls) * 1e-6), list(bad or [])
 
     monkeypatch.setattr(cpu, "measure", fake)
+    monkeypatch.setattr(cpu.os, "getloadavg", lambda: (0.0, 0.0, 0.0))  # a quiet machine
     return calls
 
 
@@ -154,3 +155,13 @@ def test_a_few_cores_count_their_share_of_a_large_last_level_cache() -> None:
     assert llc_share(32 << 20, 2) == 32 << 20
     assert llc_share(96 << 20, 8) == 96 << 20
     assert llc_share(0, 2) == 0
+
+
+def test_a_measurement_under_load_is_measured_again_later(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Figures measured while other work held the cores are kept, and re-measured after a while."""
+    calls = _count_measurements(monkeypatch)
+    monkeypatch.setattr(cpu.os, "getloadavg", lambda: (2.5, 2.0, 1.0))
+    get_target("cpu", tmp_path)
+    data = json.loads((tmp_path / "target_cpu.json").read_text())
+    assert data["estimated"] == ["load 2.5"] and data["target"]["launch_s"] == 1e-6
+    assert 0 < data["remeasure_after"] - time.time() <= cpu.ESTIMATE_TTL_S and len(calls) == 1

@@ -12,6 +12,7 @@ import random
 import pytest
 import torch
 import torch.nn.functional as F
+from tests.fusion.fusion_patterns import FIXED_CPU
 
 import vfuse
 from vfuse.context import Context
@@ -72,10 +73,12 @@ def test_data_gradient_matches_eager_at_odd_shapes() -> None:
         torch.testing.assert_close(g, want, rtol=1e-4, atol=atol, msg=lambda m, c=case: f"{c}: {m}")
 
 
-def test_strided_data_gradient_is_one_gemm_exactly() -> None:
+def test_strided_data_gradient_is_one_gemm_exactly(monkeypatch: pytest.MonkeyPatch) -> None:
     """A strided groups-1 conv's data gradient lowers to one MATMUL and no CONV2D; the IR is exact
     (fp64 reference executor) over random strides, paddings (past the taps' reach too),
-    dilations and sizes."""
+    dilations and sizes. The form (one GEMM or a conv per phase) is priced on a fixed target: on
+    this machine's (a Xeon whose DRAM bandwidth was measured under load) the phases won one case."""
+    monkeypatch.setattr("vfuse.frontend.emitter.get_target", lambda *args, **kwargs: FIXED_CPU)
     rng = random.Random(0)
     checked = 0
     while checked < 30:
