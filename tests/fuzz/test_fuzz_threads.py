@@ -89,6 +89,7 @@ def _rows(s: tuple[int, ...], g: torch.Generator) -> tuple[torch.Tensor, ...]:
 
 _LN = _module(torch.nn.LayerNorm(131))
 _LINEAR = _module(torch.nn.Linear(601, 872))
+_SMALL_LINEAR = _module(torch.nn.Linear(97, 203))  # B of 77 KiB: rows first (`CallBlocks.rows_first`)
 
 # Odd batches (not a multiple of 2 or 3 and under 4 per thread: the GEMM driver's threads share
 # one panel buffer across batch entries), primes, a small first size whose blocks the later sizes
@@ -123,6 +124,11 @@ FAMILIES = {
     # workspace: an fp16 output), N past a column panel with a short last one, one MC block.
     "linear_frozen_half": Family(
         lambda x: _LINEAR(x).half(), lambda s, g: (_randn(g, s[0], 601),), ((5,), (3,)), False, freeze=True, tol=2e-3
+    ),
+    # A frozen weight within half an L2 and one MC block: each thread its own rows of A (odd row
+    # counts: slivers that do not divide among 2 or 3 threads, fewer slivers than threads at 7).
+    "linear_frozen_rows": Family(
+        lambda x: torch.relu(_SMALL_LINEAR(x)), lambda s, g: (_randn(g, s[0], 97),), ((131,), (67,)), False, freeze=True
     ),
 }
 
