@@ -2,7 +2,8 @@
 
 Runs the fuzz tests in rounds of fresh random programs (VFUSE_FUZZ=soak: random seeds, failures
 shrunk), each round a pytest run whose hypothesis seed is printed so a failure can be replayed
-with `VFUSE_FUZZ=soak pytest tests/fuzz --hypothesis-seed=SEED`. Then the full OpInfo run
+with `VFUSE_FUZZ=soak pytest tests/fuzz --hypothesis-seed=SEED`; then the per-process races
+(tests/runtime/test_omp_start.py, 40 processes). Then the full OpInfo run
 (every sample, float32 and one low-precision dtype; VFUSE_FUZZ_OPINFO=0 skips it), its summary
 written to VFUSE_OPINFO_REPORT (default build/opinfo_report.txt). Exits non-zero on a failure.
 """
@@ -60,8 +61,15 @@ def opinfo() -> bool:
     return done.returncode == 0
 
 
+def races() -> bool:
+    """Rare per-process races, each in many fresh processes (tests skipped outside VFUSE_FUZZ=soak)."""
+    env = {**os.environ, "VFUSE_FUZZ": "soak"}
+    done = subprocess.run([*PYTEST, "-n", "0", "tests/runtime/test_omp_start.py"], env=env, check=False)
+    return done.returncode == 0
+
+
 def main() -> int:
-    ok = fuzz(float(os.environ.get("VFUSE_FUZZ_MINUTES", "10")))
+    ok = fuzz(float(os.environ.get("VFUSE_FUZZ_MINUTES", "10"))) and races()
     if ok and os.environ.get("VFUSE_FUZZ_OPINFO", "1") != "0":
         ok = opinfo()
     return 0 if ok else 1

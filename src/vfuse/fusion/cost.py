@@ -21,6 +21,7 @@ from dataclasses import dataclass, replace
 from vfuse.fusion.cost_columns import column_runs, strided_s
 from vfuse.fusion.forms import Form, Illegal, classify, numel_of, per_element_flops
 from vfuse.fusion.gathers import interleave_loads
+from vfuse.fusion.libm import scalar_flops
 from vfuse.fusion.plan import Cost
 from vfuse.ir import Graph, Kind, Node, Op, TensorType, opdef
 from vfuse.ir.sym import hint
@@ -252,10 +253,19 @@ def chain_factor(chains: Sequence[int], target: Target) -> float:
 
 
 def time_weight(node: Node, graph: Graph, target: Target) -> float:
-    """Time of one of the node's IR flops in cheap-arithmetic flops (1.0 for most ops): on a
-    calibrated target, vector_f32 / its own rate for an op timed alone (`Target.op_rates`: exp,
-    tanh, sigmoid, GELU, SiLU, log), vector_f32 / transcendental_f32 for other transcendental ones.
-    The planner's summaries weight their per-element flops the same way (`summary.node_facts`)."""
+    """Time of one of the node's IR flops in cheap-arithmetic flops (1.0 for most ops): a scalar
+    libm call per element (`fusion/libm.py`) at its measured cost; else `vector_weight`. The
+    planner's summaries weight their per-element flops the same way (`summary.node_facts`)."""
+    scalar = scalar_flops(node, target)
+    if scalar:
+        return scalar / max(per_element_flops(node, graph), 1.0)
+    return vector_weight(node, graph, target)
+
+
+def vector_weight(node: Node, graph: Graph, target: Target) -> float:
+    """Time of one of the node's IR flops, computed in vectors: on a calibrated target, vector_f32 /
+    its own rate for an op timed alone (`Target.op_rates`: exp, tanh, sigmoid, GELU, SiLU, log),
+    vector_f32 / transcendental_f32 for other transcendental ones; 1.0 for the rest."""
     if not target.transcendental_f32 or node.kind is not Kind.ELEMENTWISE:
         return 1.0
     for op, rate in target.op_rates:  # calibrated one by one

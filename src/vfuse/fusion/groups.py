@@ -11,11 +11,12 @@ searches decide whether the merge would create a cycle.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from vfuse.fusion.cost import external_inputs, kernel_cost, pressure_of
-from vfuse.fusion.forms import PROLOGUE_MAX_FLOPS_PER_ELEMENT, Form, Illegal, classify, packed_once
+from vfuse.fusion.forms import PROLOGUE_MAX_FLOPS_PER_ELEMENT, Form, Illegal, classify, numel_of, packed_once
 from vfuse.fusion.legality import Budgets, budget_violation
+from vfuse.fusion.library import pointwise_choice
 from vfuse.fusion.plan import Cost
 from vfuse.fusion.rules import Rule
 from vfuse.fusion.summary import (
@@ -130,6 +131,8 @@ class KernelTable:
         """Contractions and torch fallbacks: classified and costed from their nodes."""
         nodes = [self.graph[v] for v in self.ordered(s.names)]
         outputs = self.ordered(s.outputs)
+        if s.in_torch:
+            return self._in_torch(s, nodes[0])
         form = classify(nodes, outputs, self.graph)
         if isinstance(form, Illegal):
             return form
@@ -141,6 +144,15 @@ class KernelTable:
         if form.kind is Kind.CONTRACTION:
             s = with_prologue(s, form, self.facts)
         return Kernel(-1, s, form, cost)
+
+    def _in_torch(self, s: Summary, node: Node) -> Kernel:
+        """A scalar-libm node torch runs (`library.pointwise_choice`), at torch's predicted time."""
+        domain = numel_of(node)
+        form = Form(Rule.LIBRARY_POINTWISE.value, node.kind, domain, 0, {node.name: domain})
+        cost = kernel_cost([node], tuple(dict.fromkeys(node.inputs)), [node.name], form, self.graph, self.target)
+        choice = pointwise_choice(node, self.graph, self.target)
+        assert choice is not None
+        return Kernel(-1, s, form, replace(cost, time_s=choice.torch_s))
 
     def _leaves(self, v: str, names: frozenset[str], replacing: frozenset[int], recomputed: frozenset[str]) -> bool:
         """Must `v` be written to memory? Yes when a graph output, or when some reader runs in

@@ -28,10 +28,14 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from vfuse.fusion.cost import retimed
+from vfuse.fusion.cost import kernel_cost, retimed, vector_weight
+from vfuse.fusion.forms import Form, numel_of, per_element_flops
+from vfuse.fusion.libm import scalar_flops
 from vfuse.fusion.plan import Cost
 from vfuse.fusion.rules import Rule
+from vfuse.ir import Graph, Node
 from vfuse.ir.sym import hint
+from vfuse.targets import Target
 
 # The library's GEMM/conv rate relative to the template's on whole tiles, where the tier has no
 # calibration. Measured (docs/perf-log.md, Zen 4, AVX-512, one thread, under load): GEMMs of
@@ -45,6 +49,10 @@ EFFICIENCY_RANGE = (0.5, 1.5)
 # One torch call from a compiled graph: leaving the native segment, ATen dispatch, allocating
 # the output (the runtime's torch step, measured at 5-15 us on Zen 4 under load; docs/perf-log.md).
 LIBRARY_CALL_S = 10e-6
+# A pointwise op in torch cuts its kernel in two: the torch call, one more native call and the general
+# call path instead of the lean one. Measured (session 26, Xeon, 2 threads): sin(2x) + 1 on 4096 floats
+# 17 us as one kernel (scalar sin), 25 us split around torch.sin; so two calls' worth.
+SPLIT_CALLS = 2
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,6 +95,39 @@ class ContractionChoice:
             f"{Rule.LIBRARY_CONTRACTION.value}: torch predicted {self.library_s * 1e6:.1f} us, "
             f"the template {self.template_s * 1e6:.1f} us{rate}"
         )
+
+
+@dataclass(frozen=True, slots=True)
+class PointwiseChoice:
+    """A scalar-libm op's two predicted times (`fusion/libm.py`), in seconds, and the verdict."""
+
+    kernel_s: float
+    torch_s: float
+
+    @property
+    def torch(self) -> bool:
+        return self.torch_s < self.kernel_s
+
+    def reason(self) -> str:
+        return (
+            f"{Rule.LIBRARY_POINTWISE.value}: torch predicted {self.torch_s * 1e6:.1f} us, "
+            f"scalar libm calls in a kernel {self.kernel_s * 1e6:.1f} us"
+        )
+
+
+def pointwise_choice(node: Node, graph: Graph, target: Target) -> PointwiseChoice | None:
+    """Kernel or torch for a node whose C++ loop calls scalar libm (None for any other node). The
+    kernel side: the node alone as a kernel, one call per element. The torch side: the same kernel
+    computed in vectors (torch's SLEEF, priced like vfuse's own vector math), plus SPLIT_CALLS calls, plus
+    its input and output through memory once more (in torch it fuses with nothing)."""
+    if not scalar_flops(node, target):
+        return None
+    domain = numel_of(node)
+    form = Form("pointwise", node.kind, domain, 0, {node.name: domain})
+    cost = kernel_cost([node], node.inputs, [node.name], form, graph, target)
+    vector_s = per_element_flops(node, graph) * hint(domain) * vector_weight(node, graph, target) / target.vector_f32
+    torch_s = retimed(cost, vector_s, target.kind) + SPLIT_CALLS * LIBRARY_CALL_S + cost.memory_s
+    return PointwiseChoice(cost.time_s, torch_s)
 
 
 def tile_waste(m: int, n: int, mr: int, nr: int) -> float:

@@ -62,3 +62,7 @@ class Rule(str, enum.Enum):
         "library-contraction",
         "the cost model predicts torch's GEMM/conv beats the template: it runs in torch, its epilogue fused after it",
     )
+    LIBRARY_POINTWISE = (
+        "library-pointwise",
+        "the cost model predicts torch's vectorized op beats a loop of scalar libm calls: it runs in torch, alone",
+    )

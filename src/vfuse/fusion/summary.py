@@ -32,6 +32,7 @@ from vfuse.fusion.cost import (
     ws_budget,
 )
 from vfuse.fusion.forms import CONTRACTION_LABELS, Form, Illegal, numel_of, per_element_flops
+from vfuse.fusion.library import pointwise_choice
 from vfuse.fusion.plan import Cost
 from vfuse.fusion.rules import Rule
 from vfuse.ir import Graph, Kind, Node, TensorType, opdef
@@ -59,6 +60,7 @@ class Facts:
     transcendental: bool = False  # priced apart from cheap arithmetic (cost.transcendental)
     template_s: float = 0.0  # a contraction's template overheads (in fixed_s: `cost.template_extra_s`)
     library_s: float = 0.0  # torch's library's overheads in their place (`Cost.library_extra_s`)
+    in_torch: str = ""  # why a scalar-libm node runs in torch, alone (`library.pointwise_choice`)
 
 
 def node_facts(node: Node, graph: Graph, target: Target) -> Facts:
@@ -95,7 +97,13 @@ def node_facts(node: Node, graph: Graph, target: Target) -> Facts:
         transcendental(node, graph, target),
         template_s,
         library_s,
+        _in_torch(node, graph, target),
     )
+
+
+def _in_torch(node: Node, graph: Graph, target: Target) -> str:
+    choice = pointwise_choice(node, graph, target)
+    return choice.reason() if choice is not None and choice.torch else ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -125,6 +133,7 @@ class Summary:
     levels: Mapping[str, int] = dataclasses.field(default_factory=dict)
     chains: tuple[int, ...] = ()
     kept: frozenset[str] = frozenset()  # the values `persist` counts (each once, however many merges see it)
+    in_torch: str = ""  # a scalar-libm node kept in torch: why (`Facts.in_torch`); it merges with nothing
 
     @property
     def transcendental(self) -> int:
@@ -140,7 +149,7 @@ def leaf(facts: Facts, node: Node, outputs: frozenset[str], all_facts: Mapping[s
         outputs,
         int(facts.kind is Kind.CONTRACTION),
         facts.sig,
-        facts.kind is Kind.OPAQUE,
+        facts.kind is Kind.OPAQUE or bool(facts.in_torch),
         pe,
         facts.fixed_flops,
         facts.fixed_s,
@@ -157,6 +166,7 @@ def leaf(facts: Facts, node: Node, outputs: frozenset[str], all_facts: Mapping[s
         facts.library_s,
         {node.name: after(node)},
         (1,) if facts.transcendental else (),
+        in_torch=facts.in_torch,
     )
 
 
@@ -201,6 +211,7 @@ def combine(p: Summary, c: Summary, outputs: frozenset[str], facts: Mapping[str,
         library_s,
         *_levels(p, c, passed, outputs, facts),
         kept,
+        p.in_torch or c.in_torch,
     )
 
 
@@ -255,6 +266,8 @@ def _crossing(
 
 def quick_illegal(p: Summary, c: Summary) -> Illegal | None:
     """The kind rules that need no combined summary (most rejected pairs stop here)."""
+    if p.in_torch or c.in_torch:
+        return Illegal(Rule.LIBRARY_POINTWISE, p.in_torch or c.in_torch)
     if p.opaque or c.opaque:
         return Illegal(Rule.OPAQUE_ALONE, "a torch fallback runs alone (with its get_items)")
     if p.contractions and c.contractions:

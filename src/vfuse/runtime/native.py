@@ -31,6 +31,7 @@ from vfuse.ir.defs.pointwise import integer_division_by_zero
 from vfuse.runtime.arenas import LEND_MIN_BYTES, ArenaLender
 from vfuse.runtime.callplan import CallPlan, make_call_plan
 from vfuse.runtime.compiled import ExecStats
+from vfuse.runtime.omp_start import start_torch_threads
 from vfuse.runtime.pool import OutputPool, donated_views
 from vfuse.runtime.steps import StepRunner, drops_after_steps, fallback_counts, torch_nodes
 from vfuse.schedule import BufKind, Program, Segment
@@ -261,6 +262,7 @@ class NativeExecutor(StepRunner):
             return self._run_planned(self._plan, inputs)
         env = self._prepare(inputs)
         nt = torch.get_num_threads()
+        start_torch_threads(nt)
         arena = self._arena.data_ptr() + self._arena_off
         for step, drops in zip(self.program.steps, self._drops, strict=True):
             if isinstance(step, Segment):
@@ -299,7 +301,9 @@ class NativeExecutor(StepRunner):
         outs = self._planned_outputs(plan)
         if plan.draws_seeds:
             self._draw_seeds({})
-        self._threads_arg.value = torch.get_num_threads()
+        nt = torch.get_num_threads()
+        start_torch_threads(nt)
+        self._threads_arg.value = nt
         for entry in self._raw_entries:
             if entry(ptrs, self._arena_arg, self._seeds_arg, self._threads_arg):
                 raise self._fault()

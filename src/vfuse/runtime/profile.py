@@ -30,6 +30,7 @@ from vfuse.codegen.cpp.toolchain import find_toolchain, load_library
 from vfuse.errors import VfuseError
 from vfuse.fusion.cost import estimate
 from vfuse.fusion.plan import Cost, Group
+from vfuse.runtime.omp_start import start_torch_threads
 from vfuse.schedule import Program, Segment, TorchStep
 from vfuse.schedule.contents import computed, stored
 from vfuse.schedule.kernel import AnyKernel, ContractionKernel
@@ -108,6 +109,7 @@ def run_timed(
     assert ex._arena is not None
     arena = ex._arena.data_ptr() + ex._arena_off
     nt = torch.get_num_threads()
+    start_torch_threads(nt)
     times: list[float] = []
     for step in ex.program.steps:
         if isinstance(step, Segment):

@@ -12,8 +12,9 @@ from __future__ import annotations
 import dataclasses
 import math
 
-from vfuse.fusion.library import ContractionChoice, Efficiency, choose_gpu, library_efficiency
+from vfuse.fusion.library import ContractionChoice, Efficiency, choose_gpu, library_efficiency, pointwise_choice
 from vfuse.fusion.plan import Cost, FusionPlan, Group
+from vfuse.fusion.rules import Rule
 from vfuse.ir import DType, Graph, Kind, Node, Op, TensorType
 from vfuse.ir.defs.contraction import sdpa_dropout
 from vfuse.ir.defs.layout import IndexBounds, index_bounds
@@ -59,6 +60,7 @@ from vfuse.schedule.residue import with_residues
 from vfuse.schedule.rowhint import with_hint_copy
 from vfuse.schedule.strategy import decide
 from vfuse.schedule.table import with_table
+from vfuse.targets import Target
 
 TORCH_LABELS = ("opaque",)
 DEFAULT_CACHES: Caches = (48 << 10, 1 << 20, 32 << 20)
@@ -337,6 +339,9 @@ def build(plan: FusionPlan, target: object, templates: bool = True, triton: bool
     gpu = target if triton and getattr(target, "is_gpu", False) else None
     efficiency = library_efficiency(target)  # the tier's calibrated template-or-library figure
     for g in plan.groups:
+        if g.label == Rule.LIBRARY_POINTWISE.value:  # the planner kept a scalar-libm op in torch
+            items.append(TorchStep(g.id, g.label, g.nodes, _pointwise_reason(graph, g, target)))
+            continue
         items += group_steps(graph, g, caches, templates, unit, gpu, efficiency)  # type: ignore[arg-type]
     vector = int(getattr(target, "simd_lanes", 16))
 
@@ -376,6 +381,12 @@ def build(plan: FusionPlan, target: object, templates: bool = True, triton: bool
     env = env_of(v for n in graph for v in (*_shape_of(n), *(a for _, a in n.attrs.items_)))
     symbols = tuple(s.name for s in env.symbols) if env is not None else ()
     return Program(tuple(steps), buffers, memory, tuple(seeds), vector, getattr(target, "isa", None), symbols=symbols)
+
+
+def _pointwise_reason(graph: Graph, g: Group, target: object) -> str:
+    choice = pointwise_choice(graph[g.nodes[0]], graph, target) if isinstance(target, Target) else None
+    rule = Rule.LIBRARY_POINTWISE
+    return choice.reason() if choice is not None else f"{rule.value}: {rule.meaning}"
 
 
 def _check_produced(graph: Graph, steps: list[Step], made: set[str]) -> None:

@@ -6,7 +6,8 @@ vectorize, which differ in the last bits, so one element computed in two kernels
 (max/amax's backward compares the recomputed value with the stored maximum: a wrong gradient, found
 by make fuzz in session 24). fp32 exp, sigmoid, SiLU, tanh and tanh-form GELU use the inline
 `vf_exp` polynomial (faster than libmvec, the same code in every loop), fp32 erf/GELU a rational
-approximation, fp32 logs and expm1 plain arithmetic (prelude_math.py); their clamps are integer
+approximation, fp32 logs, expm1, exp2, sinh and cosh plain arithmetic (prelude_math.py). The rest call
+scalar libm; the cost model prices such calls (fusion/libm.py). Their clamps are integer
 ops because g++ turns float clamps into masks. Conversions for fp16/bf16 are branch-free bit
 manipulation so loops that use them vectorize. The RNG mirrors vfuse/ir/defs/rng.py bit for bit in
 uint32 arithmetic.
@@ -135,11 +136,8 @@ static inline float vf_fmaf(float a, float b, float c) {
 // exp(x) = (q + 1) * 2^(kk - 254) for x in [-150, 89] (q = vf_exp_m1, q + 1 = vf_exp_p); outside
 // that range q and kk are garbage and the caller selects the result. Clamping x first instead
 // costs g++ 8 mask instructions.
-// e^r - 1 for r = x - n*ln2 (n = round(x / ln2), the caller's; |r| <= ln2/2).
-static inline float vf_exp_m1_reduced(float x, float n) {
-  // n*C1 is exact (at most 17 significant bits), so one fma rounds as x - n*C1 does.
-  float r = vf_fmaf(-n, 0.693359375f, x);
-  r = vf_fmaf(n, 2.12194440e-4f, r);
+// e^r - 1 for |r| <= ln2/2.
+static inline float vf_expm1_poly(float r) {
   // r^2 and 5 fmas (Cephes' degree 7 took 7 operations), 4 of them dependent after r^2 as before.
   // The loops around exp are bound by operations per vector and latency x operations in flight
   // (the out-of-order window), most at 8 lanes: one operation less is 9 % faster in an L1 loop
@@ -149,6 +147,13 @@ static inline float vf_exp_m1_reduced(float x, float n) {
   const float b = vf_fmaf(8.3687156439e-03f, r, 4.1668388993e-02f);
   const float p = vf_fmaf(r2, vf_fmaf(1.3814602280e-03f, r2, b), a);
   return vf_fmaf(p, r2, r);
+}
+// e^r - 1 for r = x - n*ln2 (n = round(x / ln2), the caller's; |r| <= ln2/2).
+static inline float vf_exp_m1_reduced(float x, float n) {
+  // n*C1 is exact (at most 17 significant bits), so one fma rounds as x - n*C1 does.
+  float r = vf_fmaf(-n, 0.693359375f, x);
+  r = vf_fmaf(n, 2.12194440e-4f, r);
+  return vf_expm1_poly(r);
 }
 static inline float vf_exp_m1(float x, int32_t& kk) {
   // rint by the 1.5*2^23 trick: std::rint/floor only vectorize under -ffast-math.
@@ -183,7 +188,8 @@ template <class T> static inline auto vf_exp(T x) { return std::exp(x); }  // in
   static inline double name(double x) { return std::f(x); } \
   template <class T> static inline auto name(T x) { return std::f(x); }
 VF_LIBM_OTHERS(vf_log, log) VF_LIBM_OTHERS(vf_log2, log2) VF_LIBM_OTHERS(vf_log10, log10)
-VF_LIBM_OTHERS(vf_log1p, log1p) VF_LIBM_OTHERS(vf_expm1, expm1)
+VF_LIBM_OTHERS(vf_log1p, log1p) VF_LIBM_OTHERS(vf_expm1, expm1) VF_LIBM_OTHERS(vf_exp2, exp2)
+VF_LIBM_OTHERS(vf_sinh, sinh) VF_LIBM_OTHERS(vf_cosh, cosh)
 #undef VF_LIBM_OTHERS
 template <class T> static inline T vf_abs(T x) { return x < 0 ? (T)-x : x; }
 static inline float vf_abs(float x) { return std::fabs(x); }

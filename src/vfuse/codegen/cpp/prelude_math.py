@@ -1,4 +1,4 @@
-"""fp32 log, log2, log10, log1p and expm1 for the C++ prelude, written without libm.
+"""fp32 log, log2, log10, log1p, expm1, exp2, sinh and cosh for the C++ prelude, without libm.
 
 Why not libm: g++ vectorizes a loop calling libm only through glibc's vector math (libmvec), whose
 vector bodies and scalar remainders differ in the last bits, so one value computed in two loops
@@ -13,14 +13,18 @@ log 0.87, log2 1.72, log10 1.85, log1p 0.50, expm1 1.45 ulps (tests/codegen/test
   logf arrangement). The same in double was correctly rounded but 1.8x slower, behind eager.
 - log1p in double: 1 + x is exact there for |x| >= 2^-29; below 2^-24 log1p(x) is x.
 - expm1: 2^n (q + 1) - 1 in double from `vf_exp_m1`'s q = e^r - 1 (n = 0 near 0: q itself).
+- exp2: 2^n e^(f ln2) with n = rint(x), f = x - n exact, through vf_exp's polynomial and scaling.
+- sinh, cosh: from expm1 (sinh) and exp (cosh) below |x| = 9, as e^|x| / 2 = (q + 1) 2^(n - 1) above
+  (no overflow before the result's).
 
 sin and cos still call libm: a vectorizable Payne-Hanek reduction for large |x| (a table lookup by
-the exponent) cost more than scalar libm here (3.6 against 1.8 ns an element).
+the exponent) cost more than scalar libm here (3.6 against 1.8 ns an element); the cost model runs
+them in torch where that is faster (fusion/libm.py).
 """
 
 from __future__ import annotations
 
-LIBM_FREE = r"""// ---- fp32 log, log2, log10, log1p, expm1 without libm (prelude_math.py) ----
+LIBM_FREE = r"""// ---- fp32 log, log2, log10, log1p, expm1, exp2, sinh, cosh without libm (prelude_math.py) ----
 static inline uint64_t vf_d2bits(double d) { uint64_t u; std::memcpy(&u, &d, 8); return u; }
 static inline double vf_bits2d(uint64_t u) { double d; std::memcpy(&d, &u, 8); return d; }
 // log of a positive finite normal double (log1p's 1 + x): u = 2^e * m, m in [sqrt(1/2), sqrt(2)), log m =
@@ -87,5 +91,38 @@ static inline float vf_expm1(float x) {
   float z = x > 89.0f ? std::numeric_limits<float>::infinity() : y;  // past vf_exp_m1's range
   z = (vf_f2bits(x) & 0x7fffffffu) < 0x33000000u ? x : z;  // |x| < 2^-25: x, -0 kept
   return x < -20.0f ? -1.0f : z;
+}
+// exp2 = 2^n e^(f ln2), n = rint(x), f = x - n exact (|f| <= 1/2): vf_exp's polynomial and scaling.
+static inline float vf_exp2(float x) {
+  const float big = x + 12582912.0f;  // rint by the 1.5*2^23 trick, as in vf_exp_m1
+  const int32_t kk = (int32_t)(vf_f2bits(big) - (0x4b400000u - 254u));
+  const float y = vf_scale2(vf_expm1_poly((x - (big - 12582912.0f)) * 0.693147181f) + 1.0f, kk);
+  const float z = x >= 128.0f ? std::numeric_limits<float>::infinity() : y;
+  return x < -150.0f ? 0.0f : z;
+}
+// e^a / 2 for 0 <= a <= 89.5, without overflow below FLT_MAX: vf_exp's (q + 1) 2^(n - 1).
+static inline float vf_half_exp(float a) {
+  int32_t kk;
+  const float p = vf_exp_p(a, kk);
+  return vf_scale2(p, kk - 1);
+}
+// sinh: x below 2^-12 (x^3/6 is lost); (m + m / (m + 1)) / 2 with m = expm1(|x|) below 9; e^|x| / 2
+// above (e^-|x| / 2 is below its last bit there); the sign of x.
+static inline float vf_sinh(float x) {
+  const float a = std::fabs(x);
+  const float m = vf_expm1(a < 9.0f ? a : 0.0f);
+  float y = a < 9.0f ? 0.5f * (m + m / (m + 1.0f)) : vf_half_exp(a < 89.5f ? a : 0.0f);
+  y = a >= 89.5f ? std::numeric_limits<float>::infinity() : y;
+  y = a < 2.44140625e-4f ? a : y;
+  y = vf_bits2f(vf_f2bits(y) | (vf_f2bits(x) & 0x80000000u));
+  return a != a ? x : y;  // NaN
+}
+// cosh: (e + 1/e) / 2 with e = exp(|x|) below 9, e^|x| / 2 above.
+static inline float vf_cosh(float x) {
+  const float a = std::fabs(x);
+  const float e = vf_exp(a < 9.0f ? a : 0.0f);
+  float y = a < 9.0f ? 0.5f * (e + 1.0f / e) : vf_half_exp(a < 89.5f ? a : 0.0f);
+  y = a >= 89.5f ? std::numeric_limits<float>::infinity() : y;
+  return a != a ? x : y;  // NaN
 }
 """
