@@ -10,17 +10,15 @@ between a loop's vector body and its remainder), so a value computed in two loop
 from __future__ import annotations
 
 import re
-import subprocess
 from pathlib import Path
 
 import pytest
 import torch
+from tests.codegen.prelude_asm import body, prelude_asm
 from tests.codegen.test_vector_math import max_ulps
 from tests.kernel_families import tiers_here
 
 import vfuse
-from vfuse.codegen.cpp.prelude import PRELUDE
-from vfuse.codegen.cpp.toolchain import find_toolchain
 
 INF, NAN = float("inf"), float("nan")
 OPS = {
@@ -94,12 +92,8 @@ def test_loops_vectorize_without_calls(tmp_path: Path) -> None:
         f'extern "C" void t_{name}(const float* __restrict x, float* __restrict y) {{' + LOOP.format(name)
         for name in OPS
     )
-    cpp = tmp_path / "m.cpp"
-    cpp.write_text(PRELUDE + loops)
-    tc = find_toolchain()
-    subprocess.run([tc.cxx, *tc.flags, "-S", str(cpp), "-o", str(tmp_path / "m.s")], check=True)
-    asm = (tmp_path / "m.s").read_text()
+    asm = prelude_asm(tmp_path, loops)
     for name in OPS:
-        body = asm.split(f"\nt_{name}:", 1)[1].split(".cfi_endproc", 1)[0]
-        assert "call" not in body, name
-        assert re.search(r"\tv?(mul|add|sub|div|fmadd\d*)p[sd]\s", body), name
+        code = body(asm, f"t_{name}")
+        assert "call" not in code, name
+        assert re.search(r"\tv?(mul|add|sub|div|fmadd\d*)p[sd]\s", code), name

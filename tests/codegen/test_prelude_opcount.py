@@ -9,13 +9,11 @@ by Estrin's scheme), so a change that adds one fails here and has to say why.
 from __future__ import annotations
 
 import re
-import subprocess
 from pathlib import Path
 
 import pytest
+from tests.codegen.prelude_asm import body, prelude_asm
 
-from vfuse.codegen.cpp.prelude import PRELUDE
-from vfuse.codegen.cpp.toolchain import find_toolchain
 from vfuse.targets.cpu import isa_for
 from vfuse.targets.isa import Isa
 
@@ -43,11 +41,7 @@ def _assembly(tmp_path: Path) -> str:
         f"#pragma omp simd\n  for (int i = 0; i < 4096; ++i) y[i] = {fn}(x[i]);\n}}\n"
         for fn in BUDGET
     )
-    cpp = tmp_path / "ops.cpp"
-    cpp.write_text(PRELUDE + loops)
-    tc = find_toolchain()
-    subprocess.run([tc.cxx, *tc.flags, "-S", str(cpp), "-o", str(tmp_path / "ops.s")], check=True)
-    return (tmp_path / "ops.s").read_text()
+    return prelude_asm(tmp_path, loops)
 
 
 @pytest.mark.skipif(isa_for(None).tier is Isa.GENERIC, reason="no FMA at the generic tier: other counts")
@@ -55,9 +49,9 @@ def test_multiplies_and_fmas_per_vector_within_budget(tmp_path: Path) -> None:
     asm = _assembly(tmp_path)
     budgets = AVX512_BUDGET if isa_for(None).tier is Isa.AVX512 else BUDGET
     for fn, budget in budgets.items():
-        body = asm.split(f"\nt_{fn}:", 1)[1].split(".cfi_endproc", 1)[0]
-        ops = [line.strip() for line in body.splitlines() if MUL_FMA.match(line)]
-        assert "call" not in body and 0 < len(ops) <= budget, (fn, len(ops), ops)
+        code = body(asm, f"t_{fn}")
+        ops = [line.strip() for line in code.splitlines() if MUL_FMA.match(line)]
+        assert "call" not in code and 0 < len(ops) <= budget, (fn, len(ops), ops)
 
 
 INT_OPS = re.compile(r"^\s+vp(and|andn|or|xor|min|max|ternlog)\w*\s")
@@ -67,6 +61,6 @@ INT_OPS = re.compile(r"^\s+vp(and|andn|or|xor|min|max|ternlog)\w*\s")
 def test_gelu_takes_abs_and_clamp_in_two_integer_ops(tmp_path: Path) -> None:
     # |x| and min(|x|, 5.6) on the bits; the sign is never put back (gelu = |x| e + x/2): a
     # symmetric clamp took two more integer ops per vector in ln_gelu's FMA-bound output loop.
-    body = _assembly(tmp_path).split("\nt_vf_gelu_none:", 1)[1].split(".cfi_endproc", 1)[0]
-    ops = [line.strip() for line in body.splitlines() if INT_OPS.match(line)]
+    code = body(_assembly(tmp_path), "t_vf_gelu_none")
+    ops = [line.strip() for line in code.splitlines() if INT_OPS.match(line)]
     assert 0 < len(ops) <= 2, ops

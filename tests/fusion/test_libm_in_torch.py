@@ -10,16 +10,14 @@ from __future__ import annotations
 
 import dataclasses
 import re
-import subprocess
 from pathlib import Path
 
 import pytest
 import torch
+from tests.codegen.prelude_asm import body, prelude_asm
 
 import vfuse
-from vfuse.codegen.cpp.prelude import PRELUDE
 from vfuse.codegen.cpp.rules import CPP_RULES
-from vfuse.codegen.cpp.toolchain import find_toolchain
 from vfuse.fusion.libm import DOUBLE_CALLS, FLOAT_CALLS, SCALAR_FLOPS
 from vfuse.fusion.rules import Rule
 from vfuse.ir import Kind, Op
@@ -52,16 +50,8 @@ def test_the_sets_are_the_ops_whose_loop_calls_libm(ctype: str, tmp_path: Path) 
         f"{CPP_RULES[op].format('a[i]', 'b[i]', T=ctype, approximate='none')});\n}}\n"
         for op in ops
     )
-    cpp = tmp_path / "m.cpp"
-    cpp.write_text(PRELUDE + loops)
-    tc = find_toolchain()
-    subprocess.run([tc.cxx, *tc.flags, "-S", str(cpp), "-o", str(tmp_path / "m.s")], check=True)
-    asm = (tmp_path / "m.s").read_text()
-    calls = set()
-    for op in ops:
-        body = asm.split(f"\nt_{op.name}:", 1)[1].split(".cfi_endproc", 1)[0]
-        if re.search(r"\t(call|bl)\s", body):
-            calls.add(op)
+    asm = prelude_asm(tmp_path, loops)
+    calls = {op for op in ops if re.search(r"\t(call|bl)\s", body(asm, f"t_{op.name}"))}
     assert calls == set(FLOAT_CALLS if ctype == "float" else DOUBLE_CALLS)
 
 
