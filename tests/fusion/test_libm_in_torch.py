@@ -143,3 +143,27 @@ def test_under_torch_compile_dynamic_shapes() -> None:
     for n in (BIG, BIG + 7):
         x = torch.randn(n)
         torch.testing.assert_close(fn(x), _chain(x))
+
+
+@pytest.mark.parametrize(
+    ("name", "fn"),
+    [
+        ("softmax of sin", lambda x, w: torch.softmax(torch.sin(x) * 3.0, dim=-1)),
+        ("row sum of atan", lambda x, w: torch.atan(x).sum(-1) + x.mean(-1)),
+        ("layernorm then tan", lambda x, w: torch.tan(torch.nn.functional.layer_norm(x, (x.shape[-1],)) * 0.3)),
+        ("linear epilogue", lambda x, w: torch.cos(x @ w) + 1.0),
+        ("linear prologue", lambda x, w: torch.asin(torch.tanh(x) * 0.9) @ w),
+        ("two in a row", lambda x, w: torch.sin(torch.cos(x)) * torch.erfc(x)),
+        ("column sum of pow", lambda x, w: torch.pow(x.abs() + 1.0, x[:1]).sum(0)),
+        ("transposed read", lambda x, w: torch.sin(x.t().contiguous() + 1.0).t() * x),
+    ],
+)
+def test_in_torch_between_row_gemm_and_layout_kernels(name: str, fn) -> None:
+    """The torch node cuts row kernels, GEMM prologues and epilogues and layout kernels; what is left
+    still plans and matches eager (512 x 521: where the calls go to torch)."""
+    torch.manual_seed(0)
+    x, w = torch.randn(512, 521), torch.randn(521, 263) / 23.0
+    assert any(Rule.LIBRARY_POINTWISE.value in r.note for r in _torch_rows(fn, x, w)), name
+    compiled = vfuse.compile(fn, (x, w), strict=True)
+    torch.testing.assert_close(compiled(x, w), fn(x, w), rtol=2e-4, atol=2e-5)
+    torch.testing.assert_close(compiled(x, w), fn(x, w), rtol=2e-4, atol=2e-5)  # the lean and warm calls
