@@ -11,6 +11,7 @@ from vfuse.fusion.libm import scalar_call
 from vfuse.fusion.rules import Rule
 from vfuse.ir import DType, Graph, GraphBuilder, Kind, Op, TensorType, verify
 from vfuse.targets import Target
+from vfuse.targets.isa import Isa
 
 F32 = DType.F32
 
@@ -183,8 +184,8 @@ def check_plan(plan: FusionPlan) -> None:
         nodes = [g[n] for n in grp.nodes]
         form = classify(nodes, grp.outputs, g)
         assert not isinstance(form, Illegal), form
-        if grp.label == Rule.LIBRARY_POINTWISE.value:  # one scalar-libm node torch runs
-            assert form.label == "pointwise" and len(nodes) == 1 and scalar_call(nodes[0])
+        if grp.label == Rule.LIBRARY_POINTWISE.value:  # one scalar-libm node torch runs (generic: the widest set)
+            assert form.label == "pointwise" and len(nodes) == 1 and scalar_call(nodes[0], Isa.GENERIC)
         else:
             assert form.label == grp.label
         for i in grp.inputs:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from vfuse.ir import DType, Kind, Node, Op, TensorType
 from vfuse.targets import Target
+from vfuse.targets.isa import Isa
 
 # fp32, fp16 and bf16 (computed in float): the C++ rule is a libm call.
 FLOAT_CALLS: frozenset[Op] = frozenset(
@@ -29,6 +30,8 @@ DOUBLE_CALLS: frozenset[Op] = FLOAT_CALLS | frozenset(
         Op.ERF, Op.SIGMOID, Op.SILU, Op.GELU,
     }
 )  # fmt: skip
+# The x86-64 baseline (the generic tier, SSE2) has no rounding instruction: nearbyint is a call there.
+GENERIC_CALLS: frozenset[Op] = frozenset({Op.ROUND})
 FLOAT_DTYPES = (DType.F32, DType.F16, DType.BF16)
 
 # One call's time in the target's vector flops per fp32 lane: a call per element costs this times
@@ -39,23 +42,28 @@ SCALAR_FLOPS: dict[Op, float] = {
     Op.SINH: 53, Op.COSH: 39, Op.ASINH: 90, Op.ACOSH: 90, Op.ATANH: 95, Op.ERFC: 28, Op.ATAN2: 98,
     Op.POW: 52, Op.FMOD: 23, Op.REMAINDER: 29, Op.FLOOR_DIV: 29, Op.EXP: 28, Op.EXPM1: 48, Op.LOG: 18,
     Op.LOG2: 18, Op.LOG10: 32, Op.LOG1P: 38, Op.TANH: 60, Op.ERF: 20, Op.SIGMOID: 18, Op.SILU: 20,
-    Op.GELU: 25,
+    Op.GELU: 25, Op.ROUND: 10,
 }  # fmt: skip
 
 
-def scalar_call(node: Node) -> bool:
-    """Whether the node's C++ loop calls scalar libm once per element."""
+def calls(dtype: DType, isa: Isa | None) -> frozenset[Op]:
+    """The ops whose C++ loop over `dtype` calls libm at the tier `isa`."""
+    tier = GENERIC_CALLS if isa is Isa.GENERIC else frozenset()
+    if dtype is DType.F64:
+        return DOUBLE_CALLS | tier
+    return FLOAT_CALLS | tier if dtype in FLOAT_DTYPES else frozenset()
+
+
+def scalar_call(node: Node, isa: Isa | None = None) -> bool:
+    """Whether the node's C++ loop calls scalar libm once per element at the tier `isa`."""
     if node.kind is not Kind.ELEMENTWISE or not isinstance(node.type, TensorType):
         return False
-    dtype = node.type.dtype
-    if dtype is DType.F64:
-        return node.op in DOUBLE_CALLS
-    return dtype in FLOAT_DTYPES and node.op in FLOAT_CALLS
+    return node.op in calls(node.type.dtype, isa)
 
 
 def scalar_flops(node: Node, target: Target) -> float:
     """Per element, what the node's scalar libm call costs in the target's vector flops (0.0: the
     node has no such call on this target; GPU code has vector math)."""
-    if target.is_gpu or not scalar_call(node):
+    if target.is_gpu or not scalar_call(node, target.isa):
         return 0.0
     return SCALAR_FLOPS[node.op] * max(target.simd_lanes, 1)
