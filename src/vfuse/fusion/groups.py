@@ -149,10 +149,9 @@ class KernelTable:
         """A scalar-libm node torch runs (`library.pointwise_choice`), at torch's predicted time."""
         domain = numel_of(node)
         form = Form(Rule.LIBRARY_POINTWISE.value, node.kind, domain, 0, {node.name: domain})
-        cost = kernel_cost([node], tuple(dict.fromkeys(node.inputs)), [node.name], form, self.graph, self.target)
         choice = pointwise_choice(node, self.graph, self.target)
         assert choice is not None
-        return Kernel(-1, s, form, replace(cost, time_s=choice.torch_s))
+        return Kernel(-1, s, form, replace(choice.cost, time_s=choice.torch_s))
 
     def _leaves(self, v: str, names: frozenset[str], replacing: frozenset[int], recomputed: frozenset[str]) -> bool:
         """Must `v` be written to memory? Yes when a graph output, or when some reader runs in

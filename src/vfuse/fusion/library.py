@@ -103,6 +103,7 @@ class PointwiseChoice:
 
     kernel_s: float
     torch_s: float
+    cost: Cost  # the node alone as a kernel (its calls included)
 
     @property
     def torch(self) -> bool:
@@ -124,10 +125,10 @@ def pointwise_choice(node: Node, graph: Graph, target: Target) -> PointwiseChoic
         return None
     domain = numel_of(node)
     form = Form("pointwise", node.kind, domain, 0, {node.name: domain})
-    cost = kernel_cost([node], node.inputs, [node.name], form, graph, target)
+    cost = kernel_cost([node], tuple(dict.fromkeys(node.inputs)), [node.name], form, graph, target)
     vector_s = per_element_flops(node, graph) * hint(domain) * vector_weight(node, graph, target) / target.vector_f32
     torch_s = retimed(cost, vector_s, target.kind) + SPLIT_CALLS * LIBRARY_CALL_S + cost.memory_s
-    return PointwiseChoice(cost.time_s, torch_s)
+    return PointwiseChoice(cost.time_s, torch_s, cost)
 
 
 def tile_waste(m: int, n: int, mr: int, nr: int) -> float:
