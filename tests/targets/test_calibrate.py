@@ -192,7 +192,8 @@ def test_calibrating_vfuse_kernels_at_the_avx2_tier(tmp_path: Path) -> None:
     kernels = Options.from_env().cache_dir
     cal, bad, path = calibrate("avx2", tmp_path, reps=2, kernel_cache=kernels, ops=("exp", "gelu"))
     assert path == tmp_path / cal_mod.CALIBRATION_FILE
-    assert set(bad) <= {"launch_s", "dram_bw", "serial_launch_s"}  # what a loaded machine can spoil
+    # What a loaded machine can spoil: the GEMM fit too (twice in session 26, with a second job on both cores).
+    assert set(bad) <= {"launch_s", "dram_bw", "serial_launch_s", "peak_f32"}
     assert cal.l2_bw > 1e9 and cal.peak_f32 > 1e9 and cal.vector_f32 > cal.transcendental_f32 > 1e8
     assert 0.2 < cal.library_f32 / cal.peak_f32 < 5  # torch.mm timed beside the template
     assert [op for op, _ in cal.op_rates] == ["exp", "gelu"]
