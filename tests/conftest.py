@@ -23,6 +23,10 @@ os.environ.setdefault("VFUSE_VERIFY", "1")
 # (calibration_cpu.json) plans differently (small GEMMs to torch, ...). Tests of the calibration
 # itself opt in with get_target(..., calibrated=True) on their own cache directories.
 os.environ.setdefault("VFUSE_CALIBRATION", "off")
+# A forced lower tier plans as that tier's machines do (torch's libraries as wide as the tier): the
+# VFUSE_ISA=avx2 runs exercise the AVX2 templates an AVX2 CPU gets, not torch's AVX-512 GEMMs
+# (`targets/cpu.library_width`; tests/fusion/test_library_attention.py tests the CPU-width default).
+os.environ.setdefault("VFUSE_LIBRARY_WIDTH", "tier")
 
 
 def _cpus() -> int:

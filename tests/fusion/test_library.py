@@ -137,14 +137,16 @@ def test_gpu_attention_goes_to_torchs_sdpa_where_the_template_is_measured_slower
     assert [Rule.LIBRARY_CONTRACTION.value in r.note for r in rows] == ([True] if library else [])
 
 
-def test_small_plane_conv_stays_a_template_at_avx2() -> None:
+def test_small_plane_conv_stays_a_template_at_avx2(monkeypatch: pytest.MonkeyPatch) -> None:
     """At AVX2 the direct conv computes an 8x8 plane as 64 compact columns (no garbage column, whole
     6x16 tiles) and reads its weight from L2 per M block: no waste, so the template runs it (measured
-    on Zen 3, one thread: 128 -> 128 channels a tie with torch's conv, 256 -> 256 within +-6 %)."""
+    on Zen 3, one thread: 128 -> 128 channels a tie with torch's conv, 256 -> 256 within +-6 %). On an
+    AVX2 CPU: torch's conv at the tier's width (`Target.library_gain` 1)."""
     from vfuse.targets.cpu import machine_flags
 
     if not {"avx2", "fma"} <= set(machine_flags()):
         pytest.skip("needs an AVX2 CPU")
+    _replaced_target(monkeypatch, library_gain=1.0)
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Conv2d(128, 128, 3, 1, 1), torch.nn.ReLU()).eval()
     x = torch.randn(2, 128, 8, 8)
@@ -157,7 +159,8 @@ def test_small_plane_conv_stays_a_template_at_avx2() -> None:
 
 def test_library_efficiency_is_the_calibrated_ratio() -> None:
     base = get_target("cpu")
-    assert library_efficiency(dataclasses.replace(base, library_f32=0.0)) == Efficiency(LIBRARY_EFFICIENCY, False)
+    plain = dataclasses.replace(base, library_f32=0.0, library_attention_f32=0.0, library_gain=1.0)
+    assert library_efficiency(plain) == Efficiency(LIBRARY_EFFICIENCY, False)
     eff = library_efficiency(dataclasses.replace(base, peak_f32=100e9, library_f32=97e9))
     assert eff.calibrated and eff.ratio == pytest.approx(0.97)
     # One disturbed measurement cannot send everything to torch (or keep 2x padding in the template).
@@ -176,17 +179,24 @@ def test_the_ratio_moves_the_verdict() -> None:
     assert reason.endswith("(library at 1.00x the template's rate, calibrated)")
 
 
-def _calibrated_target(monkeypatch: pytest.MonkeyPatch, ratio: float) -> None:
-    """This machine's target as if calibrated with torch's GEMM at `ratio` of the template's rate."""
+def _replaced_target(monkeypatch: pytest.MonkeyPatch, **fields: object) -> None:
+    """This machine's target, at whatever tier, with `fields` replaced (`peak_ratio`: library_f32 as
+    that ratio of its peak_f32)."""
     import vfuse.targets.cpu as cpu
 
-    real = cpu.cpu_target
+    real, ratio = cpu.cpu_target, fields.pop("peak_ratio", None)
 
     def target(*a: object, **k: object) -> object:
         t = real(*a, **k)  # type: ignore[arg-type]
-        return dataclasses.replace(t, library_f32=ratio * t.peak_f32)
+        extra = {} if ratio is None else {"library_f32": float(ratio) * t.peak_f32}  # type: ignore[arg-type]
+        return dataclasses.replace(t, **fields, **extra)
 
     monkeypatch.setattr(cpu, "cpu_target", target)
+
+
+def _calibrated_target(monkeypatch: pytest.MonkeyPatch, ratio: float) -> None:
+    """This machine's target as if calibrated with torch's GEMM at `ratio` of the template's rate."""
+    _replaced_target(monkeypatch, peak_ratio=ratio)
 
 
 @pytest.mark.parametrize(("ratio", "library"), [(0.9, False), (1.3, True)])

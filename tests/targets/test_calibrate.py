@@ -195,7 +195,9 @@ def test_calibrating_vfuse_kernels_at_the_avx2_tier(tmp_path: Path) -> None:
     # What a loaded machine can spoil: the GEMM fit too (twice in session 26, with a second job on both cores).
     assert set(bad) <= {"launch_s", "dram_bw", "serial_launch_s", "peak_f32"}
     assert cal.l2_bw > 1e9 and cal.peak_f32 > 1e9 and cal.vector_f32 > cal.transcendental_f32 > 1e8
-    assert 0.2 < cal.library_f32 / cal.peak_f32 < 5  # torch.mm timed beside the template
+    if "peak_f32" not in bad:  # else the torch-measured estimate stands in for the template's rate
+        assert 0.2 < cal.library_f32 / cal.peak_f32 < 5  # torch.mm timed beside the template
+    assert cal.library_attention_f32 > 1e9 and cal.attention_f32 > 1e9  # torch's SDPA beside the template
     assert [op for op, _ in cal.op_rates] == ["exp", "gelu"]
     assert cal_mod.read(tmp_path, detect().fingerprint(), "avx2") == cal
     assert cal_mod.read(tmp_path, detect().fingerprint(), "avx512") is None

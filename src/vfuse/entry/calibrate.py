@@ -12,6 +12,7 @@ of `reps` runs: on a shared machine the fastest run is the one least disturbed):
   chain_weight             the chain's time over the sum of its ops' times alone, per op past the first
   attention_task_s         attention's fixed cost per (batch, head) task and its flop/s, fitted to its
   attention_f32            times on 8 heads of 16 x 64 (mostly the tasks) and 2 heads of 256 x 64
+  library_attention_f32    torch's SDPA flop/s, fitted the same way to its times on the same inputs
   peak_f32                 the GEMM template's flop/s, fitted with contraction_elem_s (per element of
   contraction_elem_s       A, B and C) and contraction_call_s (per call) to its times over
   contraction_call_s       LIBRARY_SHAPES and OVERHEAD_SHAPES (16 x 16 x 16 to 336 x 384 x 384)
@@ -29,6 +30,7 @@ applies a tier's calibration whenever that tier's target is read.
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -42,7 +44,7 @@ from vfuse.fusion.cost_columns import COLUMN_VECTORS
 from vfuse.ir import DType, Op, TensorType, opdef
 from vfuse.targets import DEFAULT_CACHE_DIR, Target
 from vfuse.targets.calibrate import Calibration, guarded, write
-from vfuse.targets.cpu import detect, machine_isa, measured_target
+from vfuse.targets.cpu import detect, machine_isa, measured_target, templates_planned
 from vfuse.targets.isa import LANES
 
 
@@ -199,16 +201,35 @@ def gemm_rates(reps: int, **options: Any) -> tuple[tuple[float, float, float], t
 ATTENTION_SHAPES = ((8, 16, 64), (2, 256, 64))
 
 
-def attention_costs(peak: float, reps: int, **options: Any) -> tuple[float, float]:
+def attention_costs(peak: float, reps: int, **options: Any) -> tuple[float, float, float]:
     """(seconds per (batch, head) task, flop/s) of the attention template, solved from its times at
     ATTENTION_SHAPES (t = heads x task + flops / rate); at AVX2 its flops run at ~0.8 of the GEMM's peak,
-    at AVX-512 at about the peak. A rate that comes out negative or faster than `peak`: `peak`."""
-    runs = []
+    at AVX-512 at about the peak. A rate that comes out negative or faster than `peak`: `peak`. Third:
+    torch's SDPA flop/s solved the same way from its times on the same inputs (0 where implausible)."""
+    runs, library = [], []
     for heads, rows, dim in ATTENTION_SHAPES:
         qkv = tuple(torch.randn(1, heads, rows, dim) for _ in range(3))
         row = _kernel(F.scaled_dot_product_attention, qkv, reps, **options)
         runs.append((heads, row.flops, row.best_s))
-    return attention_fit(runs[0], runs[1], peak)
+        library.append((heads, row.flops, torch_seconds(F.scaled_dot_product_attention, qkv, reps)))
+    task, rate = attention_fit(runs[0], runs[1], peak)
+    torch_rate = attention_fit(library[0], library[1], math.inf)[1]
+    return task, rate, torch_rate if math.isfinite(torch_rate) else 0.0
+
+
+def torch_seconds(fn: Callable[..., Any], inputs: tuple[torch.Tensor, ...], reps: int) -> float:
+    """The fastest of `reps` eager calls of `fn` on one thread (as vfuse's kernels are timed)."""
+    before, best = torch.get_num_threads(), float("inf")
+    try:
+        torch.set_num_threads(1)
+        fn(*inputs)  # warm up
+        for _ in range(reps):
+            t0 = time.perf_counter()
+            fn(*inputs)
+            best = min(best, time.perf_counter() - t0)
+    finally:
+        torch.set_num_threads(before)
+    return best
 
 
 def attention_fit(small: tuple[int, int, float], large: tuple[int, int, float], peak: float) -> tuple[float, float]:
@@ -249,7 +270,7 @@ def measure_kernels(target: Target, reps: int = 30, ops: Sequence[str] = tuple(A
     (peak, elem, call), (library, library_elem, library_call) = gemm_rates(max(reps // 3, 3), **options)
     tiny = _kernel(lambda x: x + 1, (torch.randn(256),), reps, **options)
     strided_run_s = column_run_s(target, max(reps // 3, 3), **options)
-    attention_task_s, attention = attention_costs(peak, reps, **options)
+    attention_task_s, attention, library_attention = attention_costs(peak, reps, **options)
     e = 65536
     par = _kernel(torch.add, (torch.ones(e), torch.ones(e)), reps, threads=target.cores, **options)
     launch = par.best_s - 12 * e / (l2 * target.cores)
@@ -267,6 +288,7 @@ def measure_kernels(target: Target, reps: int = 30, ops: Sequence[str] = tuple(A
         chain_weight=chain_weight(chain, _compute_rate(transcendental, l2), dict(alone)),
         attention_task_s=attention_task_s,
         attention_f32=attention,
+        library_attention_f32=library_attention,
         strided_run_s=strided_run_s,
         library_f32=library,
         contraction_elem_s=elem,
@@ -292,6 +314,7 @@ def calibrate(
     target = measured_target(cache_dir, isa=parse_isa(isa))
     assert target.isa is not None
     write(cache_dir, detect().fingerprint(), target.isa.value, None)  # time kernels planned uncalibrated
-    raw = measure_kernels(target, reps, ops, isa=target.isa.value, cache_dir=kernel_cache or cache_dir)
+    with templates_planned():  # time the templates even where torch at the CPU's width would run instead
+        raw = measure_kernels(target, reps, ops, isa=target.isa.value, cache_dir=kernel_cache or cache_dir)
     cal, bad = guarded(raw, target, library_lanes=LANES[machine_isa().tier])
     return cal, bad, write(cache_dir, detect().fingerprint(), target.isa.value, cal)

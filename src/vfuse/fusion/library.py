@@ -26,7 +26,7 @@ schedule asks (`schedule/build.py`) and runs such a contraction through torch, r
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from vfuse.fusion.cost import kernel_cost, retimed, vector_weight
 from vfuse.fusion.forms import Form, numel_of, per_element_flops
@@ -57,24 +57,48 @@ SPLIT_CALLS = 2
 
 @dataclass(frozen=True, slots=True)
 class Efficiency:
-    """The library's fp32 GEMM rate over the template's, and where the figure comes from."""
+    """The library's fp32 GEMM rate over the template's (`attention`: torch's SDPA over the attention
+    template's), and where the figures come from (`gain`: torch's vector width over the tier's, which
+    scales the uncalibrated defaults)."""
 
     ratio: float = LIBRARY_EFFICIENCY
     calibrated: bool = False
+    attention: float = LIBRARY_EFFICIENCY
+    gain: float = 1.0
+    attention_calibrated: bool = False
 
     def describe(self) -> str:
-        return f"library at {self.ratio:.2f}x the template's rate, {'calibrated' if self.calibrated else 'default'}"
+        where = "calibrated" if self.calibrated else "default"
+        if not self.calibrated and self.gain != 1.0:
+            where += f", torch at {self.gain:g}x this tier's vector width"
+        return f"library at {self.ratio:.2f}x the template's rate, {where}"
+
+    def for_attention(self) -> Efficiency:
+        """The same figures with torch's SDPA rate as the ratio (the attention verdict's)."""
+        return replace(self, ratio=self.attention, calibrated=self.attention_calibrated)
+
+
+def _clamped(ratio: float) -> float:
+    lo, hi = EFFICIENCY_RANGE
+    return min(max(ratio, lo), hi)
 
 
 def library_efficiency(target: object) -> Efficiency:
-    """The target's calibrated library-over-template GEMM rate (each fitted net of its own per-element
-    and per-call overheads on one thread, `entry/calibrate.py`), clamped to EFFICIENCY_RANGE; the
-    default without a calibration."""
-    lib, peak = float(getattr(target, "library_f32", 0.0)), float(getattr(target, "peak_f32", 0.0))
+    """The target's calibrated library-over-template rates (each fitted net of its own overheads on
+    one thread, `entry/calibrate.py`: GEMM and attention), clamped to EFFICIENCY_RANGE; without a
+    calibration LIBRARY_EFFICIENCY times `Target.library_gain` (at a forced lower tier torch's
+    libraries keep the CPU's own width: AVX2 templates against AVX-512 MKL on a Xeon)."""
+    gain = float(getattr(target, "library_gain", 1.0))
+    default = _clamped(LIBRARY_EFFICIENCY * gain)
+    peak = float(getattr(target, "peak_f32", 0.0))
+    lib = float(getattr(target, "library_f32", 0.0))
+    own = float(getattr(target, "attention_f32", 0.0)) or peak
+    sdpa = float(getattr(target, "library_attention_f32", 0.0))
+    timed = sdpa > 0 and own > 0
+    attention = _clamped(sdpa / own) if timed else default
     if lib <= 0 or peak <= 0:
-        return Efficiency()
-    lo, hi = EFFICIENCY_RANGE
-    return Efficiency(min(max(lib / peak, lo), hi), calibrated=True)
+        return Efficiency(default, False, attention, gain, timed)
+    return Efficiency(_clamped(lib / peak), True, attention, gain, timed)
 
 
 @dataclass(frozen=True, slots=True)
@@ -119,14 +143,16 @@ class PointwiseChoice:
 def pointwise_choice(node: Node, graph: Graph, target: Target) -> PointwiseChoice | None:
     """Kernel or torch for a node whose C++ loop calls scalar libm (None for any other node). The
     kernel side: the node alone as a kernel, one call per element. The torch side: the same kernel
-    computed in vectors (torch's SLEEF, priced like vfuse's own vector math), plus SPLIT_CALLS calls, plus
-    its input and output through memory once more (in torch it fuses with nothing)."""
+    computed in vectors (torch's SLEEF, priced like vfuse's own vector math at the CPU's own width),
+    plus SPLIT_CALLS calls, plus its input and output through memory once more (in torch it fuses with
+    nothing)."""
     if not scalar_flops(node, target):
         return None
     domain = numel_of(node)
     form = Form("pointwise", node.kind, domain, 0, {node.name: domain})
     cost = kernel_cost([node], tuple(dict.fromkeys(node.inputs)), [node.name], form, graph, target)
-    vector_s = per_element_flops(node, graph) * hint(domain) * vector_weight(node, graph, target) / target.vector_f32
+    flops = per_element_flops(node, graph) * hint(domain) * vector_weight(node, graph, target)
+    vector_s = flops / (target.vector_f32 * target.library_gain)  # torch's SLEEF at the CPU's own width
     torch_s = retimed(cost, vector_s, target.kind) + SPLIT_CALLS * LIBRARY_CALL_S + cost.memory_s
     return PointwiseChoice(cost.time_s, torch_s, cost)
 

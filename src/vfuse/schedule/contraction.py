@@ -454,9 +454,11 @@ def library_choice(
     graph: Graph, cost: Cost, cp: ContractionPlan, efficiency: Efficiency = Efficiency()
 ) -> ContractionChoice:
     """The cost model's template-or-library verdict for a planned GEMM or conv group of planner
-    cost `cost` (`fusion/library.py`; `efficiency`: the target's library rate over the template's).
-    Attention always stays a template: torch's math path would materialize the scores."""
-    k = cp.kernel
+    cost `cost` (`fusion/library.py`; `efficiency`: the target's library rates over the templates'); attention
+    against torch's fused SDPA, except with vfuse's dropout mask and in training's forms (templates)."""
+    k, epilogue = cp.kernel, bool(cp.kernel.epilogue) or bool(cp.rest)
+    if k.op is Op.SDPA and not sdpa_dropout(k.attrs):
+        return choose(cost, 1.0, hint(graph[k.node].type.nbytes), epilogue, efficiency.for_attention())
     if k.op in ATTENTION:
         return ContractionChoice(0.0, math.inf)
     if k.op is Op.SCATTER_ADD:  # eager's walk (no tile to pad): the call and the lost fusion decide
@@ -465,7 +467,6 @@ def library_choice(
     if k.op is Op.CONV2D and folded_conv(k.attrs, k.shapes[0], k.shapes[1], shape):
         m, n, _ = folded_mnk(k.shapes[0], k.shapes[1], shape, k.attrs["groups"])  # a weight gradient: images folded
         m, n = hint(m), hint(n)  # a cost figure: at a symbolic size's hint
-        epilogue = bool(k.epilogue) or bool(cp.rest)
         return choose(cost, tile_waste(m, n, k.mr, k.nr), hint(graph[k.node].type.nbytes), epilogue, efficiency)
     if k.op is Op.CONV2D:
         m = shape[1] // k.attrs["groups"]
@@ -481,7 +482,6 @@ def library_choice(
         # picks at OH x OW columns (the choice before the direct conv had its own order), if larger.
         cols = hint(shape[-2] * shape[-1])
         waste = max([waste] + [tile_waste(m, n, *t) * n / cols for t in gemm_order_tiles(m, cols, k.vector)])
-    epilogue = bool(k.epilogue) or bool(cp.rest)
     return choose(cost, waste, hint(graph[k.node].type.nbytes), epilogue, efficiency)
 
 

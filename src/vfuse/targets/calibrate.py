@@ -51,7 +51,8 @@ class Calibration:
     op_rates: each of them (and log) alone: the IR's flop weights are instruction estimates, off by
     up to 3x against each other.
     peak_f32: the GEMM template's flop/s; library_f32: torch's library GEMM's (0: not measured), each
-    net of its own overheads, whose ratio decides template or library (`fusion/library.py`).
+    net of its own overheads, whose ratio decides template or library (`fusion/library.py`);
+    attention_f32 / library_attention_f32: the same pair for the attention template and torch's SDPA.
     serial_launch_s: a kernel too small to fork threads.
     contraction_elem_s / contraction_call_s: the GEMM template's time past its flops at peak_f32, per
     element of A, B and C (packing, storing the tile) and per call, fitted with peak_f32 over GEMMs
@@ -79,12 +80,17 @@ class Calibration:
     library_call_s: float = 0.0  # torch.mm's seconds per call past its flops and elements
     attention_f32: float = 0.0  # the attention template's flop/s past its tasks (0: not measured)
     strided_run_s: float = 0.0  # one row run of a column walk past the LLC (0: not measured)
+    library_attention_f32: float = 0.0  # torch's SDPA flop/s past its tasks (0: not measured)
 
 
 # Fixed costs a calibration may set, and their plausible maxima (a GEMM element past 10 ns is a
 # preempted timing, not a packing cost).
 FIXED_COSTS = {"attention_task_s": 5e-5, "contraction_elem_s": 1e-8, "contraction_call_s": 5e-5}
 FIXED_COSTS |= {"library_elem_s": 1e-8, "library_call_s": 5e-5, "strided_run_s": 2e-7}
+
+
+# Figures a calibration may leave at 0 (not measured): the cost model then uses its defaults.
+OPTIONAL = frozenset({"launch_s", "library_f32", "attention_f32", "library_attention_f32"})
 
 
 def guarded(cal: Calibration, target: Target, library_lanes: int = 0) -> tuple[Calibration, list[str]]:
@@ -108,6 +114,7 @@ def guarded(cal: Calibration, target: Target, library_lanes: int = 0) -> tuple[C
         "launch_s": (5e-8, 5e-5, 0.0),
         "library_f32": (0.05 * library, 3.0 * library, 0.0),  # 0: unknown, the cost model's default ratio
         "attention_f32": (0.05 * vector, 3.0 * vector, 0.0),  # 0: unknown, at peak_f32
+        "library_attention_f32": (0.05 * library, 3.0 * library, 0.0),  # 0: unknown, the default ratio
     }
     bad, values = [], {}
     for f in fields(cal):
@@ -115,7 +122,7 @@ def guarded(cal: Calibration, target: Target, library_lanes: int = 0) -> tuple[C
             continue
         lo, hi, fallback = ranges[f.name]
         got = getattr(cal, f.name)
-        ok = lo <= got <= hi or (f.name in ("launch_s", "library_f32", "attention_f32") and got == 0)
+        ok = lo <= got <= hi or (f.name in OPTIONAL and got == 0)
         values[f.name] = got if ok else fallback
         if not ok:
             bad.append(f.name)
@@ -150,6 +157,7 @@ def apply(target: Target, cal: Calibration) -> Target:
         chain_weight=cal.chain_weight,
         attention_task_s=cal.attention_task_s,
         attention_f32=cal.attention_f32 * n,
+        library_attention_f32=cal.library_attention_f32 * n,
         strided_run_s=cal.strided_run_s,
         peak_f32=f32,
         library_f32=cal.library_f32 * n,
@@ -182,6 +190,7 @@ def at_threads(target: Target, threads: int) -> Target:
         peak_f32=target.peak_f32 * s,
         library_f32=target.library_f32 * s,
         attention_f32=target.attention_f32 * s,
+        library_attention_f32=target.library_attention_f32 * s,
         peak_f16=target.peak_f16 * s,
         peak_bf16=target.peak_bf16 * s,
         peak_i8=target.peak_i8 * s,

@@ -8,13 +8,14 @@ another machine is not trusted.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import math
 import os
 import platform
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
@@ -22,6 +23,7 @@ from typing import Any
 import torch
 
 from vfuse.cachedir import dir_problem, make_private_dir, write_json_atomic
+from vfuse.errors import VfuseOptionError
 from vfuse.targets import calibrate
 from vfuse.targets.isa import LANES, VECTOR_REGS, CpuIsa, Isa, IsaExtra, detect_isa, machine_arch, resolve_isa
 from vfuse.targets.target import DRAM_BW_PER_CORE, Target
@@ -287,6 +289,7 @@ def at_tier(target: Target, isa: CpuIsa) -> Target:
     f32 = target.peak_f32 * scale
     return replace(
         target,
+        library_gain=target.library_gain / scale,  # torch keeps the CPU's own width
         isa=isa.tier,
         isa_extras=isa.extras,
         simd_lanes=LANES[isa.tier],
@@ -315,9 +318,12 @@ CALIBRATED_ONLY = frozenset(
         "library_elem_s",
         "library_call_s",
         "attention_f32",
+        "library_attention_f32",
         "strided_run_s",
     }
 )
+# Fields `at_tier` derives from the CPU's own tier on every read: never cached either.
+NOT_CACHED = CALIBRATED_ONLY | {"library_gain"}
 
 
 def _read_cache(path: Path, facts: CpuFacts) -> tuple[Target, float] | None:
@@ -327,7 +333,7 @@ def _read_cache(path: Path, facts: CpuFacts) -> tuple[Target, float] | None:
         data = json.loads(path.read_text())
         if data.get("version") != CACHE_VERSION or data.get("fingerprint") != facts.fingerprint():
             return None
-        names = {f.name for f in fields(Target)} - CALIBRATED_ONLY
+        names = {f.name for f in fields(Target)} - NOT_CACHED
         if set(data["target"]) != names:
             return None
         target = _from_json(data["target"])
@@ -350,7 +356,7 @@ def _write_cache(path: Path, facts: CpuFacts, target: Target, estimated: list[st
 
 
 def _to_json(target: Target) -> dict[str, Any]:
-    data = {k: v for k, v in asdict(target).items() if k not in CALIBRATED_ONLY}
+    data = {k: v for k, v in asdict(target).items() if k not in NOT_CACHED}
     data["isa"] = target.isa.value if target.isa else None
     data["isa_extras"] = sorted(e.value for e in target.isa_extras)
     return data
@@ -385,7 +391,37 @@ def measured_target(
     """The torch-measured target at tier `isa`, without a calibration applied."""
     facts = facts or detect()
     tier = resolve_isa(isa, facts.flags, facts.arch)  # before measuring: an impossible tier fails at once
-    return at_tier(_machine_target(cache_dir, facts, remeasure), tier)
+    target = at_tier(_machine_target(cache_dir, facts, remeasure), tier)
+    return replace(target, library_gain=1.0) if library_width() == "tier" else target
+
+
+# The width torch's libraries are planned at on a forced lower tier: "cpu" (default), the CPU's own,
+# where they run; "tier", the tier's, as on a machine of that tier. The test suite pins "tier": forced-
+# tier runs then plan, and so test, the templates that tier's machines get.
+LIBRARY_WIDTH_VAR = "VFUSE_LIBRARY_WIDTH"
+
+
+@contextlib.contextmanager
+def templates_planned() -> Iterator[None]:
+    """Inside, a forced tier plans torch at the tier's width: a calibration times the templates
+    themselves, which at the CPU's width would go to torch (VFUSE_LIBRARY_WIDTH=tier, then restored)."""
+    before = os.environ.get(LIBRARY_WIDTH_VAR)
+    os.environ[LIBRARY_WIDTH_VAR] = "tier"
+    try:
+        yield
+    finally:
+        if before is None:
+            del os.environ[LIBRARY_WIDTH_VAR]
+        else:
+            os.environ[LIBRARY_WIDTH_VAR] = before
+
+
+def library_width() -> str:
+    """VFUSE_LIBRARY_WIDTH's setting ("cpu" when unset); another value raises VfuseOptionError."""
+    value = os.environ.get(LIBRARY_WIDTH_VAR, "").strip().lower() or "cpu"
+    if value not in ("cpu", "tier"):
+        raise VfuseOptionError(f"{LIBRARY_WIDTH_VAR}={value!r} is not accepted; accepted: 'cpu' (default) or 'tier'")
+    return value
 
 
 def _machine_target(cache_dir: Path, facts: CpuFacts, remeasure: bool) -> Target:

@@ -53,6 +53,11 @@ class Target:
         at peak_f32, per element of A, B and C packed or stored (one thread: divided by the cores) and
         per call; what makes small and thin contractions run at a fraction of the peak (0: unknown).
         library_f32, library_elem_s, library_call_s: the same three figures of torch's library GEMM.
+        library_attention_f32: torch's fused SDPA in fp32 flop/s, fitted as attention_f32 is (0: not
+        calibrated); its ratio to attention_f32 decides attention's template or library.
+        library_gain: torch's vector width over this target's: its libraries run at the CPU's own
+        width whatever tier vfuse compiles for (2 for AVX2 code on an AVX-512 CPU; set by
+        `targets/cpu.at_tier`), the uncalibrated template-or-library verdicts' width factor.
     """
 
     name: str
@@ -93,6 +98,8 @@ class Target:
     contraction_call_s: float = 0.0
     library_elem_s: float = 0.0
     library_call_s: float = 0.0
+    library_attention_f32: float = 0.0
+    library_gain: float = 1.0
 
     @property
     def is_gpu(self) -> bool:
