@@ -105,8 +105,21 @@ def test_real_measurement_is_plausible() -> None:
     target, _ = cpu.measure(cpu.detect())
     assert target.kind == "cpu" and target.cores == len(os.sched_getaffinity(0))
     assert 1e9 <= target.dram_bw <= target.cache_bw
-    assert 0 < target.peak_f32 <= 1.2 * cpu.theoretical_f32(cpu.detect())
+    assert 0 < target.peak_f32 <= cpu.TURBO * cpu.theoretical_f32(cpu.detect())
     assert 1e-7 <= target.launch_s <= 5e-5
+
+
+@pytest.mark.parametrize(("share", "kept"), [(1.29, True), (2.1, False), (0.05, False)])
+def test_a_gemm_above_the_base_clock_is_plausible(monkeypatch: pytest.MonkeyPatch, share: float, kept: bool) -> None:
+    """The Xeon VM reports its 2.6 GHz base clock: torch.mm at 429 G flop/s on 2 vCPUs is 1.29x that
+    clock's theoretical rate, and was replaced by half of it (a peak 2.6x too slow) until the bound
+    allowed turbo clocks (cpu.TURBO); past TURBO, or under a tenth, it is still an estimate."""
+    facts = dataclasses.replace(cpu.detect(), cores=2, ghz=2.6)
+    theory = cpu.theoretical_f32(facts)
+    rate = share * theory
+    monkeypatch.setattr(cpu, "_matmul_flops", lambda *a, **k: rate)
+    target, bad = cpu.measure(facts)
+    assert (target.peak_f32, "peak_f32" in bad) == ((rate, False) if kept else (0.5 * theory, True))
 
 
 @pytest.mark.parametrize(

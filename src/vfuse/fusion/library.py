@@ -26,6 +26,7 @@ schedule asks (`schedule/build.py`) and runs such a contraction through torch, r
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 from dataclasses import dataclass, replace
 
 from vfuse.fusion.cost import kernel_cost, retimed, vector_weight
@@ -33,7 +34,7 @@ from vfuse.fusion.forms import Form, numel_of, per_element_flops
 from vfuse.fusion.libm import scalar_flops
 from vfuse.fusion.plan import Cost
 from vfuse.fusion.rules import Rule
-from vfuse.ir import Graph, Node
+from vfuse.ir import Graph, Node, Op
 from vfuse.ir.sym import hint
 from vfuse.targets import Target
 
@@ -157,6 +158,11 @@ def pointwise_choice(node: Node, graph: Graph, target: Target) -> PointwiseChoic
     return PointwiseChoice(cost.time_s, torch_s, cost)
 
 
+def bandwidth_of(cost: Cost) -> float:
+    """The bytes/s the cost model priced a group's memory traffic at (inf without any)."""
+    return cost.bytes / cost.memory_s if cost.memory_s > 0 else math.inf
+
+
 def tile_waste(m: int, n: int, mr: int, nr: int) -> float:
     """Flops the mr x nr register tile computes over an m x n output, per useful flop (>= 1)."""
     m, n = hint(m), hint(n)  # cost figures at a symbolic size's hint
@@ -165,22 +171,50 @@ def tile_waste(m: int, n: int, mr: int, nr: int) -> float:
     return (math.ceil(m / mr) * mr * math.ceil(n / nr) * nr) / (m * n)
 
 
+# Ops torch runs as views of their operand: one interpreter dispatch, no pass over the data (a reshape
+# that has to copy is priced as a view: a lower bound of the torch side).
+VIEW_OPS = frozenset({Op.RESHAPE, Op.PERMUTE, Op.EXPAND, Op.SLICE, Op.GET_ITEM})
+# One view op run through the interpreter in a torch step (python, ATen dispatch, no allocation).
+VIEW_CALL_S = 2e-6
+
+
+def producers_s(nodes: Iterable[str], graph: Graph, bandwidth: float) -> float:
+    """What the torch side pays for a contraction's in-group producers, which it runs op by op before the
+    contraction (`schedule/build._contraction_split`) where the template computes them while loading:
+    a view its dispatch, any other op one torch call and its output written and read back. LLaMA's
+    attention carries RoPE, the GQA head expansion and the causal mask (34 nodes: 1.2 ms in torch against
+    the template's 0.23 ms at forced AVX2, measured in session 27)."""
+    total = 0.0
+    for n in nodes:
+        node = graph[n]
+        if node.op in VIEW_OPS:
+            total += VIEW_CALL_S
+        elif node.op not in (Op.INPUT, Op.CONSTANT):
+            total += LIBRARY_CALL_S + 2 * hint(node.type.nbytes) / bandwidth
+    return total
+
+
 def choose(
-    cost: Cost, waste: float, out_bytes: int, epilogue: bool, efficiency: Efficiency = Efficiency()
+    cost: Cost,
+    waste: float,
+    out_bytes: int,
+    epilogue: bool,
+    efficiency: Efficiency = Efficiency(),
+    producers: float = 0.0,
 ) -> ContractionChoice:
     """Template or library for a contraction group of planner cost `cost` whose template's tile
     computes `waste` times the useful flops; `out_bytes`: the contraction's output, which a split
     epilogue reads back and writes again (`epilogue`: the group has pointwise work after it);
-    `efficiency`: the library's rate over the template's (`library_efficiency`). The template's own
+    `efficiency`: the library's rate over the template's (`library_efficiency`); `producers`: seconds
+    torch spends on the group's producers of the contraction (`producers_s`). The template's own
     overheads (`cost.template_s`) are neither padded nor charged to the library, which pays its own
     (`cost.library_extra_s`)."""
     work_s = cost.compute_s - cost.template_s  # what both sides compute
     template_s = cost.time_s + work_s * (waste - 1.0)
     library_s = retimed(cost, work_s) + work_s * (1.0 / efficiency.ratio - 1.0) + cost.library_extra_s
-    library_s += LIBRARY_CALL_S
+    library_s += LIBRARY_CALL_S + producers
     if epilogue:
-        bandwidth = cost.bytes / cost.memory_s if cost.memory_s > 0 else math.inf
-        library_s += cost.launch_s + 2 * out_bytes / bandwidth
+        library_s += cost.launch_s + 2 * out_bytes / bandwidth_of(cost)
     return ContractionChoice(template_s, library_s, efficiency)
 
 

@@ -31,7 +31,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from vfuse.fusion.library import ContractionChoice, Efficiency, choose, tile_waste
+from vfuse.fusion.library import ContractionChoice, Efficiency, bandwidth_of, choose, producers_s, tile_waste
 from vfuse.fusion.plan import Cost
 from vfuse.ir import DType, Graph, Kind, Op
 from vfuse.ir.defs.contraction import sdpa_dropout, sdpa_has_mask
@@ -456,18 +456,18 @@ def library_choice(
     """The cost model's template-or-library verdict for a planned GEMM or conv group of planner
     cost `cost` (`fusion/library.py`; `efficiency`: the target's library rates over the templates'); attention
     against torch's fused SDPA, except with vfuse's dropout mask and in training's forms (templates)."""
-    k, epilogue = cp.kernel, bool(cp.kernel.epilogue) or bool(cp.rest)
+    k, epilogue, out = cp.kernel, bool(cp.kernel.epilogue) or bool(cp.rest), hint(graph[cp.kernel.node].type.nbytes)
+    ahead = producers_s(cp.prologue, graph, bandwidth_of(cost))  # torch runs them op by op: RoPE, a mask, casts
     if k.op is Op.SDPA and not sdpa_dropout(k.attrs):
-        return choose(cost, 1.0, hint(graph[k.node].type.nbytes), epilogue, efficiency.for_attention())
+        return choose(cost, 1.0, out, epilogue, efficiency.for_attention(), ahead)
     if k.op in ATTENTION:
         return ContractionChoice(0.0, math.inf)
     if k.op is Op.SCATTER_ADD:  # eager's walk (no tile to pad): the call and the lost fusion decide
-        return choose(cost, 1.0, hint(graph[k.node].type.nbytes), bool(cp.rest))
+        return choose(cost, 1.0, out, bool(cp.rest), producers=ahead)
     shape = k.out_shape
     if k.op is Op.CONV2D and folded_conv(k.attrs, k.shapes[0], k.shapes[1], shape):
         m, n, _ = folded_mnk(k.shapes[0], k.shapes[1], shape, k.attrs["groups"])  # a weight gradient: images folded
-        m, n = hint(m), hint(n)  # a cost figure: at a symbolic size's hint
-        return choose(cost, tile_waste(m, n, k.mr, k.nr), hint(graph[k.node].type.nbytes), epilogue, efficiency)
+        return choose(cost, tile_waste(hint(m), hint(n), k.mr, k.nr), out, epilogue, efficiency, ahead)
     if k.op is Op.CONV2D:
         m = shape[1] // k.attrs["groups"]
         n = conv_columns(k.attrs, k.shapes[0], k.shapes[1], k.out_shape, k.vector, k.nr)
@@ -482,7 +482,7 @@ def library_choice(
         # picks at OH x OW columns (the choice before the direct conv had its own order), if larger.
         cols = hint(shape[-2] * shape[-1])
         waste = max([waste] + [tile_waste(m, n, *t) * n / cols for t in gemm_order_tiles(m, cols, k.vector)])
-    return choose(cost, waste, hint(graph[k.node].type.nbytes), epilogue, efficiency)
+    return choose(cost, waste, out, epilogue, efficiency, ahead)
 
 
 def _template_attrs(
