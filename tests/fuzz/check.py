@@ -83,9 +83,12 @@ def assert_close_to_reference(
     what: str,
     nudged: Sequence[torch.Tensor] = (),
     floor: float = 0.0,
+    scale: float = 0.0,
 ) -> None:
     """`got` is as close to `ref` as eager is, on these inputs or nudged ones (module docstring),
-    or within `floor` (an approximation's documented absolute error, `approximation_floors`)."""
+    or within `floor` (an approximation's documented absolute error, `approximation_floors`).
+    `scale`: the program's values (`cancel_scale`), the ulps' yardstick for a float64 result that cancels
+    to noise."""
     assert got.shape == eager.shape, f"{what}: shape {tuple(got.shape)}, eager {tuple(eager.shape)}"
     assert got.dtype == eager.dtype, f"{what}: dtype {got.dtype}, eager {eager.dtype}"
     if not eager.is_floating_point():
@@ -109,7 +112,7 @@ def assert_close_to_reference(
     for n in (x.double() for x in nudged if x.shape == eager.shape):
         both = finite & n.isfinite()
         err_eager = max(err_eager, (n - r)[both].abs().max().item() if both.any() else 0.0)
-    scale = r[finite].abs().max().item()
+    scale = max(r[finite].abs().max().item(), scale if eager.dtype == torch.float64 else 0.0)
     tol = EAGER_FACTOR * err_eager + ULPS[eager.dtype] * torch.finfo(eager.dtype).eps * scale + floor
     assert err_got <= tol, (
         f"{what}: max |got - ref| = {err_got:.3g} > tolerance {tol:.3g} "
@@ -187,13 +190,25 @@ def check_outputs(
     what: str,
     nudged: Sequence[Sequence[torch.Tensor]] = (),
     floors: Sequence[float] = (),
+    scale: float = 0.0,
 ) -> None:
     """`nudged`: per output, eager's results on the nudged input sets (`per_output`); `floors`:
-    per output, an absolute tolerance (`approximation_floors`)."""
+    per output, an absolute tolerance (`approximation_floors`); `scale`: `cancel_scale`."""
     assert len(got) == len(eager), f"{what}: {len(got)} outputs, eager has {len(eager)}"
     for i, (gi, ei, ri) in enumerate(zip(got, eager, ref)):
         floor = floors[i] if i < len(floors) and gi.dtype == torch.float32 else 0.0
-        assert_close_to_reference(gi, ei, ri, f"{what}, output {i}", nudged[i] if i < len(nudged) else (), floor)
+        nudges = nudged[i] if i < len(nudged) else ()
+        assert_close_to_reference(gi, ei, ri, f"{what}, output {i}", nudges, floor, scale)
+
+
+def cancel_scale(outputs: Sequence[torch.Tensor]) -> float:
+    """The largest finite |value| of a program's float outputs: the yardstick of its float64 gradients'
+    ulps. A float64 program's reference is eager's precision, so eager's own error is the only other
+    yardstick, and a gradient that cancels to ~0 everywhere (the sum over a softmax's own axis) is
+    rounding noise of the terms that cancel: 2.7e-18 in vfuse against eager's 2e-19 (fuzz seed
+    3787373881, values O(1)) failed a tolerance scaled by the noise itself."""
+    finite = [o[o.isfinite()].abs().max().item() for o in outputs if o.is_floating_point() and o.isfinite().any()]
+    return max(finite, default=0.0)
 
 
 def approximation_floors(program: Program) -> list[float]:
@@ -259,11 +274,11 @@ def check_backward(program: Program) -> dict[str, object]:
     nudged_out, nudged_grads = per_output([r[0] for r in runs]), per_output([r[1] for r in runs])
     with float64_default():
         ref_out, ref_grads = _grads(program, build(widen(program), apply), double=True)
-    each = EachBackend()
+    each, scale = EachBackend(), cancel_scale(ref_out)
     run = compiled(fn, each)
     for kind in KINDS:
         each.kind = kind
         out, grads = _grads(program, run)
         check_outputs(out, eager_out, ref_out, f"forward, vfuse {kind}", nudged_out)
-        check_outputs(grads, eager_grads, ref_grads, f"gradients, vfuse {kind}", nudged_grads)
+        check_outputs(grads, eager_grads, ref_grads, f"gradients, vfuse {kind}", nudged_grads, scale=scale)
     return {kind: b.stats for kind, b in each.backends.items()}

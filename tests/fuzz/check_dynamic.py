@@ -24,7 +24,16 @@ from typing import Any
 import sympy
 import torch
 from hypothesis import reject
-from tests.fuzz.check import NUDGES, approximation_floors, check_outputs, float64_default, per_output, quiet, widen
+from tests.fuzz.check import (
+    NUDGES,
+    approximation_floors,
+    cancel_scale,
+    check_outputs,
+    float64_default,
+    per_output,
+    quiet,
+    widen,
+)
 from tests.fuzz.graphs_dynamic import MARKERS, apply, instantiate, marker_dims
 from tests.fuzz.program import Kind, Program, build, loss_weights, make_inputs
 
@@ -246,4 +255,4 @@ def _call(state: _State, run: Callable, p: Program, at: Sequence[int], k: int) -
     eager, nudged, ref = _expected(p, grad)
     check_outputs(got[0], eager[0], ref[0], f"{what}, forward", nudged[0], approximation_floors(p))
     if grad:
-        check_outputs(got[1], eager[1], ref[1], f"{what}, gradients", nudged[1])
+        check_outputs(got[1], eager[1], ref[1], f"{what}, gradients", nudged[1], scale=cancel_scale(ref[0]))

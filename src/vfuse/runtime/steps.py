@@ -14,6 +14,9 @@ from vfuse.fusion.plan import FusionPlan
 from vfuse.ir import Graph, Kind, Node, Op, TensorType
 from vfuse.schedule import BufKind, Program, TorchStep
 
+# torch's packed-weight sgemm (MKL builds on x86; aarch64 builds have none: the plain GEMM then).
+MKL_PACKED = torch.backends.mkl.is_available() and hasattr(torch.ops.mkl, "_mkl_linear")
+
 
 def fallback_counts(program: Program, plan: FusionPlan) -> Counter[str]:
     """Nodes run through torch that a native backend would compile: OPAQUE ops and fallbacks."""
@@ -78,7 +81,9 @@ class StepRunner:
         local: dict[str, Any] = {}
         for name in step.nodes:
             node = self.graph[name]
-            out = interp.run_node(node, [local[i] if i in local else self._get(i, env) for i in node.inputs])
+            args = [local[i] if i in local else self._get(i, env) for i in node.inputs]
+            out = self._packed_gemm(name, *args) if name in step.packed else None
+            out = interp.run_node(node, args) if out is None else out
             if isinstance(out, torch.Tensor) and name in self.program.buffers:
                 out = out.contiguous()  # kernels read row-major
                 _check_planned(node, out, self.program.buffers[name].type)
@@ -96,6 +101,20 @@ class StepRunner:
                     continue
                 out = out.clone()
             env[name] = out
+
+    def _packed_gemm(self, name: str, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor | None:
+        """a @ b with the constant b packed once for MKL's sgemm (`schedule/packed.py`; None where torch
+        has no MKL, or for an A of another row count than the one packed for: torch's plain GEMM)."""
+        packs: dict[str, tuple[torch.Tensor, torch.Tensor, int]] = self.__dict__.setdefault("_packs", {})
+        if name not in packs:
+            if not MKL_PACKED:
+                return None
+            w = b.t().contiguous()  # (N, K): torch's linear weight
+            packs[name] = (w, torch.ops.mkl._mkl_reorder_linear_weight(w, a.shape[0]), a.shape[0])
+        w, packed, rows = packs[name]
+        if a.shape[0] != rows:
+            return None
+        return torch.ops.mkl._mkl_linear(a.contiguous(), packed, w, None, rows)
 
     def _in_arena(self, t: torch.Tensor) -> bool:
         a = self._arena

@@ -55,6 +55,7 @@ from vfuse.schedule.lower import Lowerer, RowSpace, Unsupported, index_buffer
 from vfuse.schedule.memory import plan_memory, reuse_in_place
 from vfuse.schedule.microtile import AVX512, VectorUnit, vector_unit
 from vfuse.schedule.nest import make_kernel, with_streaming
+from vfuse.schedule.packed import packed_gemms
 from vfuse.schedule.peel import with_ranges
 from vfuse.schedule.residue import with_residues
 from vfuse.schedule.rowhint import with_hint_copy
@@ -183,7 +184,8 @@ def _library_steps(graph: Graph, g: Group, reason: str, native: bool) -> tuple[l
     torch_nodes, rest = _contraction_split(graph, g)
     staged, torch_nodes = staged_weights(graph, set(g.nodes), torch_nodes) if native else ([], torch_nodes)
     copies = _pointwise_kernels(graph, g.id, g.label, set(g.nodes), f"k{g.id}_w", staged) if staged else []
-    step = TorchStep(g.id, g.label, tuple(torch_nodes), f"contraction through torch: {reason}")
+    packed = packed_gemms(graph, torch_nodes) if native else ()
+    step = TorchStep(g.id, g.label, tuple(torch_nodes), f"contraction through torch: {reason}", packed)
     return [*copies, step], rest
 
 

@@ -439,12 +439,14 @@ AnyKernel = Kernel | ContractionKernel
 
 @dataclass(frozen=True)
 class TorchStep:
-    """Run these IR nodes through torch (OPAQUE ops, contractions, fallbacks), in order."""
+    """Run these IR nodes through torch (OPAQUE ops, contractions, fallbacks), in order; `packed`: its
+    GEMMs whose constant weight the runtime packs once for torch's library (`schedule/packed.py`)."""
 
     group: int
     label: str
     nodes: tuple[str, ...]
     reason: str
+    packed: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
