@@ -1,8 +1,6 @@
-"""The schedule's data: statements, loop nests, kernels, steps and the Program.
-
-A kernel body is a flat list of SSA statements over index expressions (`expr.Lin`); the loop nest says how it
-is walked (parallel loops, the SIMD loop, reductions split into passes over a row). Renderers only walk this.
-"""
+"""The schedule's data: statements, loop nests, kernels, steps and the Program. A kernel body is a flat list
+of SSA statements over index expressions (`expr.Lin`); the loop nest says how it is walked (parallel loops,
+the SIMD loop, reductions split into passes over a row). Renderers only walk this."""
 
 from __future__ import annotations
 
@@ -439,14 +437,13 @@ AnyKernel = Kernel | ContractionKernel
 
 @dataclass(frozen=True)
 class TorchStep:
-    """Run these IR nodes through torch (OPAQUE ops, contractions, fallbacks), in order; `packed`: its
-    GEMMs whose constant weight the runtime packs once for torch's library (`schedule/packed.py`)."""
+    """Run these IR nodes through torch (OPAQUE ops, contractions, fallbacks), in order."""
 
     group: int
     label: str
     nodes: tuple[str, ...]
     reason: str
-    packed: tuple[str, ...] = ()
+    packed: tuple[str, ...] = ()  # GEMMs whose constant weight is packed once (`schedule/packed.py`)
 
 
 @dataclass(frozen=True)
