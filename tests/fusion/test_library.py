@@ -256,3 +256,23 @@ def test_each_side_pays_its_own_calibrated_overheads() -> None:
             assert v.library_s == pytest.approx(v0.library_s + c.library_extra_s)  # torch: its own alone
             verdicts[name, target is cheap] = v.library
     assert verdicts == {("thin", True): True, ("square", True): False, ("thin", False): False, ("square", False): False}
+
+
+def test_a_memory_bound_contraction_is_not_faster_in_wider_vectors() -> None:
+    """The library's rate speeds up the compute only: K = 64 (16384 x 64 -> 4096) is bound by writing its
+    output, and torch's GEMM at twice the width took 80 ms against the template's 62 (session 27)."""
+    bound = _cost(compute_s=1e-3, memory_s=10e-3, nbytes=256 << 20)
+    fast = choose(bound, 1.0, 0, epilogue=False, efficiency=Efficiency(1.5, True))
+    assert fast.library_s >= bound.memory_s  # never under its own memory traffic
+    compute = _cost(compute_s=30e-3, memory_s=1e-3)
+    assert choose(compute, 1.0, 0, False, Efficiency(1.5, True)).library_s < compute.time_s * 0.75
+
+
+def test_torch_pays_for_a_fresh_output_past_the_mmap_threshold() -> None:
+    from vfuse.fusion.library import FRESH_FROM_BYTES, fresh_output_s
+
+    big = _cost(compute_s=40e-3)
+    small_out, large_out = FRESH_FROM_BYTES - 4, 256 << 20
+    assert fresh_output_s(small_out) == 0.0 and fresh_output_s(large_out) > 15e-3
+    gap = choose(big, 1.0, large_out, False).library_s - choose(big, 1.0, small_out, False).library_s
+    assert gap == pytest.approx(fresh_output_s(large_out))

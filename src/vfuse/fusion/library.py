@@ -195,6 +195,18 @@ def producers_s(nodes: Iterable[str], graph: Graph, bandwidth: float) -> float:
     return total
 
 
+# torch allocates a contraction's output on every call; past glibc's largest mmap threshold (32 MiB) that
+# is fresh pages, faulted in and zeroed as they are written. Measured (session 27, Xeon VM, 2 threads):
+# `vfuse bench`'s copy of linear_gelu_smallk's 268 MB 10.0 ms into a reused buffer, 29.9 ms into a new one.
+FRESH_FROM_BYTES = 32 << 20
+FRESH_BYTE_S = 20e-3 / 268e6
+
+
+def fresh_output_s(out_bytes: int) -> float:
+    """What writing a new `out_bytes` torch output costs past writing reused memory."""
+    return out_bytes * FRESH_BYTE_S if out_bytes >= FRESH_FROM_BYTES else 0.0
+
+
 def choose(
     cost: Cost,
     waste: float,
@@ -212,8 +224,10 @@ def choose(
     (`cost.library_extra_s`)."""
     work_s = cost.compute_s - cost.template_s  # what both sides compute
     template_s = cost.time_s + work_s * (waste - 1.0)
-    library_s = retimed(cost, work_s) + work_s * (1.0 / efficiency.ratio - 1.0) + cost.library_extra_s
-    library_s += LIBRARY_CALL_S + producers
+    # The library's compute at its rate, overlapped with the same memory traffic: a GEMM bound by writing
+    # its output (K = 64: 16384 x 64 -> 4096) is not faster in wider vectors (torch 80 ms, predicted 53).
+    library_s = retimed(cost, work_s / efficiency.ratio) + cost.library_extra_s
+    library_s += LIBRARY_CALL_S + producers + fresh_output_s(out_bytes)
     if epilogue:
         library_s += cost.launch_s + 2 * out_bytes / bandwidth_of(cost)
     return ContractionChoice(template_s, library_s, efficiency)
