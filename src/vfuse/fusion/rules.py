@@ -60,7 +60,7 @@ class Rule(str, enum.Enum):
     RECOMPUTE_GRAPH_OUTPUT = "recompute-graph-output", "a graph output is written by exactly one kernel"
     LIBRARY_CONTRACTION = (
         "library-contraction",
-        "the cost model predicts torch's GEMM/conv beats the template: it runs in torch, its epilogue fused after it",
+        "the cost model predicts torch's GEMM/conv/SDPA beats the template: it runs in torch, its epilogue fused after",
     )
     LIBRARY_POINTWISE = (
         "library-pointwise",
