@@ -24,6 +24,7 @@ ROUNDS = (
     ("tests/fuzz/test_fuzz_gemm_views.py", 20),
     ("tests/fuzz/test_fuzz_attention_dropout.py", 10),
     ("tests/fuzz/test_fuzz_warm.py", 8),
+    ("tests/fuzz/test_fuzz_library.py", 10),
 )
 PYTEST = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--timeout=0"]
 
