@@ -11,16 +11,18 @@ the group), so the comparison uses the target's peak and bandwidth:
 * library: the group's time without those overheads but with the library's own (calibrated the
   same way: `Cost.library_extra_s`), for the useful flops (library GEMMs cover
   ragged edges with narrower kernels) at the library's rate (`library_efficiency`: as calibrated for
-  the tier on this machine, else `LIBRARY_EFFICIENCY` of the template's rate), plus one torch call
-  (dispatch, an output allocation, leaving the native segment), and, when the group has an epilogue,
-  a second pass over the output: the epilogue then runs as its own kernel, reading the contraction's
-  output back instead of working on it in registers.
+  the tier on this machine, else `LIBRARY_EFFICIENCY` of the template's rate times torch's width over
+  the tier's), plus one torch call (dispatch, an output allocation, leaving the native segment), the
+  group's producers of the contraction run op by op (`producers_s`), a fresh output's page faults
+  past 32 MiB, and, when the group has an epilogue, a second pass over the output: the epilogue then
+  runs as its own kernel, reading the contraction's output back instead of working on it in registers.
 
-The library wins only when the tile's waste costs more than the call, the lost fusion and its
-lower rate: outputs far narrower than a tile (Linear(d, 1) heads), and stride-1 convs on small
-planes, whose padded-width columns overshoot the last tile (8x8 planes: 72 columns for 64). The
-schedule asks (`schedule/build.py`) and runs such a contraction through torch, reason
-`Rule.LIBRARY_CONTRACTION`, shown in the report.
+At the CPU's own tier the library wins only when the tile's waste costs more than the call, the lost
+fusion and its lower rate: outputs far narrower than a tile (Linear(d, 1) heads), and stride-1 convs on
+small planes, whose padded-width columns overshoot the last tile (8x8 planes: 72 columns for 64); at a
+forced lower tier torch keeps the CPU's width and wins most large GEMMs and attention. Attention's
+library is torch's fused SDPA (`Efficiency.attention`). The schedule asks (`schedule/build.py`) and
+runs such a contraction through torch, reason `Rule.LIBRARY_CONTRACTION`, shown in the report.
 """
 
 from __future__ import annotations
