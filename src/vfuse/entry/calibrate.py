@@ -115,18 +115,8 @@ def _compute_rate(row: Any, l2_bw: float) -> float:
 def library_gemm_s(a: torch.Tensor, b: torch.Tensor, reps: int) -> float:
     """The fastest of `reps` torch.mm calls into a preallocated output on one thread (as the
     template is timed: its output is an arena buffer)."""
-    out, before = torch.empty(a.shape[0], b.shape[1]), torch.get_num_threads()
-    best = float("inf")
-    try:
-        torch.set_num_threads(1)
-        torch.mm(a, b, out=out)  # warm up
-        for _ in range(reps):
-            t0 = time.perf_counter()
-            torch.mm(a, b, out=out)
-            best = min(best, time.perf_counter() - t0)
-    finally:
-        torch.set_num_threads(before)
-    return best
+    out = torch.empty(a.shape[0], b.shape[1])
+    return torch_seconds(lambda a, b: torch.mm(a, b, out=out), (a, b), reps)
 
 
 def template_seconds(m: int, n: int, k: int, reps: int, **options: Any) -> tuple[Any, float]:
@@ -205,7 +195,8 @@ def attention_costs(peak: float, reps: int, **options: Any) -> tuple[float, floa
     """(seconds per (batch, head) task, flop/s) of the attention template, solved from its times at
     ATTENTION_SHAPES (t = heads x task + flops / rate); at AVX2 its flops run at ~0.8 of the GEMM's peak,
     at AVX-512 at about the peak. A rate that comes out negative or faster than `peak`: `peak`. Third:
-    torch's SDPA flop/s solved the same way from its times on the same inputs (0 where implausible)."""
+    torch's SDPA flop/s solved the same way from its times on the same inputs (0 where the fit has no
+    positive rate; `targets/calibrate.guarded` judges the rest)."""
     runs, library = [], []
     for heads, rows, dim in ATTENTION_SHAPES:
         qkv = tuple(torch.randn(1, heads, rows, dim) for _ in range(3))
