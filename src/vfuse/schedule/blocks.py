@@ -40,6 +40,17 @@ class Blocking:
         if min(self.mr, self.nr, self.mc, self.kc, self.nc, self.lanes) < 1 or self.nr % self.lanes:
             raise ValueError(f"bad blocking {self}: sizes must be positive and nr a multiple of lanes")
 
+    @property
+    def tw(self) -> int:
+        """The register block of the packers' transposes (an A sliver, a transposed B's)."""
+        return transpose_block(self.lanes)
+
+
+def transpose_block(lanes: int) -> int:
+    """A transpose's register block: 8 x 8 where a vector holds 8 floats or more (AVX2's and AVX-512's
+    24-shuffle rounds), else 4 x 4 (SSE, NEON: one zip per pair of rows and round)."""
+    return 8 if lanes >= 8 else 4
+
 
 def _round_up(x: int, m: int) -> int:
     return -(-x // m) * m

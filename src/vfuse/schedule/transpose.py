@@ -33,6 +33,7 @@ import dataclasses
 import math
 
 from vfuse.ir.sym import SymSize, hint, is_sym, known_multiple
+from vfuse.schedule.blocks import transpose_block
 from vfuse.schedule.expr import Clamp, Div, Dyn, Lin, Mod, Var, walk
 from vfuse.schedule.gates import SizeGate, TilePrefetch, size_choice
 from vfuse.schedule.kernel import Kernel, Load, Store, TransposeTiles
@@ -67,7 +68,7 @@ def plan_transpose(k: Kernel, vector: int, l1: int) -> TransposeTiles | None:
     ups = list(along.values())
     u = max(set(ups), key=lambda x: (ups.count(x), -x))
     staged = tuple(var for var, w in along.items() if w == u)
-    block = 8 if vector >= 8 else 4
+    block = transpose_block(vector)
     edge = _edge([s for s in loads if s.var in staged], l1)
     # A short v (NCHW -> NHWC with 3 channels) keeps the tile's area with more rows.
     cols = min(edge, hint(k.inner[-1].size))

@@ -27,7 +27,7 @@ from vfuse.schedule.kernel import LINE, Kernel, Load, Program, Stmt, Store, Tran
 
 def transpose_helper(w: int) -> str:
     """`vf_transpose<W>`: dst[c * ldd + r] = src[r * lds + c] for r < rows, c < cols. Elements of
-    4 bytes go in W x W blocks through vector registers (`_rounds`); the edges and other element
+    4 bytes go in W x W blocks through vector registers (`block_rounds`); the edges and other element
     sizes are copied one by one. Rows are loaded and stored through a 4-byte-aligned vector type:
     g++ copies memcpy'd vectors into a stack array in 16-byte halves (znver tuning), then reloads
     them whole, a store-forwarding stall per row. The vectors hold T itself: as uint32 vectors (may_alias
@@ -50,7 +50,7 @@ static inline void vf_transpose_{w}(const T* __restrict src, int64_t lds, T* __r
         V x[{w}], y[{w}];
 #pragma GCC unroll {w}
         for (int i = 0; i < {w}; ++i) x[i] = *(const VU*)(src + (r0 + i) * lds + c0);
-{_rounds(w)}
+{block_rounds(w)}
 #pragma GCC unroll {w}
         for (int i = 0; i < {w}; ++i) *(VU*)(dst + (c0 + i) * ldd + r0) = x[i];
       }}
@@ -64,7 +64,7 @@ static inline void vf_transpose_{w}(const T* __restrict src, int64_t lds, T* __r
 #endif"""
 
 
-# The 8x8 block (`_rounds`): x[i] holds row i on entry, column i on exit.
+# The 8x8 block (`block_rounds`): x[i] holds row i on entry, column i on exit.
 _ROUNDS_8 = """        const M i0 = {0, 8, 1, 9, 4, 12, 5, 13}, i1 = {2, 10, 3, 11, 6, 14, 7, 15};
         const M p0 = {0, 1, 8, 9, 4, 5, 12, 13}, p1 = {2, 3, 10, 11, 6, 7, 14, 15};
         const M h0 = {0, 1, 2, 3, 8, 9, 10, 11}, h1 = {4, 5, 6, 7, 12, 13, 14, 15};
@@ -89,7 +89,7 @@ _ROUNDS_8 = """        const M i0 = {0, 8, 1, 9, 4, 12, 5, 13}, i1 = {2, 10, 3, 
         for (int i = 0; i < 8; ++i) x[i] = y[i];"""
 
 
-def _rounds(w: int) -> str:
+def block_rounds(w: int) -> str:
     """The block transpose of x[0..w) (via y), in shuffles each one instruction on the tier.
 
     w = 8 (AVX2, AVX-512 at 8 lanes): interleave adjacent rows within 128-bit halves (unpck),

@@ -293,12 +293,9 @@ static void {name}_pack_all(const float* __restrict Wt, float* __restrict ap) {{
     const long kc = vg_min({blk.kc}, {k} - pc), rows = vg_min({blk.mr}, {m} - ic);
     const float* __restrict w = Wt + g * {m * k} + ic * {k} + pc;
     float* __restrict d = ap + g * {k * mpad} + pc * {mpad} + ic * kc;
-    // k-major with the MR rows innermost: contiguous stores from MR read streams, 1.8x faster
-    // than vg_pack_a's row-at-a-time strided stores (256 x 1152, AVX2).
+    // k-major with the MR rows innermost, in register transposes (vg_pack_t).
     if (rows == {blk.mr}) {{
-      for (long kk = 0; kk < kc; ++kk)
-#pragma GCC unroll 16
-        for (int r = 0; r < {blk.mr}; ++r) d[kk * {blk.mr} + r] = w[r * {k} + kk];
+      vg_pack_t<{blk.mr}, {blk.tw}>(w, {k}, kc, d);
     }} else {{
       for (long kk = 0; kk < kc; ++kk)
         for (int r = 0; r < {blk.mr}; ++r) d[kk * {blk.mr} + r] = r < rows ? w[r * {k} + kk] : 0.0f;

@@ -191,7 +191,7 @@ def _own_value(d: Driver, blk: Blocking) -> str:
     more than 1, so `mb == 1` holds exactly when M fits one MC block, for every thread count."""
     if d.prepack:
         return "false"
-    if not isinstance(d.m, int):
+    if not isinstance(d.m, int) or (d.call is not None and d.call.rows_first):
         return "mb == 1"
     ones = {-(-d.m // (-(-b.mc // b.mr) * b.mr)) == 1 for b in _pieces(d, blk)}
     if len(ones) > 1:  # pieces over a symbolic K with other MCs
@@ -250,7 +250,7 @@ def _tile_loop(d: Driver, blk: Blocking, epi: Epilogue) -> str:
     wp = f", vg_ws + (ic + ir) * {_ws_panel(d, blk)} + (j - jc)" if _workspace(d, blk, epi) else ""
     wp += ", vg_cs" if _colsum_rows(d, blk, epi) else ""
     call = f"(t, c_b{wp}, co, bi, ic + ir, j, mr, nr, last{epi.names()})"
-    pack_a = d.pack_a or f"vg_pack_a<{blk.mr}>(a_b + ic * {d.lda} + pc, {d.lda}, mcur, kc, ap);"
+    pack_a = d.pack_a or f"vg_pack_a<{blk.mr}, {blk.tw}>(a_b + ic * {d.lda} + pc, {d.lda}, mcur, kc, ap);"
     return f"""      for (long w = tid; w < items; w += nth) {{
         const long wb = w / nsplit, ic = wb * rs / mb * {blk.mr};
         const long mcur = vg_min((wb + 1) * rs / mb * {blk.mr}, {d.m}) - ic;

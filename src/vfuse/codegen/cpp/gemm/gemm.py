@@ -159,7 +159,7 @@ def _packers(spec: GemmSpec, blk: Blocking, epilogue: Epilogue) -> tuple[str, st
         source += render_packer(spec.name, "b", blk.nr, spec.b_prologue, epilogue.params())
         pack_b = f"{packer_name(spec.name, 'b')}(bi, j, pc, nr, kc, bps{names});"
     elif spec.trans_b:
-        pack_b = f"vg_pack_b_cols<{blk.nr}>(b_b + j * {ldb} + pc, {ldb}, kc, nr, bps);"
+        pack_b = f"vg_pack_b_cols<{blk.nr}, {blk.tw}>(b_b + j * {ldb} + pc, {ldb}, kc, nr, bps);"
     else:
         pack_b = f"vg_pack_b_rows<{blk.nr}>(b_b + pc * {ldb} + j, {ldb}, kc, nr, bps);"
     return source, pack_a, pack_b
@@ -188,7 +188,7 @@ def _shared_a(spec: GemmSpec, blk: Blocking) -> bool:
 def _pack_all_a(spec: GemmSpec, blk: Blocking, epi: Epilogue) -> str:
     """NAME_pack_all: A in the layout the driver packs per block (per KC block at pc * Mpad, MR-row
     slivers at ic * kc), one (block, sliver) per iteration over the threads; k-major with the MR
-    rows innermost (contiguous stores: conv.py measured 1.8x vg_pack_a's strided ones)."""
+    rows innermost, whole slivers in register transposes (vg_pack_t)."""
     lda = spec.lead[0]
     mr, mpad, slivers, blocks = blk.mr, _mpad(spec, blk), _mpad(spec, blk) // blk.mr, -(-spec.k // blk.kc)
     if spec.a_prologue is not None:
@@ -196,9 +196,7 @@ def _pack_all_a(spec: GemmSpec, blk: Blocking, epi: Epilogue) -> str:
     else:
         pack = f"""const float* __restrict w = A + ic * {lda} + pc;
     if (rows == {mr}) {{
-      for (long kk = 0; kk < kc; ++kk)
-#pragma GCC unroll 16
-        for (int r = 0; r < {mr}; ++r) d[kk * {mr} + r] = w[r * {lda} + kk];
+      vg_pack_t<{mr}, {blk.tw}>(w, {lda}, kc, d);
     }} else {{
       for (long kk = 0; kk < kc; ++kk)
         for (int r = 0; r < {mr}; ++r) d[kk * {mr} + r] = r < rows ? w[r * {lda} + kk] : 0.0f;

@@ -9,6 +9,7 @@ the micro-kernel never needs edge cases.
 from __future__ import annotations
 
 from vfuse.codegen.cpp.simd import vtype
+from vfuse.codegen.cpp.transpose import block_rounds
 
 
 def fma_step(mr: int, nv: int, lanes: int, a_off: int, indent: str = "    ") -> str:
@@ -77,15 +78,72 @@ def render_microkernel(mr: int, nr: int, lanes: int = 16) -> str:
     return f"#ifndef {guard}\n#define {guard}\n{sig} {{\n{_body(mr, nr, lanes)}}}\n#endif  // {guard}\n"
 
 
+
+# Rows of a matrix -> k-major with the rows innermost (`vg_pack_t<R, W>`): an A sliver as the
+# micro-kernel reads it, or a sliver of a transposed B (nn.Linear's weight). Why W x W register
+# transposes: element by element, each float was a load and a 4-byte store MR floats from the last,
+# 38 % of a 512 x 1024 @ 1024 x 256 GEMM whose weight is packed per call (perf, AVX-512). R rows go
+# in blocks of W; the last block of R % W rows reads row R0 again for the missing ones and stores
+# only its R % W lanes.
+def _pack_t_rows(w: int) -> str:
+    """`vg_pack_t{w}_rows<R, R0>`: rows [R0, R) of the k-range [k0, k0 + w) in w x w blocks (the vector
+    types are concrete: g++ ignores a vector_size that depends on a template parameter)."""
+    return f"""
+template <int R, int R0>
+static inline void vg_pack_t{w}_rows(const float* __restrict src, long ld, long k0, float* __restrict dst) {{
+  typedef float V __attribute__((vector_size({4 * w})));
+  typedef float VU __attribute__((vector_size({4 * w}), aligned(4), may_alias));
+  typedef int32_t M __attribute__((vector_size({4 * w})));
+  constexpr int n = R - R0 < {w} ? R - R0 : {w};
+  V x[{w}], y[{w}];
+#pragma GCC unroll {w}
+  for (int i = 0; i < {w}; ++i) x[i] = *(const VU*)(src + (R0 + (i < n ? i : 0)) * ld + k0);
+{block_rounds(w)}
+#pragma GCC unroll {w}
+  for (int i = 0; i < {w}; ++i) {{
+    if constexpr (n == {w})
+      *(VU*)(dst + (k0 + i) * R + R0) = x[i];
+    else
+      __builtin_memcpy(dst + (k0 + i) * R + R0, &x[i], n * sizeof(float));
+  }}
+  if constexpr (R0 + {w} < R) vg_pack_t{w}_rows<R, R0 + {w}>(src, ld, k0, dst);
+}}
+"""
+
+
+_PACK_T = f"""{_pack_t_rows(8)}{_pack_t_rows(4)}
+// dst[k * R + r] = src[r * ld + k] for r < R, k < kc.
+template <int R, int W>
+static inline void vg_pack_t(const float* __restrict src, long ld, long kc, float* __restrict dst) {{
+  long k0 = 0;
+  for (; k0 + W <= kc; k0 += W) {{
+    if constexpr (W == 8)
+      vg_pack_t8_rows<R, 0>(src, ld, k0, dst);
+    else
+      vg_pack_t4_rows<R, 0>(src, ld, k0, dst);
+  }}
+  for (; k0 < kc; ++k0)
+    for (int r = 0; r < R; ++r) dst[k0 * R + r] = src[r * ld + k0];
+}}
+"""
+
 # Packers shared by every kernel (templates on the tile sizes, guarded once per TU).
-PACKERS = r"""
+PACKERS = (
+    r"""
 #ifndef VG_PACKERS
 #define VG_PACKERS
-// A block (mc x kc, row-major, leading dim lda) -> MR-row slivers, k-major inside a sliver.
-template <int MR>
+"""
+    + _PACK_T
+    + r"""// A block (mc x kc, row-major, leading dim lda) -> MR-row slivers, k-major inside a sliver;
+// whole slivers in W x W register transposes (vg_pack_t).
+template <int MR, int W>
 static inline void vg_pack_a(const float* __restrict A, long lda, long mc, long kc, float* __restrict ap) {
   for (long ir = 0; ir < mc; ir += MR, ap += MR * kc) {
     const long mr = vg_min(MR, mc - ir);
+    if (mr == MR) {
+      vg_pack_t<MR, W>(A + ir * lda, lda, kc, ap);
+      continue;
+    }
     for (long r = 0; r < mr; ++r) {
       const float* __restrict src = A + (ir + r) * lda;
       for (long k = 0; k < kc; ++k) ap[k * MR + r] = src[k];
@@ -141,8 +199,12 @@ static inline void vg_pack_b_rows_span(const float* __restrict B, long ldb, long
 }
 
 // One NR-column sliver of a transposed B (B[j * ldb + k], nn.Linear's weight) -> same layout.
-template <int NR>
+template <int NR, int W>
 static inline void vg_pack_b_cols(const float* __restrict B, long ldb, long kc, long nr, float* __restrict bp) {
+  if (nr == NR) {
+    vg_pack_t<NR, W>(B, ldb, kc, bp);
+    return;
+  }
   for (long q = 0; q < nr; ++q) {
     const float* __restrict src = B + q * ldb;
     for (long k = 0; k < kc; ++k) bp[k * NR + q] = src[k];
@@ -188,3 +250,4 @@ static inline void vg_segment(float* __restrict d, const float* __restrict row, 
 }
 #endif  // VG_PACKERS
 """
+)
