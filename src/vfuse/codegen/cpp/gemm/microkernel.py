@@ -78,7 +78,6 @@ def render_microkernel(mr: int, nr: int, lanes: int = 16) -> str:
     return f"#ifndef {guard}\n#define {guard}\n{sig} {{\n{_body(mr, nr, lanes)}}}\n#endif  // {guard}\n"
 
 
-
 # Rows of a matrix -> k-major with the rows innermost (`vg_pack_t<R, W>`): an A sliver as the
 # micro-kernel reads it, or a sliver of a transposed B (nn.Linear's weight). Why W x W register
 # transposes: element by element, each float was a load and a 4-byte store MR floats from the last,
