@@ -1,6 +1,6 @@
 """The packers' register transposes (`vg_pack_t<R, W>`, microkernel.py): R rows of a matrix ->
 k-major with the R rows innermost, exactly, for every sliver height the tiers use (R a multiple
-of W, R below W, R with a partial last block), both block widths, and k ranges with and without
+of W, R below W, R whose last block overlaps the one before), both block widths, and k ranges with and without
 a tail; then through the GEMMs that use them (an A sliver, a transposed B's) at each tier."""
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from vfuse.codegen.cpp.gemm.microkernel import PACKERS
 from vfuse.codegen.cpp.gemm.prelude import render_prelude
 from vfuse.targets.isa import Isa
 
-ROWS = (2, 6, 8, 12, 14, 16, 32, 48, 64)  # MRs and NRs of the AVX-512, AVX2, NEON and SSE tiles
+ROWS = (2, 4, 6, 8, 10, 12, 14, 16, 24, 32, 48, 64)  # the tiles' MRs and NRs (and 2, 10: edge cases)
 
 
 def _source() -> str:

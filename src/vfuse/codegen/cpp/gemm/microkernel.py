@@ -81,31 +81,32 @@ def render_microkernel(mr: int, nr: int, lanes: int = 16) -> str:
 # Rows of a matrix -> k-major with the rows innermost (`vg_pack_t<R, W>`): an A sliver as the
 # micro-kernel reads it, or a sliver of a transposed B (nn.Linear's weight). Why W x W register
 # transposes: element by element, each float was a load and a 4-byte store MR floats from the last,
-# 38 % of a 512 x 1024 @ 1024 x 256 GEMM whose weight is packed per call (perf, AVX-512). R rows go
-# in blocks of W; the last block of R % W rows reads row R0 again for the missing ones and stores
-# only its R % W lanes.
+# about a quarter of a 512 x 1024 @ 1024 x 256 GEMM whose weight is packed per call (perf, AVX-512,
+# 2 threads: 900 -> 768 us; torch 680). Where W does not divide R (AVX-512's 14 rows) the last block
+# overlaps the one before and rewrites its values (a block of R % W lanes went through memory and
+# general registers, g++'s partial vector stores: 773 us on the GEMM above, 755 overlapped). Fewer
+# rows than W (AVX2's 6-row slivers) go in 4 x 4 blocks; fewer than 4, one by one.
 def _pack_t_rows(w: int) -> str:
-    """`vg_pack_t{w}_rows<R, R0>`: rows [R0, R) of the k-range [k0, k0 + w) in w x w blocks (the vector
-    types are concrete: g++ ignores a vector_size that depends on a template parameter)."""
+    """`vg_pack_t{w}_rows<R, R0>`: rows [R0, R) (R0 + w <= R) of the k-range [k0, k0 + w), in w x w
+    blocks (the vector types are concrete: g++ ignores a vector_size that depends on a template
+    parameter)."""
     return f"""
 template <int R, int R0>
 static inline void vg_pack_t{w}_rows(const float* __restrict src, long ld, long k0, float* __restrict dst) {{
+  static_assert(R0 + {w} <= R, "a whole block");
   typedef float V __attribute__((vector_size({4 * w})));
   typedef float VU __attribute__((vector_size({4 * w}), aligned(4), may_alias));
   typedef int32_t M __attribute__((vector_size({4 * w})));
-  constexpr int n = R - R0 < {w} ? R - R0 : {w};
   V x[{w}], y[{w}];
 #pragma GCC unroll {w}
-  for (int i = 0; i < {w}; ++i) x[i] = *(const VU*)(src + (R0 + (i < n ? i : 0)) * ld + k0);
+  for (int i = 0; i < {w}; ++i) x[i] = *(const VU*)(src + (R0 + i) * ld + k0);
 {block_rounds(w)}
 #pragma GCC unroll {w}
-  for (int i = 0; i < {w}; ++i) {{
-    if constexpr (n == {w})
-      *(VU*)(dst + (k0 + i) * R + R0) = x[i];
-    else
-      __builtin_memcpy(dst + (k0 + i) * R + R0, &x[i], n * sizeof(float));
-  }}
-  if constexpr (R0 + {w} < R) vg_pack_t{w}_rows<R, R0 + {w}>(src, ld, k0, dst);
+  for (int i = 0; i < {w}; ++i) *(VU*)(dst + (k0 + i) * R + R0) = x[i];
+  if constexpr (R0 + {2 * w} <= R)
+    vg_pack_t{w}_rows<R, R0 + {w}>(src, ld, k0, dst);
+  else if constexpr (R0 + {w} < R)
+    vg_pack_t{w}_rows<R, R - {w}>(src, ld, k0, dst);  // overlaps the block before
 }}
 """
 
@@ -114,11 +115,12 @@ _PACK_T = f"""{_pack_t_rows(8)}{_pack_t_rows(4)}
 // dst[k * R + r] = src[r * ld + k] for r < R, k < kc.
 template <int R, int W>
 static inline void vg_pack_t(const float* __restrict src, long ld, long kc, float* __restrict dst) {{
+  constexpr long B = W == 8 && R >= 8 ? 8 : (R >= 4 ? 4 : 1);
   long k0 = 0;
-  for (; k0 + W <= kc; k0 += W) {{
-    if constexpr (W == 8)
+  for (; B > 1 && k0 + B <= kc; k0 += B) {{
+    if constexpr (B == 8)
       vg_pack_t8_rows<R, 0>(src, ld, k0, dst);
-    else
+    else if constexpr (B == 4)
       vg_pack_t4_rows<R, 0>(src, ld, k0, dst);
   }}
   for (; k0 < kc; ++k0)
