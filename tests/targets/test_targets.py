@@ -178,3 +178,13 @@ def test_a_measurement_under_load_is_measured_again_later(tmp_path: Path, monkey
     data = json.loads((tmp_path / "target_cpu.json").read_text())
     assert data["estimated"] == ["load 2.5"] and data["target"]["launch_s"] == 1e-6
     assert 0 < data["remeasure_after"] - time.time() <= cpu.BUSY_TTL_S < cpu.ESTIMATE_TTL_S and len(calls) == 1
+
+
+def test_an_implausible_figure_under_load_keeps_the_hour(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Load alone shortens the wait (BUSY_TTL_S); an estimate replacing an implausible figure keeps the hour."""
+    _count_measurements(monkeypatch, bad=["launch_s"])
+    monkeypatch.setattr(cpu.os, "getloadavg", lambda: (2.5, 2.0, 1.0))
+    get_target("cpu", tmp_path)
+    data = json.loads((tmp_path / "target_cpu.json").read_text())
+    assert data["estimated"] == ["launch_s", "load 2.5"]
+    assert cpu.BUSY_TTL_S < data["remeasure_after"] - time.time() <= cpu.ESTIMATE_TTL_S

@@ -359,7 +359,7 @@ def _write_cache(path: Path, facts: CpuFacts, target: Target, estimated: list[st
     make_private_dir(path.parent)
     payload: dict[str, object] = {"version": CACHE_VERSION, "fingerprint": facts.fingerprint()}
     if estimated:
-        busy = all(e.startswith(BUSY_FLAG) for e in estimated)
+        busy = all(e.startswith(f"{BUSY_FLAG} ") for e in estimated)
         payload |= {"estimated": estimated, "remeasure_after": time.time() + (BUSY_TTL_S if busy else ESTIMATE_TTL_S)}
     payload["target"] = _to_json(target)
     write_json_atomic(path, payload)

@@ -191,7 +191,7 @@ def _own_value(d: Driver, blk: Blocking) -> str:
     more than 1, so `mb == 1` holds exactly when M fits one MC block, for every thread count."""
     if d.prepack:
         return "false"
-    if not isinstance(d.m, int) or (d.call is not None and d.call.rows_first):
+    if not isinstance(d.m, int):
         return "mb == 1"
     ones = {-(-d.m // (-(-b.mc // b.mr) * b.mr)) == 1 for b in _pieces(d, blk)}
     if len(ones) > 1:  # pieces over a symbolic K with other MCs
