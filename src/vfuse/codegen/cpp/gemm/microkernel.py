@@ -85,7 +85,8 @@ def render_microkernel(mr: int, nr: int, lanes: int = 16) -> str:
 # 2 threads: 900 -> 768 us; torch 680). Where W does not divide R (AVX-512's 14 rows) the last block
 # overlaps the one before and rewrites its values (a block of R % W lanes went through memory and
 # general registers, g++'s partial vector stores: 773 us on the GEMM above, 755 overlapped). Fewer
-# rows than W (AVX2's 6-row slivers) go in 4 x 4 blocks; fewer than 4, one by one.
+# rows than W (AVX2's 6-row slivers) go in 4 x 4 blocks; fewer than 4, one by one. Not transpose.py's
+# vf_transpose_W (same rounds): it copies R % W rows one by one and takes its sizes at run time.
 def _pack_t_rows(w: int) -> str:
     """`vg_pack_t{w}_rows<R, R0>`: rows [R0, R) (R0 + w <= R) of the k-range [k0, k0 + w), in w x w
     blocks (the vector types are concrete: g++ ignores a vector_size that depends on a template
